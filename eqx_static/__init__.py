@@ -1,0 +1,11 @@
+"""eqx_static: Equinox modules with declared static fields, compiled methods that
+recompile exactly when a static field changes, and one-line updates."""
+
+import importlib.metadata
+
+from ._edit import edit as edit
+from ._module import Module as Module
+from ._update import with_dynamic as with_dynamic, with_static as with_static
+
+
+__version__ = importlib.metadata.version("eqx_static")

@@ -1,0 +1,170 @@
+"""`es.edit`: mutable-looking edits that produce a validated, frozen module."""
+
+import types
+from typing import Any, Generic, TypeVar
+
+import equinox as eqx
+
+# Equinox lets a module assign its own fields while it is in this set (that is how
+# `__init__` works). An edit puts its copies there for the duration of the block.
+from equinox._module._module import _currently_initialising  # equinox 0.13
+
+from ._fields import field_info
+from ._validate import convert_and_check, run_check_inits
+
+
+_M = TypeVar("_M", bound=eqx.Module)
+
+
+class _Copy:
+    """An editable copy of one module, with the field values it started from."""
+
+    __slots__ = ("children", "copy", "original", "start")
+
+    def __init__(self, original: eqx.Module, copy: eqx.Module, children: list):
+        self.original = original
+        self.copy = copy
+        self.start = dict(copy.__dict__)
+        self.children = children
+
+
+class edit(Generic[_M]):  # noqa: N801  (used like a function: `with es.edit(m)`)
+    """Edit a module as if it were mutable; get a frozen, validated module back.
+
+    Inside the block, assign fields of the yielded copy, static or dynamic, and
+    fields of modules nested in it (those are editable copies too, as are the lists
+    that hold them). On exit, the new values go through the same checks as
+    [`eqx_static.with_static`][] and [`eqx_static.with_dynamic`][] (converters,
+    hashable static values, jaxtyping annotations, `__check_init__`), and the copy
+    becomes an ordinary frozen module. Unchanged nested modules are the original
+    objects, shared, not copies. If the block raises, or a check fails, the
+    original module is untouched.
+
+    **Arguments:**
+
+    - `module`: any `eqx.Module`.
+
+    !!! example
+
+        ```python
+        import equinox as eqx
+        import eqx_static as es
+
+        class Inner(es.Module):
+            scale: float
+
+        class Outer(es.Module):
+            inner: Inner
+            bias: float
+            square: bool = eqx.field(static=True)
+
+        m = Outer(inner=Inner(scale=1.0), bias=0.0, square=False)
+        with es.edit(m) as m2:
+            m2.square = True
+            m2.inner.scale = 0.5
+        assert m2.square and m2.inner.scale == 0.5
+        assert not m.square and m.inner.scale == 1.0
+        ```
+    """
+
+    def __init__(self, module: _M, /):
+        if not isinstance(module, eqx.Module):
+            raise TypeError(f"`es.edit` takes an `eqx.Module`, got {type(module)}.")
+        self._module = module
+        self._copies: list[_Copy] = []
+
+    def __enter__(self) -> _M:
+        if self._copies:
+            raise RuntimeError("An `es.edit` context cannot be entered twice.")
+        return _copy_tree(self._module, self._copies)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> None:
+        try:
+            if exc_type is None:
+                _freeze(self._copies[0])
+        finally:
+            for c in self._copies:
+                _currently_initialising.remove(c.copy)
+
+
+def _copy_tree(obj: Any, copies: list[_Copy]) -> Any:
+    """Editable copies of the modules in `obj` and of the containers holding them."""
+    if isinstance(obj, eqx.Module):
+        copy = object.__new__(type(obj))
+        record = _Copy(obj, copy, [])
+        copies.append(record)
+        for name, value in obj.__dict__.items():
+            copy.__dict__[name] = _copy_child(value, copies, record)
+        record.start = dict(copy.__dict__)
+        _currently_initialising.add(copy)
+        return copy
+    return obj
+
+
+def _copy_child(value: Any, copies: list[_Copy], parent: _Copy) -> Any:
+    if isinstance(value, eqx.Module):
+        n = len(copies)
+        copy = _copy_tree(value, copies)
+        parent.children.append(copies[n])
+        return copy
+    if type(value) in (list, tuple) and any(_holds_module(v) for v in value):
+        return type(value)(_copy_child(v, copies, parent) for v in value)
+    if type(value) is dict and any(_holds_module(v) for v in value.values()):
+        return {k: _copy_child(v, copies, parent) for k, v in value.items()}
+    return value
+
+
+def _holds_module(value: Any) -> bool:
+    if isinstance(value, eqx.Module):
+        return True
+    if type(value) in (list, tuple):
+        return any(_holds_module(v) for v in value)
+    if type(value) is dict:
+        return any(_holds_module(v) for v in value.values())
+    return False
+
+
+def _freeze(record: _Copy) -> bool:
+    """Validate the copy bottom-up; return whether anything in it changed.
+
+    Unchanged nested copies are swapped back for their originals, so that the
+    result shares every unchanged subtree with the module that was edited.
+    """
+    kept = [c for c in record.children if not _freeze(c)]
+    originals = {id(c.copy): c.original for c in kept}
+    d, start, before = record.copy.__dict__, record.start, record.original.__dict__
+    assigned = {k for k, v in d.items() if k not in start or v is not start[k]}
+    for k in start.keys() - assigned:
+        d[k] = _restore(start[k], originals, before.get(k))
+    info = field_info(type(record.copy))
+    new = {k: d[k] for k in assigned if k in info.names}
+    d.update(convert_and_check(info, new, new))
+    changed = d.keys() != before.keys() or any(d[k] is not before[k] for k in d)
+    if changed:
+        run_check_inits(info, record.copy)
+    return changed
+
+
+def _restore(value: Any, originals: dict[int, Any], original: Any) -> Any:
+    """`value` with unchanged copies replaced by their originals."""
+    if isinstance(value, eqx.Module):
+        return originals.get(id(value), value)
+    if type(value) in (list, tuple, dict) and value is not original:
+        items = value.values() if isinstance(value, dict) else value
+        restored = [_restore(v, originals, None) for v in items]
+        orig_items = original.values() if isinstance(original, dict) else original
+        if (
+            type(original) is type(value)
+            and len(orig_items) == len(restored)
+            and all(a is b for a, b in zip(restored, orig_items))
+        ):
+            return original
+        if isinstance(value, dict):
+            return dict(zip(value.keys(), restored))
+        return type(value)(restored)
+    return value

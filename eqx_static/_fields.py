@@ -1,0 +1,109 @@
+"""Per-class facts about an `eqx.Module`'s fields, computed once per class."""
+
+import dataclasses
+import difflib
+import typing
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+import equinox as eqx
+import jaxtyping
+
+
+class FieldInfo(typing.NamedTuple):
+    """What the update helpers and `es.jit` need to know about one class."""
+
+    cls: type
+    names: tuple[str, ...]
+    static_names: tuple[str, ...]
+    dynamic_names: tuple[str, ...]
+    static: frozenset[str]
+    converters: Mapping[str, Callable[[Any], Any]]
+    check_inits: tuple[Callable[[Any], None], ...]
+    array_annotations: Mapping[str, Any]
+    annotations: Mapping[str, Any]
+
+
+_infos: Final[weakref.WeakKeyDictionary[type, FieldInfo]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def field_info(cls: type) -> FieldInfo:
+    """The cached `FieldInfo` of the `eqx.Module` subclass `cls`."""
+    try:
+        return _infos[cls]
+    except KeyError:
+        info = _infos[cls] = _make_info(cls)
+        return info
+
+
+def _make_info(cls: type) -> FieldInfo:
+    fields = dataclasses.fields(cls)
+    static = tuple(f.name for f in fields if f.metadata.get("static", False))
+    converters = {
+        f.name: f.metadata["converter"]
+        for f in fields
+        if f.metadata.get("converter") is not None
+    }
+    check_inits = tuple(
+        k.__dict__["__check_init__"]
+        for k in cls.__mro__
+        if "__check_init__" in k.__dict__
+    )
+    annotations = _annotations(cls, {f.name for f in fields})
+    arrays = {
+        name: ann
+        for name, ann in annotations.items()
+        if name not in static and _is_array_annotation(ann)
+    }
+    return FieldInfo(
+        cls=cls,
+        names=tuple(f.name for f in fields),
+        static_names=static,
+        dynamic_names=tuple(f.name for f in fields if f.name not in static),
+        static=frozenset(static),
+        converters=converters,
+        check_inits=check_inits,
+        array_annotations=arrays,
+        annotations=annotations,
+    )
+
+
+def _annotations(cls: type, names: set[str]) -> dict[str, Any]:
+    """Resolved annotations of the fields; unresolvable strings are skipped."""
+    try:
+        hints = typing.get_type_hints(cls, include_extras=True)
+    except Exception:  # forward references that cannot be resolved here
+        hints = {}
+        for k in reversed(cls.__mro__):
+            hints.update(getattr(k, "__annotations__", {}))
+    return {k: v for k, v in hints.items() if k in names and not isinstance(v, str)}
+
+
+def _is_array_annotation(ann: Any) -> bool:
+    if isinstance(ann, type) and issubclass(ann, jaxtyping.AbstractArray):
+        return True
+    args = typing.get_args(ann)
+    return typing.get_origin(ann) in (typing.Union, _UnionType) and any(
+        _is_array_annotation(a) for a in args
+    )
+
+
+_UnionType: Final = type(int | str)
+
+
+def unknown_field_error(cls: type, name: str, names: tuple[str, ...]) -> AttributeError:
+    """`AttributeError` naming the valid fields and the closest match."""
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    valid = ", ".join(repr(n) for n in names) or "(none)"
+    return AttributeError(
+        f"`{cls.__qualname__}` has no field {name!r}.{hint} Its fields are: {valid}."
+    )
+
+
+def is_module(x: object) -> bool:
+    """Whether `x` is an `eqx.Module` instance."""
+    return isinstance(x, eqx.Module)

@@ -1,0 +1,88 @@
+"""`es.Module`: an `eqx.Module` whose static fields are checked and easy to update."""
+
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import equinox as eqx
+
+from ._fields import field_info
+from ._update import with_dynamic, with_static
+from ._validate import check_hashable
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+_Self = TypeVar("_Self", bound="Module")
+
+
+class _ModuleFunction(Generic[_F]):
+    """Binds a function to an instance with `functools.partial`.
+
+    A plain method read off an `eqx.Module` instance becomes an Equinox `BoundMethod`,
+    whose construction walks every leaf of the module. A partial does not: binding
+    stays O(1) whatever the size of the model.
+    """
+
+    def __init__(self, fn: _F):
+        self.fn = fn
+        functools.update_wrapper(self, fn)
+
+    def __get__(self, obj: object, owner: type | None = None) -> Any:
+        if obj is None:
+            return self.fn
+        return functools.partial(self.fn, obj)
+
+
+class Module(eqx.Module):
+    """An `eqx.Module` with checked static fields and one-line updates.
+
+    Everything Equinox offers keeps working: custom `__init__`, `__check_init__`,
+    converters, abstract fields, `eqx.tree_at`, serialisation and `eqx.filter_*`.
+    On top of that:
+
+    - at construction, every static field (`eqx.field(static=True)`) must hold a
+        hashable value, because static values key the compilation cache of
+        [`eqx_static.jit`][];
+    - `module.with_static(**changes)` and `module.with_dynamic(**changes)` return
+        updated copies (see [`eqx_static.with_static`][]).
+
+    !!! example
+
+        ```python
+        import equinox as eqx
+        import jax.numpy as jnp
+        import eqx_static as es
+
+        class Scaler(es.Module):
+            scale: float
+            square: bool = eqx.field(static=True)
+
+            @es.jit
+            def __call__(self, x):
+                return self.scale * (x**2 if self.square else x)
+
+        s = Scaler(scale=2.0, square=False)
+        assert s(jnp.array(3.0)) == 6.0
+        assert s.with_static(square=True)(jnp.array(3.0)) == 18.0
+        assert s.with_dynamic(scale=1.0)(jnp.array(3.0)) == 3.0
+        ```
+    """
+
+    def __check_init__(self) -> None:
+        info = field_info(type(self))
+        for name in info.static_names:
+            check_hashable(info.cls, name, self.__dict__[name])
+
+    if TYPE_CHECKING:
+
+        def with_static(self: _Self, **changes: Any) -> _Self:
+            """Return a copy with some static fields replaced; see `es.with_static`."""
+            ...
+
+        def with_dynamic(self: _Self, **changes: Any) -> _Self:
+            """Return a copy with some dynamic fields replaced; see `es.with_dynamic`."""
+            ...
+
+    else:
+        with_static = _ModuleFunction(with_static)
+        with_dynamic = _ModuleFunction(with_dynamic)
