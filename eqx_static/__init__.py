@@ -4,6 +4,11 @@ recompile exactly when a static field changes, and one-line updates."""
 import importlib.metadata
 
 from ._edit import edit as edit
+from ._jit import (
+    CacheInfo as CacheInfo,
+    jit as jit,
+    TracedFieldError as TracedFieldError,
+)
 from ._module import Module as Module
 from ._update import with_dynamic as with_dynamic, with_static as with_static
 

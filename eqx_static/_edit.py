@@ -151,20 +151,32 @@ def _freeze(record: _Copy) -> bool:
 
 
 def _restore(value: Any, originals: dict[int, Any], original: Any) -> Any:
-    """`value` with unchanged copies replaced by their originals."""
+    """`value` with unchanged copies replaced by their originals; `original` itself
+    if that leaves every item of `value` the same as the item of `original`."""
     if isinstance(value, eqx.Module):
         return originals.get(id(value), value)
-    if type(value) in (list, tuple, dict) and value is not original:
-        items = value.values() if isinstance(value, dict) else value
-        restored = [_restore(v, originals, None) for v in items]
-        orig_items = original.values() if isinstance(original, dict) else original
-        if (
-            type(original) is type(value)
-            and len(orig_items) == len(restored)
-            and all(a is b for a, b in zip(restored, orig_items))
-        ):
-            return original
-        if isinstance(value, dict):
-            return dict(zip(value.keys(), restored))
-        return type(value)(restored)
-    return value
+    if type(value) not in (list, tuple, dict) or value is original:
+        return value
+    items, orig_items = _items(value), _items(original)
+    same_shape = type(original) is type(value) and _keys(original) == _keys(value)
+    if not same_shape:
+        orig_items = [None] * len(items)
+    # Pair each item with its original, so that nested containers are restored too.
+    restored = [
+        _restore(v, originals, o) for v, o in zip(items, orig_items, strict=True)
+    ]
+    if same_shape and all(a is b for a, b in zip(restored, orig_items, strict=True)):
+        return original
+    if isinstance(value, dict):
+        return dict(zip(value.keys(), restored, strict=True))
+    return type(value)(restored)
+
+
+def _items(x: Any) -> list:
+    if type(x) is dict:
+        return list(x.values())
+    return list(x) if type(x) in (list, tuple) else []
+
+
+def _keys(x: Any) -> list:
+    return list(x) if type(x) is dict else list(range(len(_items(x))))

@@ -2,6 +2,7 @@
 
 import dataclasses
 import difflib
+import sys
 import typing
 import weakref
 from collections.abc import Callable, Mapping
@@ -25,9 +26,7 @@ class FieldInfo(typing.NamedTuple):
     annotations: Mapping[str, Any]
 
 
-_infos: Final[weakref.WeakKeyDictionary[type, FieldInfo]] = (
-    weakref.WeakKeyDictionary()
-)
+_infos: Final[weakref.WeakKeyDictionary[type, FieldInfo]] = weakref.WeakKeyDictionary()
 
 
 def field_info(cls: type) -> FieldInfo:
@@ -75,11 +74,23 @@ def _annotations(cls: type, names: set[str]) -> dict[str, Any]:
     """Resolved annotations of the fields; unresolvable strings are skipped."""
     try:
         hints = typing.get_type_hints(cls, include_extras=True)
-    except Exception:  # forward references that cannot be resolved here
+    except Exception:  # one unresolvable forward reference: resolve field by field
         hints = {}
         for k in reversed(cls.__mro__):
-            hints.update(getattr(k, "__annotations__", {}))
+            globalns = getattr(sys.modules.get(k.__module__), "__dict__", {})
+            for name, ann in k.__dict__.get("__annotations__", {}).items():
+                hints[name] = _resolve(ann, globalns, vars(k))
     return {k: v for k, v in hints.items() if k in names and not isinstance(v, str)}
+
+
+def _resolve(ann: Any, globalns: Mapping[str, Any], localns: Mapping[str, Any]) -> Any:
+    """`ann` evaluated if it is a string, else unchanged; a string if that fails."""
+    if not isinstance(ann, str):
+        return ann
+    try:
+        return eval(ann, dict(globalns), localns)  # what `get_type_hints` does
+    except Exception:  # e.g. a name imported only under `TYPE_CHECKING`
+        return ann
 
 
 def _is_array_annotation(ann: Any) -> bool:

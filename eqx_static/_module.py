@@ -2,12 +2,12 @@
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TYPE_CHECKING, TypeVar
 
 import equinox as eqx
 
 from ._fields import field_info
-from ._update import with_dynamic, with_static
+from ._update import with_dynamic as _with_dynamic, with_static as _with_static
 from ._validate import check_hashable
 
 
@@ -84,5 +84,6 @@ class Module(eqx.Module):
             ...
 
     else:
-        with_static = _ModuleFunction(with_static)
-        with_dynamic = _ModuleFunction(with_dynamic)
+        # Aliased imports: in a class body, a bare `with_static` reads as the method.
+        with_static = _ModuleFunction(_with_static)
+        with_dynamic = _ModuleFunction(_with_dynamic)

@@ -117,10 +117,17 @@ def _trie(changes: Mapping[str, Any]) -> _Trie:
             if isinstance(child, _Set):
                 raise _conflict(".".join(parents[: i + 1]), path)
             node = child
-        if last in node:
-            raise _conflict(path, path)
+        if last in node:  # only a dict can be there: the keys are distinct
+            raise _conflict(path, _a_path_inside(path, node[last]))
         node[last] = _Set(value)
     return root
+
+
+def _a_path_inside(prefix: str, node: "_Trie | _Set") -> str:
+    while isinstance(node, dict):
+        seg, node = next(iter(node.items()))
+        prefix = f"{prefix}.{seg}"
+    return prefix
 
 
 def _conflict(prefix: str, path: str) -> ValueError:
@@ -177,19 +184,22 @@ def _check_kind(cls: type, name: str, field_kind: str, kind: Kind, path: tuple):
     if kind == "any" or field_kind == kind:
         return
     full = ".".join((*path, name))
+    call = f"**{{{full!r}: ...}}" if path else f"{full}=..."
     raise TypeError(
         f"`with_{kind}` got {full!r}, but {name!r} is a {field_kind} field of "
-        f"`{cls.__qualname__}`. Use `{_OTHER[kind]}({full}=...)` instead (or "
+        f"`{cls.__qualname__}`. Use `{_OTHER[kind]}({call})` instead (or "
         "`es.edit`, which takes both kinds)."
     )
 
 
-def _apply_container(
-    obj: Any, trie: _Trie, kind: Kind, path: tuple, outer: str
-) -> Any:
+def _apply_container(obj: Any, trie: _Trie, kind: Kind, path: tuple, outer: str) -> Any:
     items = dict(obj) if isinstance(obj, dict) else list(obj)
+    segs: dict[Any, str] = {}
     for seg, sub in trie.items():
         key = _container_key(obj, seg, path)
+        if key in segs:  # such as "layers.0" and "layers.-2" into a 2-list
+            raise _same_item(path, segs[key], seg)
+        segs[key] = seg
         if isinstance(sub, _Set):
             if kind not in ("any", outer):
                 raise _container_kind_error(kind, outer, (*path, seg))
@@ -205,6 +215,14 @@ def _apply_container(
     if hasattr(obj, "_make"):  # namedtuple
         return type(obj)._make(items)  # pyright: ignore[reportAttributeAccessIssue]
     return type(obj)(items)
+
+
+def _same_item(path: tuple, seg1: str, seg2: str) -> ValueError:
+    where = ".".join(path)
+    return ValueError(
+        f"Conflicting updates: segments {seg1!r} and {seg2!r} both name the same "
+        f"item of {where!r}. Name each item once."
+    )
 
 
 def _container_kind_error(kind: Kind, outer: str, path: tuple) -> TypeError:
@@ -234,4 +252,4 @@ def _container_key(obj: Any, seg: str, path: tuple) -> Any:
             f"Path segment {seg!r} at {where!r} is not a valid index into a "
             f"{type(obj).__name__} of length {len(obj)}."
         ) from None
-    return index
+    return index % len(obj)

@@ -1,7 +1,9 @@
 """The checks every new field value goes through: construction, updates, edits."""
 
+import types
+import typing
 from collections.abc import Collection, Mapping
-from typing import Any
+from typing import Any, Final
 
 import jax
 import numpy as np
@@ -41,7 +43,7 @@ def _unhashable_message(cls: type, name: str, value: object) -> str:
 
 def check_array_annotation(cls: type, name: str, ann: Any, value: object) -> None:
     """Raise `TypeError` if `value` does not match the jaxtyping annotation `ann`."""
-    if isinstance(value, ann):
+    if _matches(value, ann):
         return
     got = (
         f"{value.dtype}{list(value.shape)}"
@@ -54,8 +56,26 @@ def check_array_annotation(cls: type, name: str, ann: Any, value: object) -> Non
     )
 
 
+def _matches(value: object, ann: Any) -> bool:
+    # `isinstance` against a `typing.Union` only checks `type(value)`, which cannot
+    # see a jaxtyping shape or dtype, so unions are checked member by member.
+    if typing.get_origin(ann) in _UNIONS:
+        return any(_matches(value, a) for a in typing.get_args(ann))
+    try:
+        return isinstance(value, ann)
+    except TypeError:  # not checkable at run time, such as `list[int]`
+        return True
+
+
 def _ann_repr(ann: Any) -> str:
+    if typing.get_origin(ann) in _UNIONS:
+        return " | ".join(_ann_repr(a) for a in typing.get_args(ann))
+    if ann is type(None):
+        return "None"
     return getattr(ann, "__name__", None) or repr(ann)
+
+
+_UNIONS: Final = (typing.Union, types.UnionType)
 
 
 def convert_and_check(

@@ -1,0 +1,570 @@
+"""`es.jit`: compile a method once per compile key, and say why it recompiled."""
+
+import functools
+import inspect
+import logging
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import (
+    Any,
+    Final,
+    Generic,
+    Literal,
+    NamedTuple,
+    ParamSpec,
+    TypeVar,
+    overload,
+)
+
+import equinox as eqx
+import jax
+import jax.tree_util as jtu
+from jax._src import traceback_util
+
+from ._key import _ARR, _kinds, _memo, LEAF, build_call, diff, leaf_origins, make_key
+
+
+traceback_util.register_exclusion(__file__)
+
+logger: Final = logging.getLogger("eqx_static")
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+Donate = Literal["none", "all", "all-except-first"]
+
+
+class CacheInfo(NamedTuple):
+    """Statistics of an [`eqx_static.jit`][] cache, as `functools.lru_cache` reports
+    them. A miss is a trace and a compile; `currsize` counts compiled entries."""
+
+    hits: int
+    misses: int
+    maxsize: int | None
+    currsize: int
+
+
+class TracedFieldError(jax.errors.ConcretizationTypeError):
+    """A traced (dynamic) field was used where Python needs a concrete value."""
+
+    def __init__(self, message: str):  # pyright: ignore[reportMissingSuperCall]
+        TypeError.__init__(self, message)
+
+
+class _Pending(threading.local):
+    """Traces recorded by this thread's calls, read back by the call that caused them."""
+
+    def __init__(self):
+        self.records: list[tuple[Any, Any]] = []
+
+
+_pending: Final = _Pending()
+_SINGLE: Final = "single"
+_NO_HEAD: Final = object()
+_LEAVES: Final = tuple((LEAF,) * n for n in range(256))
+_AMBIGUOUS: Final = "ambiguous"
+
+
+class _Entry:
+    """One compile key without avals: a `jax.jit` whose own dispatch checks the
+    avals, and, per aval signature seen, the static part of the output."""
+
+    __slots__ = ("jitted", "template", "variants")
+
+    def __init__(self, jitted: Any):
+        self.jitted = jitted
+        self.template: Any = None
+        self.variants: dict[Any, Any] = {}
+
+
+class _Jit(Generic[_P, _R]):
+    """The wrapper returned by [`eqx_static.jit`][]."""
+
+    def __init__(
+        self,
+        fn: Callable[_P, _R],
+        donate: Donate,
+        maxsize: int | None,
+        depends_on: Any,
+    ):
+        self._is_static = isinstance(fn, staticmethod)
+        if self._is_static:
+            fn = fn.__func__  # pyright: ignore[reportAttributeAccessIssue]
+        if not callable(fn):
+            raise TypeError(f"`es.jit` takes a function, got {type(fn).__name__}.")
+        if maxsize is not None and (not isinstance(maxsize, int) or maxsize < 1):
+            raise ValueError(
+                f"`maxsize` must be None or a positive int, got {maxsize!r}."
+            )
+        if donate not in ("none", "all", "all-except-first"):
+            raise ValueError(
+                f"`donate` must be one of 'none', 'all', 'all-except-first'; "
+                f"got {donate!r}."
+            )
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self._donate = donate
+        self._maxsize = maxsize
+        self._depends_on = depends_on
+        self._argnames = _argnames(fn)
+        self._cache: dict[Any, _Entry] = OrderedDict() if maxsize else {}
+        self._counts = [0, 0]  # calls, traces
+        self._misses = 0
+        self._lock = threading.RLock()
+        self._method, self._call = self._make_call()
+
+    # -- binding ---------------------------------------------------------------
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        # `m(x)` looks `__call__` up on the class and, for a plain function, calls it
+        # without binding anything. Installing one for special methods saves the
+        # descriptor call on every call. (Equinox leaves special methods unwrapped.)
+        if name.startswith("__") and name.endswith("__") and not self._is_static:
+            setattr(owner, name, self._special_method())
+
+    def _special_method(self) -> Callable:
+        method = self._method
+        functools.update_wrapper(method, self.fn)
+        method.cache_info = self.cache_info  # pyright: ignore[reportFunctionMemberAccess]
+        method.cache_clear = self.cache_clear  # pyright: ignore[reportFunctionMemberAccess]
+        method.lower = self.lower  # pyright: ignore[reportFunctionMemberAccess]
+        method.es_jit = self  # pyright: ignore[reportFunctionMemberAccess]
+        return method
+
+    def __get__(self, obj: object, owner: type | None = None) -> Any:
+        if obj is None or self._is_static:
+            return self
+        return _Bound(self._method, obj)
+
+    def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        __tracebackhide__ = True
+        return self._call(args, kwargs)
+
+    # -- the hot path ----------------------------------------------------------
+
+    def _make_call(self) -> tuple[Callable, Callable]:
+        """The call paths as closures: no attribute look-ups on a cache hit.
+
+        `method(obj, *args)` is the path of `obj.f(*args)`; when `obj` is a module
+        seen before and every other argument is an array, its key is assembled
+        without walking anything."""
+        cache, counts, slow = self._cache, self._counts, self._slow_call
+        memo, kinds = _memo, _kinds
+
+        def method(obj: Any, /, *args: Any, **kwargs: Any) -> Any:
+            __tracebackhide__ = True
+            e = memo.get(id(obj))
+            if e is None or not e[3] or kwargs or e[0]() is not obj:
+                return call((obj, *args), kwargs)
+            for a in args:
+                if kinds.get(type(a)) is not _ARR:
+                    return call((obj, *args), kwargs)
+            leaves = [*e[2], *args]
+            key = ((e[1], *_LEAVES[len(args)]), (), ())
+            return dispatch(key, leaves, obj, args, kwargs)
+
+        def call(args: tuple, kwargs: dict[str, Any]) -> Any:
+            __tracebackhide__ = True
+            leaves: list = []
+            key = make_key(args, kwargs, leaves)
+            return dispatch(key, leaves, _NO_HEAD, args, kwargs)
+
+        def dispatch(
+            key: tuple, leaves: list, head: Any, rest: tuple, kwargs: dict
+        ) -> Any:
+            __tracebackhide__ = True
+            try:
+                entry = cache.get(key)
+            except TypeError:  # an unhashable static value
+                entry = None
+            if entry is None or entry.template is _AMBIGUOUS:
+                args = rest if head is _NO_HEAD else (head, *rest)
+                return slow(args, kwargs, key, leaves)
+            counts[0] += 1
+            traces = counts[1]
+            out = entry.jitted(*leaves)
+            if counts[1] != traces:
+                args = rest if head is _NO_HEAD else (head, *rest)
+                self._after_trace(entry, key, leaves, args)
+            template = entry.template
+            return out if template is _SINGLE else _unsplit(out, template)
+
+        return method, call
+
+    def _slow_call(self, args: tuple, kwargs: dict, key: Any, leaves: list) -> Any:
+        __tracebackhide__ = True
+        if self._maxsize is None:
+            entry = self._cache.get(key) or self._new_entry(key, leaves)
+        else:
+            key = (key, _signature(leaves))
+            entry = self._lru_get(key, leaves)
+        self._counts[0] += 1
+        traces = self._counts[1]
+        out = entry.jitted(*leaves)
+        if self._counts[1] != traces:
+            self._after_trace(entry, key, leaves, args)
+        template = entry.template
+        if template is _SINGLE:
+            return out
+        if template is _AMBIGUOUS:
+            template = entry.variants[_signature(leaves)]
+        return _unsplit(out, template)
+
+    def _lru_get(self, key: Any, leaves: list) -> _Entry:
+        cache: OrderedDict = self._cache  # pyright: ignore[reportAssignmentType]
+        try:
+            entry = cache[key]
+        except KeyError:
+            return self._new_entry(key, leaves)
+        cache.move_to_end(key)
+        return entry
+
+    # -- misses ----------------------------------------------------------------
+
+    def _new_entry(self, key: Any, leaves: list) -> _Entry:
+        try:
+            hash(key)
+        except TypeError:
+            raise TypeError(_unhashable_message(self.__qualname__)) from None
+        with self._lock:
+            if key in self._cache:
+                return self._cache[key]
+            outer_key = key if self._maxsize is None else key[0]
+            entry = _Entry(None)
+            entry.jitted = jax.jit(
+                self._traced_fn(outer_key, entry),
+                donate_argnums=self._donate_argnums(outer_key, leaves),
+            )
+            self._cache[key] = entry
+            if self._maxsize is not None:
+                while self._currsize() > self._maxsize:
+                    self._cache.popitem(last=False)  # pyright: ignore[reportCallIssue]
+            return entry
+
+    def _traced_fn(self, key: tuple, entry: _Entry) -> Callable:
+        fn = self.fn
+
+        def traced(*_es_leaves):
+            args, kwargs = build_call(key, _es_leaves)
+            try:
+                out = fn(*args, **kwargs)
+            except jax.errors.ConcretizationTypeError as e:
+                if isinstance(e, TracedFieldError):
+                    raise
+                raise self._traced_field_error(e, key, args) from None
+            dynamic, template = _split(out)
+            _pending.records.append((self, entry, template))
+            self._counts[1] += 1
+            return dynamic
+
+        traced.__name__ = getattr(fn, "__name__", "fn")
+        traced.__qualname__ = getattr(fn, "__qualname__", traced.__name__)
+        return traced
+
+    def _after_trace(self, entry: _Entry, key: Any, leaves: list, args: tuple) -> None:
+        records = _pending.records
+        mine = [r for r in records if r[1] is entry]
+        records[:] = [r for r in records if r[1] is not entry]
+        sig = _signature(leaves)
+        with self._lock:
+            outer = key if self._maxsize is None else key[0]
+            for _, _, template in mine:
+                self._explain(outer, sig, args)
+                self._misses += 1
+                entry.variants[sig] = template
+                templates = set(map(id, entry.variants.values()))
+                if len(templates) == 1 or _all_equal(entry.variants.values()):
+                    entry.template = template
+                else:
+                    entry.template = _AMBIGUOUS
+
+    def _explain(self, key: tuple, sig: tuple, args: tuple) -> None:
+        known = [
+            (k if self._maxsize is None else k[0], s)
+            for k, e in self._cache.items()
+            for s in e.variants
+        ]
+        if not known or not logger.isEnabledFor(logging.INFO):
+            return
+        candidates = [(self._diff(k, s, key, sig), k != key) for k, s in known[-64:]]
+        best, _ = min(candidates, key=lambda c: (len(c[0]), c[1]))
+        reason = "; ".join(best) if best else "same key (JAX dropped its own cache)"
+        logger.info(
+            "%s: compiling (%d cached): %s", self._name(args), len(known), reason
+        )
+
+    def _diff(
+        self, key: tuple, sig: tuple, new_key: tuple, new_sig: tuple
+    ) -> list[str]:
+        phrases = diff(key, new_key, self._argnames)
+        if phrases or sig == new_sig:
+            return phrases
+        origins = leaf_origins(new_key, self._argnames)
+        return [
+            _describe_leaf(o, a, b) for o, a, b in zip(origins, sig, new_sig) if a != b
+        ]
+
+    def _name(self, args: tuple) -> str:
+        name = getattr(self.fn, "__name__", "fn")
+        if not self._is_static and args and isinstance(args[0], eqx.Module):
+            return f"{type(args[0]).__qualname__}.{name}"
+        return self.__qualname__
+
+    def _traced_field_error(self, e: Exception, key: tuple, args: tuple) -> Exception:
+        indices = [int(i) for i in re.findall(r"_es_leaves\[(\d+)\]", str(e))]
+        origins = leaf_origins(key, self._argnames)
+        fields = [origins[i] for i in indices if i < len(origins)]
+        fields = [o for o in fields if o.field is not None]
+        if not fields:
+            return e
+        o = fields[0]
+        cls = o.cls.__qualname__ if o.cls else "?"
+        return TracedFieldError(
+            f"{self._name(args)} used the traced field {o.field!r} of `{cls}` "
+            f"(at {o.path}) where Python needs a concrete value (`if`, `bool()`, "
+            "`int()`, a shape, ...). Dynamic fields are traced, so their values are "
+            f"unknown while compiling. If {o.field!r} selects program structure, "
+            f"declare it static: `{o.field}: ... = eqx.field(static=True)` (each "
+            "new value then compiles once). Otherwise keep it dynamic and use "
+            "`jnp.where` or `jax.lax.cond`.\n\nJAX said: " + str(e)
+        )
+
+    def _donate_argnums(self, key: tuple, leaves: list) -> tuple[int, ...]:
+        if self._donate == "none":
+            return ()
+        skip = 0
+        if self._donate == "all-except-first" and key[0]:
+            skip = sum(1 for o in leaf_origins(((key[0][0],), (), ()), ()))
+        return tuple(
+            i for i, x in enumerate(leaves) if i >= skip and isinstance(x, jax.Array)
+        )
+
+    # -- introspection ---------------------------------------------------------
+
+    def _currsize(self) -> int:
+        return sum(max(len(e.variants), 1) for e in self._cache.values())
+
+    def cache_info(self) -> CacheInfo:
+        """Hits, misses (traces and compiles), `maxsize` and entries held."""
+        with self._lock:
+            currsize = sum(len(e.variants) for e in self._cache.values())
+            return CacheInfo(
+                max(self._counts[0] - self._misses, 0),
+                self._misses,
+                self._maxsize,
+                currsize,
+            )
+
+    def cache_clear(self) -> None:
+        """Drop every compiled entry and reset the statistics."""
+        with self._lock:
+            self._cache.clear()
+            self._counts[0] = 0
+            self._misses = 0
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        """Lower the call for these arguments ahead of time; returns JAX's `Lowered`."""
+        leaves: list = []
+        key = make_key(args, kwargs, leaves)
+        if self._maxsize is not None:
+            key = (key, _signature(leaves))
+        entry = self._cache.get(key) or self._new_entry(key, leaves)
+        traces = self._counts[1]
+        lowered = entry.jitted.lower(*leaves)
+        if self._counts[1] != traces:
+            self._after_trace(entry, key, leaves, args)
+        return lowered
+
+
+class _Bound(functools.partial):
+    """An [`eqx_static.jit`][] wrapper bound to a module instance.
+
+    A `functools.partial`, not a `types.MethodType`: Equinox would wrap a method in a
+    `BoundMethod`, whose construction walks every leaf of the module."""
+
+    __slots__ = ()
+
+    @property
+    def __self__(self) -> Any:
+        return self.args[0]
+
+    @property
+    def _jit(self) -> "_Jit":
+        return self.func.__self__  # pyright: ignore[reportAttributeAccessIssue]
+
+    def cache_info(self) -> CacheInfo:
+        """See [`eqx_static.jit`][]."""
+        return self._jit.cache_info()
+
+    def cache_clear(self) -> None:
+        """See [`eqx_static.jit`][]."""
+        self._jit.cache_clear()
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        """Lower the call for these arguments; returns JAX's `Lowered`."""
+        return self._jit.lower(self.__self__, *args, **kwargs)
+
+    @property
+    def __wrapped__(self) -> Callable:
+        return self._jit.fn
+
+    def __repr__(self) -> str:
+        name = self._jit.__qualname__
+        return f"<bound es.jit {name} of {type(self.__self__).__qualname__}>"
+
+
+# ----------------------------------------------------------------------------------
+# Outputs: arrays leave the compiled function; everything else is kept in a template.
+
+
+def _split(out: Any) -> tuple[Any, Any]:
+    if isinstance(out, jax.Array):
+        return out, _SINGLE
+    flat, treedef = jtu.tree_flatten(out)
+    mask = tuple(isinstance(x, jax.Array) for x in flat)
+    dynamic = [x for x, m in zip(flat, mask) if m]
+    static = tuple(None if m else x for x, m in zip(flat, mask))
+    return dynamic, (treedef, mask, static)
+
+
+def _unsplit(out: list, template: tuple) -> Any:
+    treedef, mask, static = template
+    it = iter(out)
+    return treedef.unflatten([next(it) if m else s for m, s in zip(mask, static)])
+
+
+def _all_equal(templates: Any) -> bool:
+    first, *rest = templates
+    try:
+        return all(t == first for t in rest)
+    except Exception:  # static outputs whose `==` is not a bool
+        return False
+
+
+def _signature(leaves: list) -> tuple:
+    return tuple(map(_aval_key, leaves))
+
+
+def _aval_key(x: Any) -> tuple:
+    aval = jax.typeof(x)
+    sharding = getattr(x, "sharding", None) if isinstance(x, jax.Array) else None
+    try:
+        hash(sharding)
+    except Exception:  # a tracer's sharding
+        sharding = None
+    return (aval.shape, aval.dtype, getattr(aval, "weak_type", False), sharding)
+
+
+def _describe_leaf(o: Any, a: tuple, b: tuple) -> str:
+    where = (
+        f"field {o.path.split('.', 1)[1]!r}"
+        if o.field and o.path.startswith("self.")
+        else (f"field {o.path!r}" if o.field else f"argument {o.path}")
+    )
+    for name, i in (("shape", 0), ("dtype", 1), ("weak type", 2), ("sharding", 3)):
+        if a[i] != b[i]:
+            return f"{where} {name} {a[i]} -> {b[i]}"
+    return f"{where} changed"
+
+
+def _argnames(fn: Callable) -> tuple[str, ...]:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return ()
+    return tuple(
+        p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    )
+
+
+def _unhashable_message(name: str) -> str:
+    return (
+        f"`{name}` got a static value that is not hashable. Static field values and "
+        "non-array arguments key the compilation cache, so they must be hashable: "
+        "store a tuple instead of a list, or make an array a dynamic field."
+    )
+
+
+@overload
+def jit(
+    fn: Callable[_P, _R],
+    /,
+    *,
+    donate: Donate = "none",
+    depends_on: Any = None,
+    maxsize: int | None = None,
+) -> _Jit[_P, _R]: ...
+
+
+@overload
+def jit(
+    fn: None = None,
+    /,
+    *,
+    donate: Donate = "none",
+    depends_on: Any = None,
+    maxsize: int | None = None,
+) -> Callable[[Callable[_P, _R]], _Jit[_P, _R]]: ...
+
+
+def jit(
+    fn: Any = None,
+    /,
+    *,
+    donate: Donate = "none",
+    depends_on: Any = None,
+    maxsize: int | None = None,
+) -> Any:
+    """Compile a method (or function) once per compile key.
+
+    The key holds the concrete classes of the modules in the arguments, their static
+    field values compared by type *and* value (`1`, `True` and `1.0` are three
+    entries), the tree structure, and each traced leaf's shape, dtype, weak type and
+    sharding. In every module's non-static fields, arrays and Python
+    `bool`/`int`/`float`/`complex` are traced, so changing them never recompiles;
+    other leaves are static, as under `eqx.filter_jit`. Arguments that are not
+    modules follow `eqx.filter_jit`'s rules.
+
+    **Arguments:**
+
+    - `fn`: the function or method to compile (also a `staticmethod`).
+    - `donate`: `"none"`, `"all"` or `"all-except-first"`: which array arguments'
+        buffers XLA may reuse for the outputs.
+    - `depends_on`: reserved for relevance-aware keys.
+    - `maxsize`: at most this many compiled entries; the least recently used is
+        evicted. `None` (the default) keeps them all.
+
+    **Returns:**
+
+    A wrapper, reachable from the class or from an instance, with `cache_info()`,
+    `cache_clear()` and `lower(*args)`. Each miss after the first logs one line at
+    INFO on the logger `"eqx_static"`, naming what changed.
+
+    !!! example
+
+        ```python
+        import equinox as eqx
+        import jax.numpy as jnp
+        import eqx_static as es
+
+        class Model(es.Module):
+            scale: float
+            square: bool = eqx.field(static=True)
+
+            @es.jit
+            def __call__(self, x):
+                return self.scale * (x**2 if self.square else x)
+
+        m = Model(scale=2.0, square=False)
+        m(jnp.array(3.0))                       # compiles
+        m.with_dynamic(scale=5.0)(jnp.array(3.0))   # reuses: scale is traced
+        m.with_static(square=True)(jnp.array(3.0))  # compiles: square is static
+        assert Model.__call__.cache_info().misses == 2
+        ```
+    """
+    if fn is None:
+        return functools.partial(
+            jit, donate=donate, depends_on=depends_on, maxsize=maxsize
+        )
+    return _Jit(fn, donate, maxsize, depends_on)

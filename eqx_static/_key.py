@@ -1,0 +1,415 @@
+"""The compile key: the one description of a call that everything else reads.
+
+A key is a tree of hashable tuples mirroring the call's arguments:
+
+- `LEAF` marks a traced value (an array, or a Python scalar inside a module); its
+  shape, dtype, weak type and sharding are checked by `jax.jit`'s own dispatch;
+- `(MODULE, cls, statics, children, extras)` is an `eqx.Module`: its static field
+  values compared by type *and* value, then the keys of its dynamic fields;
+- `(SEQ, type, children)` is a plain list or tuple, `(TREE, treedef, children)` any
+  other pytree node, `(STATIC, typed_value)` a leaf outside modules that is not an
+  array (static, as under `eqx.filter_jit`).
+
+`build` turns a key and the traced leaves back into the arguments, `diff` names
+what differs between two keys in field terms, and `leaf_origins` says which field
+or argument each traced leaf came from.
+"""
+
+import weakref
+from collections.abc import Iterator, Sequence
+from typing import Any, Final, NamedTuple
+
+import equinox as eqx
+import jax
+import jax.tree_util as jtu
+import numpy as np
+from equinox._module._module import _currently_initialising as _initialising
+
+from ._fields import field_info
+
+
+LEAF: Final = "·"
+MODULE: Final = 0
+SEQ: Final = 1
+TREE: Final = 2
+STATIC: Final = 3
+
+_SCALARS: Final = frozenset({bool, int, float, complex})
+_ARRAYS: Final = (jax.Array, np.ndarray, np.generic)
+
+
+class Plan(NamedTuple):
+    """How to read one module class: static and dynamic field names."""
+
+    static: tuple[str, ...]
+    dynamic: tuple[str, ...]
+    names: frozenset[str]
+
+
+_plans: Final[dict[type, Plan]] = {}
+
+
+def plan(cls: type) -> Plan:
+    try:
+        return _plans[cls]
+    except KeyError:
+        info = field_info(cls)
+        p = _plans[cls] = Plan(
+            info.static_names, info.dynamic_names, frozenset(info.names)
+        )
+        return p
+
+
+# ----------------------------------------------------------------------------------
+# Typed static values: `1`, `True` and `1.0` are different keys.
+
+
+def typed(v: Any) -> Any:
+    """A hashable stand-in for `v` that compares by type as well as by value."""
+    t = type(v)
+    if t is float:
+        return (t, v.hex())  # -0.0 != 0.0, and nan == nan
+    if t is tuple:
+        return (t, tuple(map(typed, v)))
+    return (t, v)
+
+
+def untyped(tv: Any) -> Any:
+    t, v = tv
+    if t is float:
+        return float.fromhex(v)
+    if t is tuple:
+        return tuple(map(untyped, v))
+    return v
+
+
+class _ById:
+    """Compares by identity: for unhashable bookkeeping attributes of a module."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: object):
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _ById) and other.value is self.value
+
+    def __hash__(self) -> int:
+        return id(self.value)
+
+
+# ----------------------------------------------------------------------------------
+# Walking the arguments.
+
+
+def make_key(args: tuple, kwargs: dict[str, Any], leaves: list) -> tuple:
+    """The key of a call; appends its traced leaves to `leaves`, in key order."""
+    nodes = []
+    for a in args:  # `top_node`, inlined for the common cases: this is the hot path
+        t = type(a)
+        kind = _kinds.get(t) or _kind_of(t)
+        if kind is _ARR:
+            leaves.append(a)
+            nodes.append(LEAF)
+            continue
+        if kind is _MOD:
+            e = _memo.get(id(a))
+            if e is not None and e[3] and e[0]() is a:
+                leaves += e[2]
+                nodes.append(e[1])
+                continue
+        nodes.append(top_node(a, leaves))
+    if kwargs:
+        names = tuple(sorted(kwargs))
+        return tuple(nodes), names, tuple([top_node(kwargs[k], leaves) for k in names])
+    return tuple(nodes), (), ()
+
+
+# A module is frozen, so its key and leaves are computed once per instance and kept
+# while the instance lives (`id` -> weak reference, key, leaves). This is what makes
+# a cache-hit call O(1) in the size of the model. Instances whose key could change
+# (holding a list, a dict or another mutable pytree; being initialised or edited)
+# or that hold tracers are never memoised. Python scalars in a memoised entry are
+# put on the device on the instance's second call, as `jax.jit` would on every call.
+_memo: Final[dict[int, list]] = {}
+_DICT: Final = eqx.Module.__dict__["__dict__"].__get__
+
+
+def top_node(v: Any, leaves: list) -> Any:
+    kind = _kinds.get(type(v)) or _kind_of(type(v))
+    if kind is not _MOD:
+        return node(v, leaves, False)
+    e = _memo.get(id(v))
+    if e is not None and e[0]() is v:
+        if e[3]:
+            leaves.extend(e[2])
+            return e[1]
+        e[2] = _on_device(e[2])
+        e[3] = True
+        leaves.extend(e[2])
+        return e[1]
+    mine: list = []
+    n = module_node(v, mine)
+    leaves.extend(mine)
+    if _memoisable(v, n, mine):
+        i = id(v)
+        _memo[i] = [weakref.ref(v, lambda r: _forget(i, r)), n, tuple(mine), False]
+    return n
+
+
+def _forget(i: int, ref: weakref.ref) -> None:
+    e = _memo.get(i)
+    if e is not None and e[0] is ref:
+        del _memo[i]
+
+
+def _memoisable(v: Any, n: Any, leaves: list) -> bool:
+    return (
+        not any(isinstance(x, jax.core.Tracer) for x in leaves)
+        and _frozen(n)
+        and id(v) not in _initialising._dict  # pyright: ignore[reportAttributeAccessIssue]
+    )
+
+
+def _frozen(n: Any) -> bool:
+    if n is LEAF or n is None:
+        return True
+    tag = n[0]
+    if tag == MODULE:
+        return all(map(_frozen, n[3]))
+    if tag == SEQ:
+        return n[1] is tuple and all(map(_frozen, n[2]))
+    return tag == STATIC
+
+
+def _on_device(leaves: tuple) -> tuple:
+    return tuple(jax.device_put(x) if type(x) in _SCALARS else x for x in leaves)
+
+
+_ARR, _SCALAR, _MOD, _SEQ, _NONE, _OTHER = range(1, 7)
+_kinds: Final[dict[type, int]] = {}
+
+
+def _kind_of(t: type) -> int:
+    """How to key a value of type `t` (cached: `isinstance` on ABCs is slow)."""
+    if issubclass(t, eqx.Module):
+        k = _MOD
+    elif issubclass(t, _ARRAYS) or issubclass(t, jax.core.Tracer):
+        k = _ARR
+    elif t in _SCALARS:
+        k = _SCALAR
+    elif t is tuple or t is list:
+        k = _SEQ
+    elif t is type(None):
+        k = _NONE
+    else:
+        k = _OTHER
+    _kinds[t] = k
+    return k
+
+
+def node(v: Any, leaves: list, in_module: bool) -> Any:
+    kind = _kinds.get(type(v)) or _kind_of(type(v))
+    if kind is _ARR or (in_module and kind is _SCALAR):
+        leaves.append(v)
+        return LEAF
+    if kind is _MOD:
+        return module_node(v, leaves)
+    if kind is _SEQ:
+        return (SEQ, type(v), tuple([node(x, leaves, in_module) for x in v]))
+    if kind is _NONE:
+        return None
+    flat, treedef = jtu.tree_flatten(v, is_leaf=_is_module)
+    if treedef.num_nodes == 1 and treedef.num_leaves == 1 and flat[0] is v:
+        return (STATIC, typed(v))
+    return (TREE, treedef, tuple([node(x, leaves, in_module) for x in flat]))
+
+
+def _is_module(x: object) -> bool:
+    return isinstance(x, eqx.Module)
+
+
+def module_node(m: eqx.Module, leaves: list) -> tuple:
+    cls = type(m)
+    p = _plans.get(cls) or plan(cls)
+    d = _DICT(m)
+    statics = tuple([typed(d[n]) for n in p.static])
+    children = tuple([node(d[n], leaves, True) for n in p.dynamic])
+    if len(d) == len(p.names):
+        return (MODULE, cls, statics, children, None)
+    extras = tuple(
+        (k, v if _hashable(v) else _ById(v)) for k, v in d.items() if k not in p.names
+    )
+    return (MODULE, cls, statics, children, extras)
+
+
+def _hashable(v: object) -> bool:
+    try:
+        hash(v)
+    except TypeError:
+        return False
+    return True
+
+
+# ----------------------------------------------------------------------------------
+# Rebuilding the arguments from a key and the traced leaves.
+
+
+def build_call(key: tuple, leaves: Sequence) -> tuple[tuple, dict[str, Any]]:
+    it = iter(leaves)
+    args, names, kw = key
+    return (
+        tuple([build(n, it) for n in args]),
+        {k: build(n, it) for k, n in zip(names, kw)},
+    )
+
+
+def build(n: Any, it: Iterator) -> Any:
+    if n is LEAF:
+        return next(it)
+    if n is None:
+        return None
+    tag = n[0]
+    if tag == MODULE:
+        _, cls, statics, children, extras = n
+        p = plan(cls)
+        obj = object.__new__(cls)
+        d = obj.__dict__
+        d.update(zip(p.static, map(untyped, statics)))
+        d.update(zip(p.dynamic, [build(c, it) for c in children]))
+        if extras is not None:
+            d.update((k, v.value if isinstance(v, _ById) else v) for k, v in extras)
+        return obj
+    if tag == SEQ:
+        return n[1]([build(c, it) for c in n[2]])
+    if tag == TREE:
+        return n[1].unflatten([build(c, it) for c in n[2]])
+    return untyped(n[1])
+
+
+# ----------------------------------------------------------------------------------
+# Explaining keys in field terms.
+
+
+class Origin(NamedTuple):
+    """Where a traced leaf comes from: a printable path, and the field if any."""
+
+    path: str
+    cls: type | None
+    field: str | None
+
+
+def leaf_origins(key: tuple, argnames: Sequence[str]) -> list[Origin]:
+    out: list[Origin] = []
+    args, names, kw = key
+    for i, n in enumerate(args):
+        _origins(n, _argname(argnames, i), None, None, out)
+    for k, n in zip(names, kw):
+        _origins(n, k, None, None, out)
+    return out
+
+
+def _argname(argnames: Sequence[str], i: int) -> str:
+    return argnames[i] if i < len(argnames) else f"args[{i}]"
+
+
+def _origins(n: Any, path: str, cls: type | None, field: str | None, out: list):
+    if n is LEAF:
+        out.append(Origin(path, cls, field))
+    elif n is None or n[0] == STATIC:
+        return
+    elif n[0] == MODULE:
+        for name, c in zip(plan(n[1]).dynamic, n[3]):
+            _origins(c, f"{path}.{name}", n[1], name, out)
+    else:
+        for i, c in enumerate(n[2]):
+            _origins(c, f"{path}[{i}]", cls, field, out)
+
+
+def diff(old: tuple, new: tuple, argnames: Sequence[str]) -> list[str]:
+    """What differs from `old` to `new`, one phrase per difference, in field terms."""
+    out: list[str] = []
+    (oa, on, ok), (na, nn, nk) = old, new
+    if len(oa) != len(na) or on != nn:
+        return [
+            f"call signature changed: {len(oa)} -> {len(na)} positional, "
+            f"keywords {list(on)} -> {list(nn)}"
+        ]
+    for i, (a, b) in enumerate(zip(oa, na)):
+        _diff(a, b, _argname(argnames, i), i == 0 and _is_self(argnames), out)
+    for k, a, b in zip(nn, ok, nk):
+        _diff(a, b, k, False, out)
+    return out
+
+
+def _is_self(argnames: Sequence[str]) -> bool:
+    return bool(argnames) and argnames[0] == "self"
+
+
+def _diff(a: Any, b: Any, path: str, is_self: bool, out: list) -> None:
+    if a == b:
+        return
+    if _tag(a) != _tag(b):
+        out.append(f"{_what(path, is_self)} changed kind: {_kind(a)} -> {_kind(b)}")
+    elif _tag(a) == MODULE:
+        _diff_module(a, b, path, is_self, out)
+    elif _tag(a) == STATIC:
+        out.append(f"{_what(path, is_self)} changed {_show(a[1])} -> {_show(b[1])}")
+    elif len(a[2]) != len(b[2]) or a[:2] != b[:2]:
+        out.append(f"{_what(path, is_self)} structure changed")
+    else:
+        for i, (x, y) in enumerate(zip(a[2], b[2])):
+            _diff(x, y, f"{path}[{i}]", False, out)
+
+
+def _diff_module(a: tuple, b: tuple, path: str, is_self: bool, out: list) -> None:
+    if a[1] is not b[1]:
+        who = "class" if is_self else f"{_what(path, is_self)} class"
+        out.append(f"{who} {a[1].__qualname__} -> {b[1].__qualname__}")
+        return
+    p = plan(a[1])
+    for name, x, y in zip(p.static, a[2], b[2]):
+        if x != y:
+            out.append(
+                f"static field {_field(path, name, is_self)!r} changed "
+                f"{_show(x)} -> {_show(y)}"
+            )
+    for name, x, y in zip(p.dynamic, a[3], b[3]):
+        _diff(x, y, _field(path, name, is_self), False, out)
+    if a[4] != b[4]:
+        out.append(f"{_what(path, is_self)} extra attributes changed")
+
+
+def _field(path: str, name: str, is_self: bool) -> str:
+    return name if is_self else f"{path}.{name}"
+
+
+def _what(path: str, is_self: bool) -> str:
+    return (
+        "self"
+        if is_self
+        else (
+            f"argument {path}"
+            if "." not in path and "[" not in path
+            else f"field {path!r}"
+        )
+    )
+
+
+def _tag(n: Any) -> Any:
+    return n if n is LEAF or n is None else n[0]
+
+
+def _kind(n: Any) -> str:
+    return {
+        LEAF: "traced",
+        None: "None",
+        MODULE: "module",
+        SEQ: "sequence",
+        TREE: "pytree",
+        STATIC: "static",
+    }[_tag(n)]
+
+
+def _show(tv: Any) -> str:
+    return repr(untyped(tv))

@@ -1,0 +1,21 @@
+"""Strict JAX settings for every test, as in Equinox's own test suite.
+
+Implicit dtype promotion (`float32 + int32`) and implicit rank promotion
+(`(3,) + (2, 3)`) raise instead of silently widening, so a test cannot pass by
+accident of promotion; `pyproject.toml` turns every warning into an error.
+"""
+
+import jax
+import pytest
+
+
+jax.config.update("jax_numpy_dtype_promotion", "strict")
+jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+@pytest.fixture(autouse=True)
+def _strict_jax_config():
+    """Fail loudly if a test or the library loosened the strict settings."""
+    yield
+    assert jax.config.jax_numpy_dtype_promotion == "strict"  # pyright: ignore[reportAttributeAccessIssue]
+    assert jax.config.jax_numpy_rank_promotion == "raise"  # pyright: ignore[reportAttributeAccessIssue]

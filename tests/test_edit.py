@@ -1,0 +1,318 @@
+"""`es.edit` (DESIGN §2.3): mutable-looking edits that produce a validated module."""
+
+import abc
+import dataclasses
+
+import equinox as eqx
+import eqx_static as es
+import jax
+import jax.numpy as jnp
+import pytest
+from jaxtyping import Array, Float
+
+
+class Encoder(es.Module):
+    scale: float
+    act: str = eqx.field(static=True)
+
+
+class Model(es.Module):
+    dp: float
+    encoder: Encoder
+    decoder: Encoder
+    layers: list
+    blocks: list
+    heads: dict
+    pair: tuple
+    sp: bool = eqx.field(static=True)
+
+
+def _model() -> Model:
+    return Model(
+        dp=2.0,
+        encoder=Encoder(1.0, "relu"),
+        decoder=Encoder(2.0, "relu"),
+        layers=[Encoder(3.0, "relu"), Encoder(4.0, "relu")],
+        blocks=[[Encoder(5.0, "a"), Encoder(6.0, "b")], [Encoder(7.0, "c")]],
+        heads={"x": Encoder(8.0, "relu"), "n": 9.0},
+        pair=(Encoder(10.0, "relu"), 11.0),
+        sp=False,
+    )
+
+
+def _snapshot(m: eqx.Module) -> dict:
+    return dict(m.__dict__)
+
+
+def _assert_untouched(m: eqx.Module, snapshot: dict) -> None:
+    assert m.__dict__.keys() == snapshot.keys()
+    for k, v in snapshot.items():
+        assert m.__dict__[k] is v, k
+
+
+# --- the basic contract --------------------------------------------------------------
+
+
+def test_edit_both_kinds_returns_frozen_validated_module():
+    c = _model()
+    before = _snapshot(c)
+    with es.edit(c) as c2:
+        c2.sp = True
+        c2.dp = 3.0
+    assert type(c2) is Model and c2 is not c
+    assert (c2.sp, c2.dp) == (True, 3.0)
+    _assert_untouched(c, before)
+    for name in ("encoder", "decoder", "layers", "blocks", "heads", "pair"):
+        assert getattr(c2, name) is getattr(c, name), name
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field 'dp'"):
+        c2.dp = 4.0  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def test_nested_modules_are_editable_copies():
+    c = _model()
+    before, encoder_before = _snapshot(c), _snapshot(c.encoder)
+    with es.edit(c) as c2:
+        c2.encoder.scale = 0.5
+        c2.encoder.act = "tanh"
+    assert (c2.encoder.scale, c2.encoder.act) == (0.5, "tanh")
+    assert type(c2.encoder) is Encoder and c2.encoder is not c.encoder
+    _assert_untouched(c, before)
+    _assert_untouched(c.encoder, encoder_before)
+    assert c2.decoder is c.decoder and c2.layers is c.layers and c2.dp is c.dp
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c2.encoder.scale = 1.0  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def test_lists_of_modules_are_editable():
+    c = _model()
+    with es.edit(c) as c2:
+        c2.layers[1].scale = 40.0
+    assert c2.layers[1].scale == 40.0 and c.layers[1].scale == 4.0
+    assert type(c2.layers) is list and c2.layers is not c.layers
+    assert c2.layers[0] is c.layers[0]
+    assert c2.blocks is c.blocks and c2.encoder is c.encoder
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c2.layers[1].scale = 0.0  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def test_nested_lists_dicts_and_tuples_of_modules():
+    c = _model()
+    with es.edit(c) as c2:
+        c2.blocks[0][1].scale = 60.0
+        c2.heads["x"].act = "gelu"
+        c2.pair[0].scale = 100.0
+    assert c2.blocks[0][1].scale == 60.0 and c.blocks[0][1].scale == 6.0
+    assert c2.blocks[0][0] is c.blocks[0][0]
+    assert c2.blocks[1] is c.blocks[1]  # an unchanged inner list is shared too
+    assert c2.heads["x"].act == "gelu" and c.heads["x"].act == "relu"
+    assert c2.heads["n"] is c.heads["n"]
+    assert type(c2.pair) is tuple and c2.pair[0].scale == 100.0
+    assert c2.pair[1] is c.pair[1] and c.pair[0].scale == 10.0
+
+
+def test_unchanged_nested_containers_are_shared():
+    c = _model()
+    with es.edit(c) as c2:
+        c2.dp = 0.0
+    for name in ("encoder", "decoder", "layers", "blocks", "heads", "pair"):
+        assert getattr(c2, name) is getattr(c, name), name
+
+
+def test_edit_that_changes_nothing_shares_every_field():
+    c = _model()
+    with es.edit(c) as c2:
+        c2.encoder.scale = c.encoder.scale  # the same object: no change
+    _assert_untouched(c2, _snapshot(c))
+
+
+def test_whole_nested_values_can_be_replaced():
+    c = _model()
+    new_encoder = Encoder(-1.0, "id")
+    with es.edit(c) as c2:
+        c2.encoder = new_encoder
+        c2.layers = [*c2.layers, Encoder(0.0, "id")]
+        c2.layers[0].scale = 30.0
+    assert c2.encoder is new_encoder
+    assert [la.scale for la in c2.layers] == [30.0, 4.0, 0.0]
+    assert [la.scale for la in c.layers] == [3.0, 4.0]
+
+
+def test_result_is_an_ordinary_pytree():
+    c = _model()
+    with es.edit(c) as c2:
+        c2.encoder.scale = 0.5
+    leaves = jax.tree_util.tree_leaves(c2)
+    assert leaves[:2] == [2.0, 0.5]
+    assert jax.tree_util.tree_structure(c2) == jax.tree_util.tree_structure(c)
+
+
+def test_plain_equinox_module_custom_init_and_abstract_base():
+    class AbstractBlock(eqx.Module):
+        width: eqx.AbstractVar[int]
+
+        @abc.abstractmethod
+        def size(self) -> int: ...
+
+    class Block(AbstractBlock):
+        w: float
+        width: int = eqx.field(static=True)
+
+        def __init__(self, width: int):
+            self.width = width
+            self.w = float(width)
+
+        def size(self) -> int:
+            return self.width
+
+    b = Block(3)
+    with es.edit(b) as b2:
+        b2.width = 5
+        b2.w = 0.5
+    assert type(b2) is Block and (b2.size(), b2.w) == (5, 0.5)
+    assert (b.size(), b.w) == (3, 3.0)
+
+
+# --- errors --------------------------------------------------------------------------
+
+
+def test_exception_in_block_leaves_original_untouched():
+    c = _model()
+    before, encoder_before = _snapshot(c), _snapshot(c.encoder)
+    with pytest.raises(RuntimeError, match="user error"), es.edit(c) as c2:
+        c2.dp = 3.0
+        c2.encoder.scale = 0.5
+        c2.layers[0].scale = 0.0
+        raise RuntimeError("user error")
+    _assert_untouched(c, before)
+    _assert_untouched(c.encoder, encoder_before)
+    assert c.layers[0].scale == 3.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c2.dp = 4.0  # pyright: ignore[reportAttributeAccessIssue]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c2.encoder.scale = 4.0  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def test_assigning_a_non_field_raises():
+    c = _model()
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field 'typo'"), es.edit(c) as c2:
+        c2.typo = 1.0  # pyright: ignore[reportAttributeAccessIssue]
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field 'scal'"), es.edit(c) as c3:
+        c3.encoder.scal = 1.0  # pyright: ignore[reportAttributeAccessIssue]
+    assert "typo" not in c.__dict__ and "scal" not in c.encoder.__dict__
+
+
+def test_cannot_enter_twice():
+    c = _model()
+    editor = es.edit(c)
+    with editor as c2:
+        c2.dp = 1.0
+    with pytest.raises(RuntimeError, match="cannot be entered twice"), editor:
+        pass
+
+
+def test_edit_rejects_non_modules():
+    with pytest.raises(TypeError, match=r"`es.edit` takes an `eqx.Module`"):
+        es.edit({"a": 1})  # pyright: ignore[reportArgumentType]
+
+
+class Checked(es.Module):
+    w: Float[Array, "3"]
+    n: int = eqx.field(static=True, converter=int)
+    names: tuple = eqx.field(static=True, default=())
+    limit: float = 10.0
+
+    def __check_init__(self):
+        if self.n > self.limit:
+            raise ValueError(f"n must be at most limit, got {self.n} > {self.limit}")
+
+
+class Holder(es.Module):
+    checked: Checked
+    items: list
+
+
+def _holder() -> Holder:
+    return Holder(Checked(jnp.zeros(3), 1), [Checked(jnp.zeros(3), 2)])
+
+
+def test_converter_runs_on_exit():
+    h = _holder()
+    with es.edit(h) as h2:
+        h2.checked.n = 4.7
+    assert h2.checked.n == 4 and type(h2.checked.n) is int
+
+
+@pytest.mark.parametrize(
+    ("assign", "exc", "match"),
+    [
+        (lambda h: setattr(h.checked, "names", ["a"]), TypeError, r"'names' of `Checked` holds an unhashable list"),
+        (lambda h: setattr(h.checked, "w", jnp.zeros(4)), TypeError, r"'w' of `Checked` is annotated .*float32\[4\]"),
+        (lambda h: setattr(h.checked, "w", jnp.zeros(3, jnp.int32)), TypeError, r"is annotated .*int32\[3\]"),
+        (lambda h: setattr(h.checked, "n", 11), ValueError, "n must be at most limit"),
+        (lambda h: setattr(h.checked, "limit", 0.5), ValueError, "n must be at most limit"),
+        (lambda h: setattr(h.items[0], "n", 20), ValueError, "n must be at most limit"),
+        (lambda h: setattr(h.checked, "n", "many"), ValueError, "invalid literal for int"),
+    ],
+    ids=["unhashable", "shape", "dtype", "check-init", "check-init-other-field", "in-list", "converter"],
+)
+def test_validation_failure_on_exit(assign, exc, match):
+    h = _holder()
+    before, checked_before = _snapshot(h), _snapshot(h.checked)
+    with pytest.raises(exc, match=match), es.edit(h) as h2:
+        assign(h2)
+    _assert_untouched(h, before)
+    _assert_untouched(h.checked, checked_before)
+    assert h.items[0].n == 2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        h2.checked = h.checked  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def test_outer_check_init_sees_nested_change():
+    class Outer(es.Module):
+        inner: Checked
+        cap: int = eqx.field(static=True)
+
+        def __check_init__(self):
+            if self.inner.n > self.cap:
+                raise ValueError("inner.n exceeds cap")
+
+    o = Outer(Checked(jnp.zeros(3), 1), 2)
+    with pytest.raises(ValueError, match="inner.n exceeds cap"), es.edit(o) as o2:
+        o2.inner.n = 3
+    assert o.inner.n == 1
+
+
+# --- no whole-tree flatten -----------------------------------------------------------
+
+
+class Bomb:
+    """A pytree node whose flatten raises once armed."""
+
+    armed = False
+
+
+def _flatten_bomb(bomb: Bomb):
+    if Bomb.armed:
+        raise AssertionError("the whole tree was flattened")
+    return (), None
+
+
+jax.tree_util.register_pytree_node(Bomb, _flatten_bomb, lambda aux, children: Bomb())
+
+
+class Big(es.Module):
+    layers: list
+    bomb: Bomb
+    n: int = eqx.field(static=True)
+
+
+def test_edit_does_not_flatten_the_tree(monkeypatch):
+    big = Big([Encoder(float(i), "relu") for i in range(500)], Bomb(), 1)
+    monkeypatch.setattr(Bomb, "armed", True)
+    with pytest.raises(AssertionError, match="flattened"):
+        jax.tree_util.tree_leaves(big)  # the bomb is live
+    with es.edit(big) as big2:
+        big2.n = 2
+        big2.layers[250].scale = -1.0
+    assert big2.n == 2 and big2.layers[250].scale == -1.0
+    assert big2.bomb is big.bomb and big2.layers[249] is big.layers[249]

@@ -1,0 +1,242 @@
+"""`es.Module` (DESIGN §2.1): a drop-in `eqx.Module` with checked static fields."""
+
+import abc
+import contextlib
+import dataclasses
+import io
+
+import equinox as eqx
+import eqx_static as es
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+
+class Parent(es.Module):
+    dp: float
+    sp: bool = eqx.field(static=True)
+
+    def g(self, x):
+        raise NotImplementedError
+
+
+class Child(Parent):
+    dc: float
+    sc: bool = eqx.field(static=True)
+
+    def g(self, x):
+        return self.dc * x if self.sc else x
+
+
+def _child() -> Child:
+    return Child(dp=2.0, sp=False, dc=3.0, sc=False)
+
+
+# --- an eqx.Module, drop-in ---------------------------------------------------------
+
+
+def test_is_an_equinox_module_and_pytree():
+    c = _child()
+    assert isinstance(c, eqx.Module)
+    assert jax.tree_util.tree_leaves(c) == [2.0, 3.0]  # static fields are not leaves
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.dp = 5.0  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def test_equinox_tools_keep_working():
+    c = _child()
+    moved = eqx.tree_at(lambda m: m.dc, c, 7.0)
+    assert type(moved) is Child and moved.dc == 7.0 and c.dc == 3.0
+
+    @eqx.filter_jit
+    def call(m, x):
+        return m.g(x) * m.dp
+
+    assert call(c.with_static(sc=True), jnp.array(1.0)) == 6.0
+
+    buffer = io.BytesIO()
+    eqx.tree_serialise_leaves(buffer, c.with_dynamic(dp=jnp.array(4.0)))
+    buffer.seek(0)
+    like = c.with_dynamic(dp=jnp.array(0.0))
+    loaded = eqx.tree_deserialise_leaves(buffer, like)
+    assert loaded.dp == 4.0 and loaded.sp is False
+
+
+# --- static fields must be hashable at construction ---------------------------------
+
+
+def _array_static_warning(value: object) -> contextlib.AbstractContextManager:
+    """Equinox itself warns (an error under `filterwarnings=error`) before our check."""
+    if isinstance(value, jax.Array | np.ndarray):
+        return pytest.warns(UserWarning, match="JAX array is being set as static")
+    return contextlib.nullcontext()
+
+
+@pytest.mark.parametrize(
+    ("value", "fix"),
+    [
+        ([1, 2], r"Store a tuple instead: `sp=tuple\(...\)`"),
+        ({"a": 1}, "Store a hashable mapping instead"),
+        ({1, 2}, r"Store a frozenset instead"),
+        (jnp.zeros(2), r"make it a dynamic field \(drop `static=True`\)"),
+        (np.zeros(2), r"make it a dynamic field \(drop `static=True`\)"),
+    ],
+    ids=["list", "dict", "set", "jax-array", "numpy-array"],
+)
+def test_unhashable_static_at_construction(value, fix):
+    kind = type(value).__name__
+    with (
+        _array_static_warning(value),
+        pytest.raises(TypeError, match=f"Static field 'sp' of `Child` holds an unhashable {kind}") as info,
+    ):
+        Child(dp=2.0, sp=value, dc=3.0, sc=False)
+    assert info.match(fix)
+
+
+def test_unhashable_static_other_types_get_generic_fix():
+    with pytest.raises(TypeError, match="Static values key the compilation cache"):
+        Child(dp=2.0, sp=(1, [2]), dc=3.0, sc=False)  # pyright: ignore[reportArgumentType]
+
+
+@pytest.mark.parametrize("value", [True, 3, "relu", None, (1, 2), frozenset({1})])
+def test_hashable_static_values_accepted(value):
+    c = Child(dp=2.0, sp=value, dc=3.0, sc=False)
+    assert c.sp is value
+
+
+def test_user_check_init_and_hash_check_both_run():
+    calls = []
+
+    class Checked(es.Module):
+        x: float
+        tag: object = eqx.field(static=True)
+
+        def __check_init__(self):
+            calls.append(self.x)
+            if self.x < 0:
+                raise ValueError("x must be non-negative")
+
+    Checked(1.0, "a")
+    assert calls == [1.0]
+    with pytest.raises(ValueError, match="x must be non-negative"):
+        Checked(-1.0, "a")
+    with pytest.raises(TypeError, match="'tag' of `.*Checked` holds an unhashable list"):
+        Checked(2.0, ["a"])
+
+
+# --- custom __init__, abstract hierarchies ------------------------------------------
+
+
+class WithInit(es.Module):
+    scale: float
+    n: int = eqx.field(static=True)
+    inits = [0]  # a class attribute, not a field: counts `__init__` calls
+
+    def __init__(self, width: int):
+        WithInit.inits[0] += 1
+        self.scale = 1.0 / width
+        self.n = width
+
+
+def test_custom_init():
+    m = WithInit(4)
+    assert (m.scale, m.n) == (0.25, 4)
+    before = WithInit.inits[0]
+    m2 = m.with_static(n=8).with_dynamic(scale=0.5)
+    assert WithInit.inits[0] == before  # updates do not re-run `__init__`
+    assert type(m2) is WithInit and (m2.scale, m2.n) == (0.5, 8)
+    assert (m.scale, m.n) == (0.25, 4)
+    with pytest.raises(TypeError, match="Store a tuple instead"):
+        m.with_static(n=[8])
+
+
+class AbstractLayer(es.Module):
+    scale: eqx.AbstractVar[float]
+    act: eqx.AbstractVar[str]
+
+    @abc.abstractmethod
+    def apply(self, x): ...
+
+    def __check_init__(self):
+        if self.scale < 0:
+            raise ValueError("scale must be non-negative")
+
+
+class Layer(AbstractLayer):
+    scale: float
+    act: str = eqx.field(static=True)
+
+    def apply(self, x):
+        return self.scale * x
+
+
+def test_abstract_base_hierarchy():
+    with pytest.raises(TypeError):
+        AbstractLayer()  # pyright: ignore[reportAbstractUsage]
+    layer = Layer(2.0, "relu")
+    assert layer.apply(3.0) == 6.0
+    tanh = layer.with_static(act="tanh")
+    assert type(tanh) is Layer and tanh.act == "tanh" and tanh.scale is layer.scale
+    assert layer.with_dynamic(scale=4.0).apply(1.0) == 4.0
+    with pytest.raises(ValueError, match="scale must be non-negative"):
+        layer.with_dynamic(scale=-1.0)  # the base's `__check_init__` runs
+    with pytest.raises(TypeError, match="is a static field of `Layer`"):
+        layer.with_dynamic(act="tanh")  # the kind comes from the concrete class
+
+
+def test_module_holding_modules_in_a_list():
+    class Stack(es.Module):
+        layers: list
+        depth: int = eqx.field(static=True)
+
+    s = Stack([Layer(1.0, "relu"), Layer(2.0, "relu")], 2)
+    s2 = s.with_static(**{"layers.1.act": "tanh", "depth": 3})
+    assert [la.act for la in s2.layers] == ["relu", "tanh"] and s2.depth == 3
+    assert s2.layers[0] is s.layers[0] and s.layers[1].act == "relu"
+
+
+# --- methods and functions ----------------------------------------------------------
+
+
+def test_method_function_and_unbound_forms_agree():
+    c = _child()
+    by_method = c.with_static(sp=True)
+    by_function = es.with_static(c, sp=True)
+    unbound = Child.with_static(c, sp=True)
+    for m in (by_method, by_function, unbound):
+        assert type(m) is Child and m.sp is True and m.dp is c.dp
+    assert c.with_dynamic(dc=5.0).dc == es.with_dynamic(c, dc=5.0).dc == 5.0
+
+
+def test_functions_accept_any_equinox_module():
+    class Plain(eqx.Module):
+        w: float
+        act: str = eqx.field(static=True)
+
+    p = Plain(1.0, "relu")
+    assert not hasattr(p, "with_static")
+    p2 = es.with_dynamic(es.with_static(p, act="tanh"), w=2.0)
+    assert type(p2) is Plain and (p2.w, p2.act) == (2.0, "tanh")
+    assert (p.w, p.act) == (1.0, "relu")
+    with pytest.raises(TypeError, match="holds an unhashable list"):
+        es.with_static(p, act=["tanh"])
+
+
+@pytest.mark.parametrize("helper", [es.with_static, es.with_dynamic])
+def test_functions_reject_non_modules(helper):
+    @dataclasses.dataclass(frozen=True)
+    class NotAModule:
+        a: int
+
+    with pytest.raises(TypeError, match=r"takes an `eqx.Module`, got NotAModule"):
+        helper(NotAModule(1), a=2)
+
+
+def test_a_field_named_module_can_be_updated():
+    class Holder(es.Module):
+        module: float
+
+    h = Holder(1.0)
+    assert h.with_dynamic(module=2.0).module == 2.0
+    assert es.with_dynamic(h, module=3.0).module == 3.0
