@@ -447,12 +447,9 @@ def _signature(leaves: list) -> tuple:
 
 
 def _aval_key(x: Any) -> tuple:
+    """Shape, dtype, weak type and (for arrays placed explicitly) sharding."""
     aval = jax.typeof(x)
-    sharding = getattr(x, "sharding", None) if isinstance(x, jax.Array) else None
-    try:
-        hash(sharding)
-    except Exception:  # a tracer's sharding
-        sharding = None
+    sharding = x.sharding if getattr(x, "committed", False) else None
     return (aval.shape, aval.dtype, getattr(aval, "weak_type", False), sharding)
 
 
