@@ -64,7 +64,9 @@ def test_edit_both_kinds_returns_frozen_validated_module():
     _assert_untouched(c, before)
     for name in ("encoder", "decoder", "layers", "blocks", "heads", "pair"):
         assert getattr(c2, name) is getattr(c, name), name
-    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field 'dp'"):
+    with pytest.raises(
+        dataclasses.FrozenInstanceError, match="cannot assign to field 'dp'"
+    ):
         c2.dp = 4.0  # pyright: ignore[reportAttributeAccessIssue]
 
 
@@ -79,7 +81,7 @@ def test_nested_modules_are_editable_copies():
     _assert_untouched(c, before)
     _assert_untouched(c.encoder, encoder_before)
     assert c2.decoder is c.decoder and c2.layers is c.layers and c2.dp is c.dp
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field"):
         c2.encoder.scale = 1.0  # pyright: ignore[reportAttributeAccessIssue]
 
 
@@ -91,7 +93,7 @@ def test_lists_of_modules_are_editable():
     assert type(c2.layers) is list and c2.layers is not c.layers
     assert c2.layers[0] is c.layers[0]
     assert c2.blocks is c.blocks and c2.encoder is c.encoder
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field"):
         c2.layers[1].scale = 0.0  # pyright: ignore[reportAttributeAccessIssue]
 
 
@@ -186,17 +188,27 @@ def test_exception_in_block_leaves_original_untouched():
     _assert_untouched(c, before)
     _assert_untouched(c.encoder, encoder_before)
     assert c.layers[0].scale == 3.0
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field"):
         c2.dp = 4.0  # pyright: ignore[reportAttributeAccessIssue]
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field"):
         c2.encoder.scale = 4.0  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def test_assigning_a_non_field_raises():
     c = _model()
-    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field 'typo'"), es.edit(c) as c2:
+    with (
+        pytest.raises(
+            dataclasses.FrozenInstanceError, match="cannot assign to field 'typo'"
+        ),
+        es.edit(c) as c2,
+    ):
         c2.typo = 1.0  # pyright: ignore[reportAttributeAccessIssue]
-    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field 'scal'"), es.edit(c) as c3:
+    with (
+        pytest.raises(
+            dataclasses.FrozenInstanceError, match="cannot assign to field 'scal'"
+        ),
+        es.edit(c) as c3,
+    ):
         c3.encoder.scal = 1.0  # pyright: ignore[reportAttributeAccessIssue]
     assert "typo" not in c.__dict__ and "scal" not in c.encoder.__dict__
 
@@ -245,15 +257,43 @@ def test_converter_runs_on_exit():
 @pytest.mark.parametrize(
     ("assign", "exc", "match"),
     [
-        (lambda h: setattr(h.checked, "names", ["a"]), TypeError, r"'names' of `Checked` holds an unhashable list"),
-        (lambda h: setattr(h.checked, "w", jnp.zeros(4)), TypeError, r"'w' of `Checked` is annotated .*float32\[4\]"),
-        (lambda h: setattr(h.checked, "w", jnp.zeros(3, jnp.int32)), TypeError, r"is annotated .*int32\[3\]"),
+        (
+            lambda h: setattr(h.checked, "names", ["a"]),
+            TypeError,
+            r"'names' of `Checked` holds an unhashable list",
+        ),
+        (
+            lambda h: setattr(h.checked, "w", jnp.zeros(4)),
+            TypeError,
+            r"'w' of `Checked` is annotated .*float32\[4\]",
+        ),
+        (
+            lambda h: setattr(h.checked, "w", jnp.zeros(3, jnp.int32)),
+            TypeError,
+            r"is annotated .*int32\[3\]",
+        ),
         (lambda h: setattr(h.checked, "n", 11), ValueError, "n must be at most limit"),
-        (lambda h: setattr(h.checked, "limit", 0.5), ValueError, "n must be at most limit"),
+        (
+            lambda h: setattr(h.checked, "limit", 0.5),
+            ValueError,
+            "n must be at most limit",
+        ),
         (lambda h: setattr(h.items[0], "n", 20), ValueError, "n must be at most limit"),
-        (lambda h: setattr(h.checked, "n", "many"), ValueError, "invalid literal for int"),
+        (
+            lambda h: setattr(h.checked, "n", "many"),
+            ValueError,
+            "invalid literal for int",
+        ),
     ],
-    ids=["unhashable", "shape", "dtype", "check-init", "check-init-other-field", "in-list", "converter"],
+    ids=[
+        "unhashable",
+        "shape",
+        "dtype",
+        "check-init",
+        "check-init-other-field",
+        "in-list",
+        "converter",
+    ],
 )
 def test_validation_failure_on_exit(assign, exc, match):
     h = _holder()
@@ -263,7 +303,7 @@ def test_validation_failure_on_exit(assign, exc, match):
     _assert_untouched(h, before)
     _assert_untouched(h.checked, checked_before)
     assert h.items[0].n == 2
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field"):
         h2.checked = h.checked  # pyright: ignore[reportAttributeAccessIssue]
 
 

@@ -40,7 +40,7 @@ def test_is_an_equinox_module_and_pytree():
     c = _child()
     assert isinstance(c, eqx.Module)
     assert jax.tree_util.tree_leaves(c) == [2.0, 3.0]  # static fields are not leaves
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field"):
         c.dp = 5.0  # pyright: ignore[reportAttributeAccessIssue]
 
 
@@ -88,7 +88,9 @@ def test_unhashable_static_at_construction(value, fix):
     kind = type(value).__name__
     with (
         _array_static_warning(value),
-        pytest.raises(TypeError, match=f"Static field 'sp' of `Child` holds an unhashable {kind}") as info,
+        pytest.raises(
+            TypeError, match=f"Static field 'sp' of `Child` holds an unhashable {kind}"
+        ) as info,
     ):
         Child(dp=2.0, sp=value, dc=3.0, sc=False)
     assert info.match(fix)
@@ -121,7 +123,9 @@ def test_user_check_init_and_hash_check_both_run():
     assert calls == [1.0]
     with pytest.raises(ValueError, match="x must be non-negative"):
         Checked(-1.0, "a")
-    with pytest.raises(TypeError, match="'tag' of `.*Checked` holds an unhashable list"):
+    with pytest.raises(
+        TypeError, match="'tag' of `.*Checked` holds an unhashable list"
+    ):
         Checked(2.0, ["a"])
 
 
@@ -172,8 +176,8 @@ class Layer(AbstractLayer):
 
 
 def test_abstract_base_hierarchy():
-    with pytest.raises(TypeError):
-        AbstractLayer()  # pyright: ignore[reportAbstractUsage]
+    with pytest.raises(TypeError, match="abstract"):
+        AbstractLayer()  # pyright: ignore[reportAbstractUsage,reportCallIssue]
     layer = Layer(2.0, "relu")
     assert layer.apply(3.0) == 6.0
     tanh = layer.with_static(act="tanh")

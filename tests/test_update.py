@@ -167,7 +167,9 @@ def test_plain_equinox_modules_nested():
         blocks: list
 
     p = PlainOuter([PlainInner(1.0, "relu"), PlainInner(2.0, "relu")])
-    p2 = es.with_static(es.with_dynamic(p, **{"blocks.1.w": 3.0}), **{"blocks.1.act": "x"})
+    p2 = es.with_static(
+        es.with_dynamic(p, **{"blocks.1.w": 3.0}), **{"blocks.1.act": "x"}
+    )
     assert (p2.blocks[1].w, p2.blocks[1].act) == (3.0, "x")
     assert p2.blocks[0] is p.blocks[0] and p.blocks[1].w == 2.0
 
@@ -259,7 +261,9 @@ def test_check_init_of_nested_module_runs():
 def test_with_static_checks_hashable(update, value, fix):
     m = _outer()
     kind = type(value).__name__
-    with pytest.raises(TypeError, match=f"'name' of `Outer` holds an unhashable {kind}") as info:
+    with pytest.raises(
+        TypeError, match=f"'name' of `Outer` holds an unhashable {kind}"
+    ) as info:
         update(m, name=value)
     assert info.match(fix)
     assert m.name == "outer"
@@ -290,7 +294,10 @@ def _typed() -> Typed:
 )
 def test_jaxtyping_annotation_checked(field, bad, got):
     t = _typed()
-    with pytest.raises(TypeError, match=f"Field '{field}' of `Typed` is annotated `Float.*but the new value is {got}"):
+    with pytest.raises(
+        TypeError,
+        match=f"Field '{field}' of `Typed` is annotated `Float.*but the new value is {got}",
+    ):
         t.with_dynamic(**{field: bad})
     assert getattr(t, field) is not bad
 
@@ -348,11 +355,15 @@ class Child(es.Module):
 
 
 @pytest.mark.parametrize(
-    "update", [*STATIC_FORMS, *DYNAMIC_FORMS], ids=["s-method", "s-fn", "d-method", "d-fn"]
+    "update",
+    [*STATIC_FORMS, *DYNAMIC_FORMS],
+    ids=["s-method", "s-fn", "d-method", "d-fn"],
 )
 def test_unknown_name_lists_fields_and_closest_match(update):
     c = Child(1.0, True)
-    with pytest.raises(AttributeError, match="`Child` has no field 'dq'. Did you mean 'dp'?") as info:
+    with pytest.raises(
+        AttributeError, match="`Child` has no field 'dq'. Did you mean 'dp'?"
+    ) as info:
         update(c, dq=2.0)
     assert info.match("Its fields are: 'dp', 'sp', 'dc', 'sc'.")
 
@@ -365,7 +376,9 @@ def test_unknown_name_without_close_match():
 
 def test_unknown_name_in_nested_path_names_the_nested_class():
     m = _outer()
-    with pytest.raises(AttributeError, match="`Inner` has no field 'scal'. Did you mean 'scale'?"):
+    with pytest.raises(
+        AttributeError, match="`Inner` has no field 'scal'. Did you mean 'scale'?"
+    ):
         m.with_dynamic(**{"inner.scal": 1.0})
 
 
@@ -391,29 +404,51 @@ def test_with_dynamic_on_static_field_names_with_static(update):
 
 def test_wrong_kind_through_a_path_suggests_dict_syntax():
     m = _outer()
-    with pytest.raises(TypeError, match=r"Use `with_static\(\*\*\{'inner.act': ...\}\)`"):
+    with pytest.raises(
+        TypeError, match=r"Use `with_static\(\*\*\{'inner.act': ...\}\)`"
+    ):
         m.with_dynamic(**{"inner.act": "gelu"})
-    with pytest.raises(TypeError, match=r"Use `with_dynamic\(\*\*\{'layers.0.scale': ...\}\)`"):
+    with pytest.raises(
+        TypeError, match=r"Use `with_dynamic\(\*\*\{'layers.0.scale': ...\}\)`"
+    ):
         m.with_static(**{"layers.0.scale": 1.0})
 
 
 def test_wrong_kind_for_container_element():
     m = _outer()
-    with pytest.raises(TypeError, match="'layers.0', which lies inside a dynamic field. Use `with_dynamic`"):
+    with pytest.raises(
+        TypeError,
+        match="'layers.0', which lies inside a dynamic field. Use `with_dynamic`",
+    ):
         m.with_static(**{"layers.0": Inner(0.0, "x")})
-    with pytest.raises(TypeError, match="'shape.0', which lies inside a static field. Use `with_static`"):
+    with pytest.raises(
+        TypeError,
+        match="'shape.0', which lies inside a static field. Use `with_static`",
+    ):
         m.with_dynamic(**{"shape.0": 1})
 
 
 @pytest.mark.parametrize(
     ("path", "exc", "match"),
     [
-        ("layers.3.scale", IndexError, r"'3' at 'layers.3' is not a valid index into a list of length 3"),
+        (
+            "layers.3.scale",
+            IndexError,
+            r"'3' at 'layers.3' is not a valid index into a list of length 3",
+        ),
         ("layers.-4", IndexError, r"'-4' at 'layers.-4' is not a valid index"),
-        ("layers.first.scale", IndexError, r"'first' at 'layers.first' is not a valid index"),
+        (
+            "layers.first.scale",
+            IndexError,
+            r"'first' at 'layers.first' is not a valid index",
+        ),
         ("pair.2", IndexError, r"not a valid index into a tuple of length 2"),
         ("point.z", IndexError, r"not a valid index into a Point of length 2"),
-        ("bias.value", TypeError, r"Cannot follow path segment 'value' at 'bias': the value there is a float"),
+        (
+            "bias.value",
+            TypeError,
+            r"Cannot follow path segment 'value' at 'bias': the value there is a float",
+        ),
         ("inner.scale.x", TypeError, r"segment 'x' at 'inner.scale'"),
         ("table.c", KeyError, r"No key 'c' at 'table.c'; the keys are \['a', 'b'\]"),
         ("", AttributeError, r"has no field ''"),
@@ -439,7 +474,9 @@ def test_bad_path_segment(path, exc, match):
 def test_conflicting_paths(changes):
     m = _outer()
     whole, part = sorted(changes, key=len)
-    with pytest.raises(ValueError, match=f"Conflicting updates: '{part}' changes inside '{whole}'"):
+    with pytest.raises(
+        ValueError, match=f"Conflicting updates: '{part}' changes inside '{whole}'"
+    ):
         m.with_dynamic(**changes)
 
 
@@ -489,7 +526,13 @@ def big_armed(monkeypatch):
     """A module with 2000 leaves and a bomb; the flatten functions count their calls."""
     big = Big([Leaf(float(i), "relu") for i in range(2000)], Bomb(), 0.0, 1)
     calls = []
-    for name in ("tree_flatten", "tree_leaves", "tree_map", "tree_flatten_with_path", "tree_structure"):
+    for name in (
+        "tree_flatten",
+        "tree_leaves",
+        "tree_map",
+        "tree_flatten_with_path",
+        "tree_structure",
+    ):
         original = getattr(jax.tree_util, name)
 
         def counted(*args, _original=original, _name=name, **kwargs):
@@ -589,12 +632,18 @@ def _apply(m: HRoot, op: str, changes: dict[str, Any]) -> HRoot:
 @hypothesis.settings(max_examples=60, deadline=None)
 @hypothesis.given(data=st.data())
 def test_random_update_sequences_match_reference(data):
-    m = HRoot(1.0, ARRAYS[0], HLeaf(2.0, "l"), [HLeaf(3.0, "a"), HLeaf(4.0, "b")], (1, 2), 0)
+    m = HRoot(
+        1.0, ARRAYS[0], HLeaf(2.0, "l"), [HLeaf(3.0, "a"), HLeaf(4.0, "b")], (1, 2), 0
+    )
     ref = {p: _get(m, p) for p in DYNAMIC_PATHS + STATIC_PATHS}
     for _ in range(data.draw(st.integers(1, 6), label="steps")):
         op = data.draw(st.sampled_from(["static", "dynamic", "edit"]), label="op")
-        pool = {"static": STATIC_PATHS, "dynamic": DYNAMIC_PATHS}.get(op, DYNAMIC_PATHS + STATIC_PATHS)
-        paths = data.draw(st.lists(st.sampled_from(pool), min_size=1, max_size=4, unique=True))
+        pool = {"static": STATIC_PATHS, "dynamic": DYNAMIC_PATHS}.get(
+            op, DYNAMIC_PATHS + STATIC_PATHS
+        )
+        paths = data.draw(
+            st.lists(st.sampled_from(pool), min_size=1, max_size=4, unique=True)
+        )
         changes = {p: _value(data, p) for p in paths}
 
         old, old_ref = m, dict(ref)
