@@ -10,6 +10,7 @@ from ._jit import (
     TracedFieldError as TracedFieldError,
 )
 from ._module import Module as Module
+from ._relevance import UndeclaredStaticRead as UndeclaredStaticRead
 from ._update import with_dynamic as with_dynamic, with_static as with_static
 
 

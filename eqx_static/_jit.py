@@ -13,9 +13,9 @@ from typing import (
     Generic,
     Literal,
     NamedTuple,
+    overload,
     ParamSpec,
     TypeVar,
-    overload,
 )
 
 import equinox as eqx
@@ -23,7 +23,18 @@ import jax
 import jax.tree_util as jtu
 from jax._src import traceback_util
 
-from ._key import _ARR, _kinds, _memo, LEAF, build_call, diff, leaf_origins, make_key
+from ._key import (
+    _ARR,
+    _kinds,
+    _memo,
+    build_call,
+    diff,
+    LEAF,
+    leaf_origins,
+    make_key,
+    MODULE,
+)
+from ._relevance import project, Reads, watch
 
 
 traceback_util.register_exclusion(__file__)
@@ -56,7 +67,8 @@ class _Pending(threading.local):
     """Traces recorded by this thread's calls, read back by the call that caused them."""
 
     def __init__(self):
-        self.records: list[tuple[Any, Any]] = []
+        self.records: list[tuple[Any, ...]] = []
+        self.current: Any = None  # the full key of the call being dispatched
 
 
 _pending: Final = _Pending()
@@ -70,10 +82,11 @@ class _Entry:
     """One compile key without avals: a `jax.jit` whose own dispatch checks the
     avals, and, per aval signature seen, the static part of the output."""
 
-    __slots__ = ("jitted", "template", "variants")
+    __slots__ = ("jitted", "origin", "template", "variants")
 
-    def __init__(self, jitted: Any):
-        self.jitted = jitted
+    def __init__(self, origin: tuple):
+        self.jitted: Any = None
+        self.origin = origin  # the full key of the call that created it
         self.template: Any = None
         self.variants: dict[Any, Any] = {}
 
@@ -102,11 +115,19 @@ class _Jit(Generic[_P, _R]):
                 f"`donate` must be one of 'none', 'all', 'all-except-first'; "
                 f"got {donate!r}."
             )
+        _check_depends_on(depends_on)
         functools.update_wrapper(self, fn)
         self.fn = fn
         self._donate = donate
         self._maxsize = maxsize
         self._depends_on = depends_on
+        self._declared = (
+            tuple(depends_on) if isinstance(depends_on, tuple | list) else None
+        )
+        self._learned: dict[type, tuple[str, ...]] = {}
+        self._declared_set = (
+            frozenset(self._declared) if self._declared is not None else None
+        )
         self._argnames = _argnames(fn)
         self._cache: dict[Any, _Entry] = OrderedDict() if maxsize else {}
         self._counts = [0, 0]  # calls, traces
@@ -151,6 +172,7 @@ class _Jit(Generic[_P, _R]):
         without walking anything."""
         cache, counts, slow = self._cache, self._counts, self._slow_call
         memo, kinds = _memo, _kinds
+        relevance = self._depends_on is not None
 
         def method(obj: Any, /, *args: Any, **kwargs: Any) -> Any:
             __tracebackhide__ = True
@@ -178,7 +200,7 @@ class _Jit(Generic[_P, _R]):
                 entry = cache.get(key)
             except TypeError:  # an unhashable static value
                 entry = None
-            if entry is None or entry.template is _AMBIGUOUS:
+            if entry is None or entry.template is _AMBIGUOUS or relevance:
                 args = rest if head is _NO_HEAD else (head, *rest)
                 return slow(args, kwargs, key, leaves)
             counts[0] += 1
@@ -194,16 +216,25 @@ class _Jit(Generic[_P, _R]):
 
     def _slow_call(self, args: tuple, kwargs: dict, key: Any, leaves: list) -> Any:
         __tracebackhide__ = True
+        full = key
+        if self._depends_on is not None:
+            key = self._project(key)
         if self._maxsize is None:
-            entry = self._cache.get(key) or self._new_entry(key, leaves)
+            entry = self._cache.get(key) or self._new_entry(key, leaves, full)
         else:
             key = (key, _signature(leaves))
-            entry = self._lru_get(key, leaves)
+            entry = self._lru_get(key, leaves, full)
         self._counts[0] += 1
         traces = self._counts[1]
-        out = entry.jitted(*leaves)
+        previous, _pending.current = _pending.current, full
+        try:
+            out = entry.jitted(*leaves)
+        finally:
+            _pending.current = previous
         if self._counts[1] != traces:
             self._after_trace(entry, key, leaves, args)
+        elif self._depends_on is not None and full != entry.origin:
+            self._explain_hit(entry, full, args)
         template = entry.template
         if template is _SINGLE:
             return out
@@ -211,18 +242,54 @@ class _Jit(Generic[_P, _R]):
             template = entry.variants[_signature(leaves)]
         return _unsplit(out, template)
 
-    def _lru_get(self, key: Any, leaves: list) -> _Entry:
+    # -- relevance (depends_on) --------------------------------------------------
+
+    def _project(self, key: tuple) -> tuple:
+        """The key with `self`'s static values restricted to the relevant paths."""
+        args, names, kw = key
+        if not args or not _is_module_node(args[0]):
+            return key
+        paths = self._declared
+        if paths is None:
+            paths = self._learned.get(args[0][1], ())
+        return (project(args[0], paths), *args[1:]), names, kw
+
+    def _learn(self, entry: _Entry, key: Any, reads: set[str]) -> None:
+        """Grow the learned paths of `self`'s class with what a trace read, and re-key
+        the entry; entries keyed on the old, smaller set can no longer be reached."""
+        cls = entry.origin[0][0][1]
+        old = self._learned.get(cls, ())
+        if reads <= set(old):
+            return
+        self._learned[cls] = tuple(sorted(set(old) | reads))
+        for k in [k for k, e in self._cache.items() if e.origin[0][0][1] is cls]:
+            del self._cache[k]
+        new_key = self._project(entry.origin)
+        if self._maxsize is not None:
+            new_key = (new_key, key[1])
+        self._cache[new_key] = entry
+
+    def _explain_hit(self, entry: _Entry, full: tuple, args: tuple) -> None:
+        if logger.isEnabledFor(logging.DEBUG):
+            phrases = diff(entry.origin, full, self._argnames)
+            logger.debug(
+                "%s: no compile: %s, which no trace of it read",
+                self._name(args),
+                "; ".join(phrases),
+            )
+
+    def _lru_get(self, key: Any, leaves: list, full: tuple) -> _Entry:
         cache: OrderedDict = self._cache  # pyright: ignore[reportAssignmentType]
         try:
             entry = cache[key]
         except KeyError:
-            return self._new_entry(key, leaves)
+            return self._new_entry(key, leaves, full)
         cache.move_to_end(key)
         return entry
 
     # -- misses ----------------------------------------------------------------
 
-    def _new_entry(self, key: Any, leaves: list) -> _Entry:
+    def _new_entry(self, key: Any, leaves: list, full: tuple) -> _Entry:
         try:
             hash(key)
         except TypeError:
@@ -230,11 +297,10 @@ class _Jit(Generic[_P, _R]):
         with self._lock:
             if key in self._cache:
                 return self._cache[key]
-            outer_key = key if self._maxsize is None else key[0]
-            entry = _Entry(None)
+            entry = _Entry(full)
             entry.jitted = jax.jit(
-                self._traced_fn(outer_key, entry),
-                donate_argnums=self._donate_argnums(outer_key, leaves),
+                self._traced_fn(full, entry),
+                donate_argnums=self._donate_argnums(full, leaves),
             )
             self._cache[key] = entry
             if self._maxsize is not None:
@@ -245,8 +311,17 @@ class _Jit(Generic[_P, _R]):
     def _traced_fn(self, key: tuple, entry: _Entry) -> Callable:
         fn = self.fn
 
+        relevance = self._depends_on is not None
+
         def traced(*_es_leaves):
-            args, kwargs = build_call(key, _es_leaves)
+            reads = None
+            if relevance:  # rebuild from this call: its unread statics may differ
+                args, kwargs = build_call(_pending.current, _es_leaves)
+                if args and isinstance(args[0], eqx.Module):
+                    reads = Reads(self._declared_set, self._name(args))
+                    watch(args[0], reads)
+            else:
+                args, kwargs = build_call(key, _es_leaves)
             try:
                 out = fn(*args, **kwargs)
             except jax.errors.ConcretizationTypeError as e:
@@ -254,7 +329,7 @@ class _Jit(Generic[_P, _R]):
                     raise
                 raise self._traced_field_error(e, key, args) from None
             dynamic, template = _split(out)
-            _pending.records.append((self, entry, template))
+            _pending.records.append((self, entry, template, reads))
             self._counts[1] += 1
             return dynamic
 
@@ -268,9 +343,10 @@ class _Jit(Generic[_P, _R]):
         records[:] = [r for r in records if r[1] is not entry]
         sig = _signature(leaves)
         with self._lock:
-            outer = key if self._maxsize is None else key[0]
-            for _, _, template in mine:
-                self._explain(outer, sig, args)
+            for _, _, template, reads in mine:
+                self._explain(entry.origin, sig, args)
+                if reads is not None and self._declared is None:
+                    self._learn(entry, key, reads.paths)
                 self._misses += 1
                 entry.variants[sig] = template
                 templates = set(map(id, entry.variants.values()))
@@ -280,11 +356,7 @@ class _Jit(Generic[_P, _R]):
                     entry.template = _AMBIGUOUS
 
     def _explain(self, key: tuple, sig: tuple, args: tuple) -> None:
-        known = [
-            (k if self._maxsize is None else k[0], s)
-            for k, e in self._cache.items()
-            for s in e.variants
-        ]
+        known = [(e.origin, s) for e in self._cache.values() for s in e.variants]
         if not known or not logger.isEnabledFor(logging.INFO):
             return
         candidates = [(self._diff(k, s, key, sig), k != key) for k, s in known[-64:]]
@@ -366,12 +438,18 @@ class _Jit(Generic[_P, _R]):
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """Lower the call for these arguments ahead of time; returns JAX's `Lowered`."""
         leaves: list = []
-        key = make_key(args, kwargs, leaves)
+        key = full = make_key(args, kwargs, leaves)
+        if self._depends_on is not None:
+            key = self._project(key)
         if self._maxsize is not None:
             key = (key, _signature(leaves))
-        entry = self._cache.get(key) or self._new_entry(key, leaves)
+        entry = self._cache.get(key) or self._new_entry(key, leaves, full)
         traces = self._counts[1]
-        lowered = entry.jitted.lower(*leaves)
+        previous, _pending.current = _pending.current, full
+        try:
+            lowered = entry.jitted.lower(*leaves)
+        finally:
+            _pending.current = previous
         if self._counts[1] != traces:
             self._after_trace(entry, key, leaves, args)
         return lowered
@@ -475,6 +553,24 @@ def _argnames(fn: Callable) -> tuple[str, ...]:
     )
 
 
+def _is_module_node(n: Any) -> bool:
+    return isinstance(n, tuple) and n[0] == MODULE
+
+
+def _check_depends_on(depends_on: Any) -> None:
+    if depends_on is None or depends_on == "auto":
+        return
+    if isinstance(depends_on, tuple | list) and all(
+        isinstance(p, str) for p in depends_on
+    ):
+        return
+    raise ValueError(
+        '`depends_on` must be None, "auto", or a tuple of static field names of '
+        f"`self` (dotted paths into nested modules); got {depends_on!r}. For one "
+        'field write `depends_on=("name",)`.'
+    )
+
+
 def _unhashable_message(name: str) -> str:
     return (
         f"`{name}` got a static value that is not hashable. Static field values and "
@@ -528,7 +624,14 @@ def jit(
     - `fn`: the function or method to compile (also a `staticmethod`).
     - `donate`: `"none"`, `"all"` or `"all-except-first"`: which array arguments'
         buffers XLA may reuse for the outputs.
-    - `depends_on`: reserved for relevance-aware keys.
+    - `depends_on`: which static fields of `self` enter the key. `None` (the
+        default): all of them. A tuple of names or dotted paths (`("sp",
+        "encoder.act")`): only those; reading any other static field of `self`
+        while tracing raises [`eqx_static.UndeclaredStaticRead`][]. `"auto"`: the
+        fields that the traces actually read, learned per class; changing a static
+        field that no trace read costs no compile. Either way every result equals
+        what the default returns: reads that cannot be observed one by one (a
+        flatten, `vars(self)`, ...) count as reading every static field.
     - `maxsize`: at most this many compiled entries; the least recently used is
         evicted. `None` (the default) keeps them all.
 

@@ -1,0 +1,255 @@
+"""Relevance-aware keys: observe which static fields of `self` a trace reads.
+
+While `es.jit(depends_on=...)` traces, `self` and the modules nested in it are
+rebuilt with a watched instance dictionary, and their classes carry a data
+descriptor per static field. Attribute reads (`self.sp`, `getattr`, properties)
+go through the descriptor; every other route to a field (`self.__dict__`, `vars`,
+a flatten by JAX or Equinox, copying) goes through the watched dictionary, whose
+bulk accessors count as reading every static field. A read is therefore either
+observed precisely or over-approximated; it is never missed.
+"""
+
+from collections.abc import Iterable
+from typing import Any, Final
+
+import equinox as eqx
+
+from ._key import LEAF, MODULE, plan, SEQ, TREE
+
+
+_NO_DEFAULT: Final = object()
+_DICT: Final = eqx.Module.__dict__["__dict__"]
+
+
+class UndeclaredStaticRead(Exception):  # noqa: N818  (the name is the contract)
+    """A method compiled with `es.jit(depends_on=(...))` read a static field of `self`
+    that `depends_on` does not name.
+
+    !!! example
+
+        ```python
+        import equinox as eqx
+        import jax.numpy as jnp
+        import pytest
+        import eqx_static as es
+
+        class M(es.Module):
+            a: bool = eqx.field(static=True)
+            b: bool = eqx.field(static=True)
+
+            @es.jit(depends_on=("a",))
+            def f(self, x):
+                return x + 1 if self.b else x
+
+        with pytest.raises(es.UndeclaredStaticRead, match="'b'"):
+            M(a=True, b=False).f(jnp.array(1.0))
+        ```
+    """
+
+
+class Reads:
+    """The static fields read during one trace, as dotted paths from `self`."""
+
+    __slots__ = ("allowed", "method", "paths")
+
+    def __init__(self, allowed: frozenset[str] | None, method: str):
+        self.allowed = allowed  # None: learn; else raise on anything outside it
+        self.method = method
+        self.paths: set[str] = set()
+
+    def note(self, path: str) -> None:
+        if self.allowed is not None and path not in self.allowed:
+            raise UndeclaredStaticRead(
+                f"{self.method} read the static field {path!r} of `self`, which "
+                f"`depends_on={tuple(sorted(self.allowed))}` does not name. Its value "
+                "is not part of the compile key, so the result could be stale. Add "
+                f'{path!r} to `depends_on`, or use `depends_on="auto"`.'
+            )
+        self.paths.add(path)
+
+
+class _Watched(dict):
+    """An instance `__dict__` that reports reads of static fields."""
+
+    __slots__ = ("_prefix", "_reads", "_static")
+
+    def _note(self, key: object) -> None:
+        if key in self._static:
+            self._reads.note(self._prefix + str(key))
+
+    def _note_all(self) -> None:
+        for name in sorted(self._static):
+            self._reads.note(self._prefix + name)
+
+    def __getitem__(self, key: Any) -> Any:
+        self._note(key)
+        return dict.__getitem__(self, key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self._note(key)
+        return dict.get(self, key, default)
+
+    def __iter__(self) -> Any:
+        self._note_all()
+        return dict.__iter__(self)
+
+    def keys(self) -> Any:
+        self._note_all()
+        return dict.keys(self)
+
+    def values(self) -> Any:
+        self._note_all()
+        return dict.values(self)
+
+    def items(self) -> Any:
+        self._note_all()
+        return dict.items(self)
+
+    def copy(self) -> dict:
+        self._note_all()
+        return dict(dict.items(self))
+
+    def __reduce__(self) -> Any:
+        self._note_all()
+        return (dict, (dict(dict.items(self)),))
+
+    def __eq__(self, other: object) -> bool:
+        self._note_all()
+        return dict.__eq__(self, other)
+
+    __hash__ = None  # pyright: ignore[reportAssignmentType]
+
+    def __repr__(self) -> str:
+        self._note_all()
+        return dict.__repr__(self)
+
+    def __or__(self, other: Any) -> Any:
+        self._note_all()
+        return dict(dict.items(self)) | other
+
+
+class _StaticField:
+    """A class-level data descriptor for one static field: plain storage in the
+    instance dictionary, and a report when the instance is being watched."""
+
+    __slots__ = ("default", "name")
+
+    def __init__(self, name: str, default: object):
+        self.name = name
+        self.default = default
+
+    def __get__(self, obj: object, owner: type | None = None) -> Any:
+        if obj is None:
+            if self.default is _NO_DEFAULT:
+                raise AttributeError(self.name)
+            return self.default
+        d = _DICT.__get__(obj)
+        if type(d) is _Watched:
+            d._note(self.name)
+        try:
+            return dict.__getitem__(d, self.name)
+        except KeyError:
+            raise AttributeError(self.name) from None
+
+    def __set__(self, obj: object, value: object) -> None:
+        dict.__setitem__(_DICT.__get__(obj), self.name, value)
+
+    def __delete__(self, obj: object) -> None:
+        dict.__delitem__(_DICT.__get__(obj), self.name)
+
+
+def install(cls: type) -> None:
+    """Put a `_StaticField` on `cls` for each of its static fields (once)."""
+    for name in plan(cls).static:
+        if not isinstance(cls.__dict__.get(name), _StaticField):
+            default = cls.__dict__.get(name, _NO_DEFAULT)
+            type.__setattr__(cls, name, _StaticField(name, default))
+
+
+def watch(obj: Any, reads: Reads, prefix: str = "") -> None:
+    """Make the rebuilt module `obj`, and the modules nested in it, report reads."""
+    if not isinstance(obj, eqx.Module):
+        if isinstance(obj, list | tuple):
+            for i, x in enumerate(obj):
+                watch(x, reads, f"{prefix}{i}.")
+        return
+    cls = type(obj)
+    p = plan(cls)
+    install(cls)
+    d = _DICT.__get__(obj)
+    w = _Watched(d)
+    w._prefix, w._reads, w._static = prefix, reads, frozenset(p.static)
+    _DICT.__set__(obj, w)
+    for name in p.dynamic:
+        watch(dict.__getitem__(w, name), reads, f"{prefix}{name}.")
+
+
+# ----------------------------------------------------------------------------------
+# Projecting a key onto the static fields that matter.
+
+
+_MISSING: Final = ("missing",)
+
+
+def value_at(n: Any, path: str) -> Any:
+    """The typed static value at dotted `path` in the key node `n` of a module."""
+    *parents, last = path.split(".")
+    for seg in parents:
+        n = _child(n, seg)
+        if n is _MISSING:
+            return _MISSING
+    if not isinstance(n, tuple) or n[0] != MODULE:
+        return _MISSING
+    p = plan(n[1])
+    return n[2][p.static.index(last)] if last in p.static else _MISSING
+
+
+def _child(n: Any, seg: str) -> Any:
+    if n is LEAF or n is None or not isinstance(n, tuple):
+        return _MISSING
+    if n[0] == MODULE:
+        p = plan(n[1])
+        return n[3][p.dynamic.index(seg)] if seg in p.dynamic else _MISSING
+    if n[0] in (SEQ, TREE) and seg.isdigit() and int(seg) < len(n[2]):
+        return n[2][int(seg)]
+    return _MISSING
+
+
+def strip(n: Any) -> Any:
+    """The node without static values: structure and classes only."""
+    if n is LEAF or n is None or n[0] not in (MODULE, SEQ, TREE):
+        return n
+    if n[0] == MODULE:
+        return (MODULE, n[1], None, tuple(map(strip, n[3])), n[4])
+    return (n[0], n[1], tuple(map(strip, n[2])))
+
+
+def static_paths(n: Any, prefix: str = "") -> Iterable[str]:
+    """Every static field path in the node `n`."""
+    if n is LEAF or n is None or n[0] not in (MODULE, SEQ, TREE):
+        return
+    if n[0] == MODULE:
+        p = plan(n[1])
+        yield from (prefix + s for s in p.static)
+        for name, c in zip(p.dynamic, n[3]):
+            yield from static_paths(c, f"{prefix}{name}.")
+    else:
+        for i, c in enumerate(n[2]):
+            yield from static_paths(c, f"{prefix}{i}.")
+
+
+def project(n: Any, paths: tuple[str, ...]) -> tuple:
+    """The key of `self` restricted to the static fields at `paths`."""
+    return (strip(n), paths, tuple(value_at(n, p) for p in paths))
+
+
+def module_classes(n: Any) -> Iterable[type]:
+    if n is LEAF or n is None or n[0] not in (MODULE, SEQ, TREE):
+        return
+    if n[0] == MODULE:
+        yield n[1]
+        for c in n[3]:
+            yield from module_classes(c)
+    else:
+        for c in n[2]:
+            yield from module_classes(c)
