@@ -4,6 +4,7 @@ import functools
 import inspect
 import logging
 import re
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -72,6 +73,17 @@ class _Pending(threading.local):
 
 
 _pending: Final = _Pending()
+_MSG_DECORATOR_ORDER: Final = """`@jaxtyped` must go below `@es.jit`, not above it.
+
+Write
+```
+@es.jit
+@jaxtyped(typechecker=beartype)
+def f(self, x: Float[Array, "n"]) -> Float[Array, "n"]: ...
+```
+so that the annotations are checked once, while tracing, and a cache-hit call runs
+no check at all. Above `@es.jit`, the check would run on every call.
+"""
 _SINGLE: Final = "single"
 _NO_HEAD: Final = object()
 _LEAVES: Final = tuple((LEAF,) * n for n in range(256))
@@ -136,6 +148,13 @@ class _Jit(Generic[_P, _R]):
         self._method, self._call = self._make_call()
 
     # -- binding ---------------------------------------------------------------
+
+    @property
+    def __globals__(self) -> dict[str, Any]:
+        # `@jaxtyped(...)` above `@es.jit` reads this first: fail there, and say why.
+        if sys._getframe(1).f_globals.get("__name__", "").startswith("jaxtyping"):
+            raise TypeError(_MSG_DECORATOR_ORDER)
+        raise AttributeError("__globals__")
 
     def __set_name__(self, owner: type, name: str) -> None:
         # `m(x)` looks `__call__` up on the class and, for a plain function, calls it

@@ -8,6 +8,7 @@ import equinox as eqx
 
 from ._fields import field_info
 from ._update import with_dynamic as _with_dynamic, with_static as _with_static
+from ._typecheck import check_fields, set_option, Typechecker
 from ._validate import check_hashable
 
 
@@ -68,10 +69,18 @@ class Module(eqx.Module):
         ```
     """
 
+    def __init_subclass__(
+        cls, *, typecheck: "bool | Typechecker | None" = None, **kwargs: Any
+    ) -> None:
+        super().__init_subclass__(**kwargs)
+        if typecheck is not None:
+            set_option(cls, typecheck)
+
     def __check_init__(self) -> None:
         info = field_info(type(self))
         for name in info.static_names:
             check_hashable(info.cls, name, self.__dict__[name])
+        check_fields(self)
 
     if TYPE_CHECKING:
 

@@ -22,7 +22,7 @@ class _Set:
         self.value = value
 
 
-_Trie = dict[str, "_Trie | _Set"]
+_Trie = dict[str, Any]  # values: a nested `_Trie`, or a `_Set` leaf
 
 
 def with_static(module: _M, /, **changes: Any) -> _M:
