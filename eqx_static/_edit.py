@@ -9,7 +9,7 @@ import equinox as eqx
 # `__init__` works). An edit puts its copies there for the duration of the block.
 from equinox._module._module import _currently_initialising  # equinox 0.13
 
-from ._fields import field_info
+from ._fields import field_info, instance_dict
 from ._validate import convert_and_check, run_check_inits
 
 
@@ -24,7 +24,7 @@ class _Copy:
     def __init__(self, original: eqx.Module, copy: eqx.Module, children: list):
         self.original = original
         self.copy = copy
-        self.start = dict(copy.__dict__)
+        self.start = dict(instance_dict(copy))
         self.children = children
 
 
@@ -98,9 +98,10 @@ def _copy_tree(obj: Any, copies: list[_Copy]) -> Any:
         copy = object.__new__(type(obj))
         record = _Copy(obj, copy, [])
         copies.append(record)
-        for name, value in obj.__dict__.items():
-            copy.__dict__[name] = _copy_child(value, copies, record)
-        record.start = dict(copy.__dict__)
+        d = instance_dict(copy)
+        for name, value in instance_dict(obj).items():
+            d[name] = _copy_child(value, copies, record)
+        record.start = dict(d)
         _currently_initialising.add(copy)
         return copy
     return obj
@@ -137,7 +138,8 @@ def _freeze(record: _Copy) -> bool:
     """
     kept = [c for c in record.children if not _freeze(c)]
     originals = {id(c.copy): c.original for c in kept}
-    d, start, before = record.copy.__dict__, record.start, record.original.__dict__
+    d, start = instance_dict(record.copy), record.start
+    before = instance_dict(record.original)
     assigned = {k for k, v in d.items() if k not in start or v is not start[k]}
     for k in start.keys() - assigned:
         d[k] = _restore(start[k], originals, before.get(k))

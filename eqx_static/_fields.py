@@ -26,6 +26,12 @@ class FieldInfo(typing.NamedTuple):
     annotations: Mapping[str, Any]
 
 
+# The C-level getter of a module's instance dictionary. `module.__dict__` would go
+# through `eqx.Module.__getattribute__`, a Python function, on every access.
+instance_dict: Final[Callable[[object], dict[str, Any]]] = eqx.Module.__dict__[
+    "__dict__"
+].__get__
+
 _infos: Final[weakref.WeakKeyDictionary[type, FieldInfo]] = weakref.WeakKeyDictionary()
 
 

@@ -114,8 +114,8 @@ class _Jit(Generic[_P, _R]):
         depends_on: Any,
     ):
         self._is_static = isinstance(fn, staticmethod)
-        if self._is_static:
-            fn = fn.__func__  # pyright: ignore[reportAttributeAccessIssue]
+        if isinstance(fn, staticmethod):
+            fn = fn.__func__
         if not callable(fn):
             raise TypeError(f"`es.jit` takes a function, got {type(fn).__name__}.")
         if maxsize is not None and (not isinstance(maxsize, int) or maxsize < 1):
@@ -130,6 +130,7 @@ class _Jit(Generic[_P, _R]):
         _check_depends_on(depends_on)
         functools.update_wrapper(self, fn)
         self.fn = fn
+        self._qualname: str = getattr(fn, "__qualname__", repr(fn))
         self._donate = donate
         self._maxsize = maxsize
         self._depends_on = depends_on
@@ -312,7 +313,7 @@ class _Jit(Generic[_P, _R]):
         try:
             hash(key)
         except TypeError:
-            raise TypeError(_unhashable_message(self.__qualname__)) from None
+            raise TypeError(_unhashable_message(self._qualname)) from None
         with self._lock:
             if key in self._cache:
                 return self._cache[key]
@@ -400,7 +401,7 @@ class _Jit(Generic[_P, _R]):
         name = getattr(self.fn, "__name__", "fn")
         if not self._is_static and args and isinstance(args[0], eqx.Module):
             return f"{type(args[0]).__qualname__}.{name}"
-        return self.__qualname__
+        return self._qualname
 
     def _traced_field_error(self, e: Exception, key: tuple, args: tuple) -> Exception:
         indices = [int(i) for i in re.findall(r"_es_leaves\[(\d+)\]", str(e))]
@@ -488,7 +489,7 @@ class _Bound(functools.partial):
 
     @property
     def _jit(self) -> "_Jit":
-        return self.func.__self__  # pyright: ignore[reportAttributeAccessIssue]
+        return self.func.__self__  # pyright: ignore
 
     def cache_info(self) -> CacheInfo:
         """See [`eqx_static.jit`][]."""
@@ -507,7 +508,7 @@ class _Bound(functools.partial):
         return self._jit.fn
 
     def __repr__(self) -> str:
-        name = self._jit.__qualname__
+        name = self._jit._qualname
         return f"<bound es.jit {name} of {type(self.__self__).__qualname__}>"
 
 

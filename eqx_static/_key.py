@@ -24,8 +24,9 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 from equinox._module._module import _currently_initialising as _initialising
+from jax.core import Tracer
 
-from ._fields import field_info
+from ._fields import field_info, instance_dict
 
 
 LEAF: Final = "·"
@@ -132,7 +133,6 @@ def make_key(args: tuple, kwargs: dict[str, Any], leaves: list) -> tuple:
 # or that hold tracers are never memoised. Python scalars in a memoised entry are
 # put on the device on the instance's second call, as `jax.jit` would on every call.
 _memo: Final[dict[int, list]] = {}
-_DICT: Final = eqx.Module.__dict__["__dict__"].__get__
 
 
 def top_node(v: Any, leaves: list) -> Any:
@@ -165,7 +165,7 @@ def _forget(i: int, ref: weakref.ref) -> None:
 
 def _memoisable(v: Any, n: Any, leaves: list) -> bool:
     return (
-        not any(isinstance(x, jax.core.Tracer) for x in leaves)
+        not any(isinstance(x, Tracer) for x in leaves)
         and _frozen(n)
         and id(v) not in _initialising._dict  # pyright: ignore[reportAttributeAccessIssue]
     )
@@ -194,7 +194,7 @@ def _kind_of(t: type) -> int:
     """How to key a value of type `t` (cached: `isinstance` on ABCs is slow)."""
     if issubclass(t, eqx.Module):
         k = _MOD
-    elif issubclass(t, _ARRAYS) or issubclass(t, jax.core.Tracer):
+    elif issubclass(t, _ARRAYS) or issubclass(t, Tracer):
         k = _ARR
     elif t in _SCALARS:
         k = _SCALAR
@@ -232,7 +232,7 @@ def _is_module(x: object) -> bool:
 def module_node(m: eqx.Module, leaves: list) -> tuple:
     cls = type(m)
     p = _plans.get(cls) or plan(cls)
-    d = _DICT(m)
+    d = instance_dict(m)
     statics = tuple([typed(d[n]) for n in p.static])
     children = tuple([node(d[n], leaves, True) for n in p.dynamic])
     if len(d) == len(p.names):
@@ -274,7 +274,7 @@ def build(n: Any, it: Iterator) -> Any:
         _, cls, statics, children, extras = n
         p = plan(cls)
         obj = object.__new__(cls)
-        d = obj.__dict__
+        d = instance_dict(obj)
         d.update(zip(p.static, map(untyped, statics)))
         d.update(zip(p.dynamic, [build(c, it) for c in children]))
         if extras is not None:

@@ -6,9 +6,9 @@ from typing import Any, Generic, TYPE_CHECKING, TypeVar
 
 import equinox as eqx
 
-from ._fields import field_info
-from ._update import with_dynamic as _with_dynamic, with_static as _with_static
+from ._fields import field_info, instance_dict
 from ._typecheck import check_fields, set_option, Typechecker
+from ._update import with_dynamic as _with_dynamic, with_static as _with_static
 from ._validate import check_hashable
 
 
@@ -26,7 +26,7 @@ class _ModuleFunction(Generic[_F]):
 
     def __init__(self, fn: _F):
         self.fn = fn
-        functools.update_wrapper(self, fn)
+        functools.update_wrapper(self, fn)  # pyright: ignore[reportArgumentType]
 
     def __get__(self, obj: object, owner: type | None = None) -> Any:
         if obj is None:
@@ -78,8 +78,9 @@ class Module(eqx.Module):
 
     def __check_init__(self) -> None:
         info = field_info(type(self))
+        d = instance_dict(self)
         for name in info.static_names:
-            check_hashable(info.cls, name, self.__dict__[name])
+            check_hashable(info.cls, name, d[name])
         check_fields(self)
 
     if TYPE_CHECKING:

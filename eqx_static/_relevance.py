@@ -18,7 +18,7 @@ from ._key import LEAF, MODULE, plan, SEQ, TREE
 
 
 _NO_DEFAULT: Final = object()
-_DICT: Final = eqx.Module.__dict__["__dict__"]
+_DICT: Final = eqx.Module.__dict__["__dict__"]  # get and set, bypassing Equinox
 
 
 class UndeclaredStaticRead(Exception):  # noqa: N818  (the name is the contract)

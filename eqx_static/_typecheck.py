@@ -4,12 +4,12 @@ fields: `w: Float[Array, "n m"]` and `b: Float[Array, "m"]` must agree on `m`.""
 import inspect
 import re
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import jaxtyping
 
-from ._fields import field_info
+from ._fields import field_info, instance_dict
 
 
 Typechecker = Callable[[Callable], Callable]
@@ -68,7 +68,8 @@ def check_fields(module: object) -> None:
         checker = _checkers[cls] = _make_checker(cls)
     if checker is None:
         return
-    values = {n: module.__dict__[n] for n in checker.__signature__.parameters}  # pyright: ignore
+    d = instance_dict(module)
+    values = {n: d[n] for n in inspect.signature(checker).parameters}
     try:
         checker(**values)
     except jaxtyping.TypeCheckError as e:
@@ -88,7 +89,10 @@ def _make_checker(cls: type) -> Callable | None:
 
     fields.__qualname__ = f"{cls.__qualname__}.fields"
     fields.__signature__ = inspect.Signature(  # pyright: ignore[reportFunctionMemberAccess]
-        [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=a) for n, a in anns.items()]
+        [
+            inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=a)
+            for n, a in anns.items()
+        ]
     )
     fields.__annotations__ = dict(anns)
     checked = jaxtyping.jaxtyped(typechecker=typechecker)(fields)
@@ -100,18 +104,21 @@ def _message(cls: type, values: dict[str, Any], e: Exception) -> str:
     found = re.search(r"typechecking parameter '(\w+)'", str(e))
     name = found.group(1) if found else None
     anns = field_info(cls).annotations
-    clash = _dimension_clash(name, values, anns) if name else None
+    if name is None:
+        return f"A field of `{cls.__qualname__}` does not match its annotation.\n\n{e}"
+    clash = _dimension_clash(name, values, anns)
     if clash is not None:
         return clash.format(cls=cls.__qualname__)
-    what = f"field {name!r}" if name else "a field"
     return (
-        f"The {what} of `{cls.__qualname__}` does not match its annotation "
+        f"The field {name!r} of `{cls.__qualname__}` does not match its annotation "
         f"`{_show(anns.get(name))}`: got {_value(values.get(name))}. Pass a value "
         f"of the annotated type.\n\n{e}"
     )
 
 
-def _dimension_clash(name: str, values: dict[str, Any], anns: dict) -> str | None:
+def _dimension_clash(
+    name: str, values: dict[str, Any], anns: Mapping[str, Any]
+) -> str | None:
     mine = _named_sizes(anns.get(name), values.get(name))
     for other, ann in anns.items():
         if other == name:

@@ -5,7 +5,7 @@ from typing import Any, Final, Literal, TypeVar
 
 import equinox as eqx
 
-from ._fields import field_info, unknown_field_error
+from ._fields import field_info, instance_dict, unknown_field_error
 from ._validate import convert_and_check, run_check_inits
 
 
@@ -170,12 +170,13 @@ def _apply_module(obj: eqx.Module, trie: _Trie, kind: Kind, path: tuple) -> Any:
             values[seg] = sub.value
             direct.add(seg)
         else:
-            child = obj.__dict__[seg]
+            child = instance_dict(obj)[seg]
             values[seg] = apply_trie(child, sub, kind, (*path, seg), field_kind)
     values = convert_and_check(info, values, direct)
     new = object.__new__(info.cls)
-    new.__dict__.update(obj.__dict__)
-    new.__dict__.update(values)
+    d = instance_dict(new)
+    d.update(instance_dict(obj))
+    d.update(values)
     run_check_inits(info, new)
     return new
 
