@@ -20,6 +20,7 @@ class FieldInfo(typing.NamedTuple):
     static_names: tuple[str, ...]
     dynamic_names: tuple[str, ...]
     static: frozenset[str]
+    dynamic: frozenset[str]
     converters: Mapping[str, Callable[[Any], Any]]
     check_inits: tuple[Callable[[Any], None], ...]
     array_annotations: Mapping[str, Any]
@@ -56,6 +57,7 @@ def _make_info(cls: type) -> FieldInfo:
         k.__dict__["__check_init__"]
         for k in cls.__mro__
         if "__check_init__" in k.__dict__
+        and not getattr(k.__dict__["__check_init__"], "_es_construction_only", False)
     )
     annotations = _annotations(cls, {f.name for f in fields})
     arrays = {
@@ -69,6 +71,7 @@ def _make_info(cls: type) -> FieldInfo:
         static_names=static,
         dynamic_names=tuple(f.name for f in fields if f.name not in static),
         static=frozenset(static),
+        dynamic=frozenset(f.name for f in fields if f.name not in static),
         converters=converters,
         check_inits=check_inits,
         array_annotations=arrays,
@@ -121,6 +124,15 @@ def unknown_field_error(cls: type, name: str, names: tuple[str, ...]) -> Attribu
     )
 
 
+_module_types: Final[dict[type, bool]] = {}
+
+
 def is_module(x: object) -> bool:
-    """Whether `x` is an `eqx.Module` instance."""
-    return isinstance(x, eqx.Module)
+    """Whether `x` is an `eqx.Module` instance (cached per type: `isinstance` with
+    Equinox's metaclass is slow)."""
+    t = type(x)
+    try:
+        return _module_types[t]
+    except KeyError:
+        r = _module_types[t] = issubclass(t, eqx.Module)
+        return r

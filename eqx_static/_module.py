@@ -2,7 +2,7 @@
 
 import functools
 from collections.abc import Callable
-from typing import Any, Generic, TYPE_CHECKING, TypeVar
+from typing import Any, TYPE_CHECKING, TypeVar
 
 import equinox as eqx
 
@@ -16,22 +16,19 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 _Self = TypeVar("_Self", bound="Module")
 
 
-class _ModuleFunction(Generic[_F]):
+class _PartialMethod:
     """Binds a function to an instance with `functools.partial`.
 
-    A plain method read off an `eqx.Module` instance becomes an Equinox `BoundMethod`,
-    whose construction walks every leaf of the module. A partial does not: binding
-    stays O(1) whatever the size of the model.
-    """
+    A plain method read off an `eqx.Module` instance becomes an Equinox
+    `BoundMethod`, whose construction walks every leaf of the module; a partial
+    keeps `module.with_dynamic(...)` O(1) in the size of the model."""
 
-    def __init__(self, fn: _F):
+    def __init__(self, fn: Callable[..., Any]):
         self.fn = fn
-        functools.update_wrapper(self, fn)  # pyright: ignore[reportArgumentType]
+        self.__doc__ = fn.__doc__
 
-    def __get__(self, obj: object, owner: type | None = None) -> Any:
-        if obj is None:
-            return self.fn
-        return functools.partial(self.fn, obj)
+    def __get__(self, obj: object, owner: type | None = None) -> Callable[..., Any]:
+        return self.fn if obj is None else functools.partial(self.fn, obj)
 
 
 class Module(eqx.Module):
@@ -77,11 +74,14 @@ class Module(eqx.Module):
             set_option(cls, typecheck)
 
     def __check_init__(self) -> None:
+        # At construction only: updates check the fields they change themselves.
         info = field_info(type(self))
         d = instance_dict(self)
         for name in info.static_names:
             check_hashable(info.cls, name, d[name])
         check_fields(self)
+
+    __check_init__._es_construction_only = True  # pyright: ignore[reportFunctionMemberAccess]
 
     if TYPE_CHECKING:
 
@@ -95,5 +95,5 @@ class Module(eqx.Module):
 
     else:
         # Aliased imports: in a class body, a bare `with_static` reads as the method.
-        with_static = _ModuleFunction(_with_static)
-        with_dynamic = _ModuleFunction(_with_dynamic)
+        with_static = _PartialMethod(_with_static)
+        with_dynamic = _PartialMethod(_with_dynamic)

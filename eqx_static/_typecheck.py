@@ -18,9 +18,7 @@ Typechecker = Callable[[Callable], Callable]
 _options: Final[weakref.WeakKeyDictionary[type, Typechecker | None]] = (
     weakref.WeakKeyDictionary()
 )
-_checkers: Final[weakref.WeakKeyDictionary[type, Callable | None]] = (
-    weakref.WeakKeyDictionary()
-)
+_checkers: Final[dict[type, Callable | None]] = {}
 
 
 def set_option(cls: type, typecheck: bool | Typechecker | None) -> None:

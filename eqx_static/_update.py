@@ -1,11 +1,17 @@
 """`with_static` / `with_dynamic`: one-line updates that touch only what changes."""
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Final, Literal, TypeVar
 
 import equinox as eqx
 
-from ._fields import field_info, instance_dict, unknown_field_error
+from ._fields import (
+    field_info,
+    FieldInfo,
+    instance_dict,
+    is_module,
+    unknown_field_error,
+)
 from ._validate import convert_and_check, run_check_inits
 
 
@@ -98,13 +104,18 @@ def with_dynamic(module: _M, /, **changes: Any) -> _M:
 
 
 def _update(module: _M, changes: Mapping[str, Any], kind: Kind) -> _M:
-    if not isinstance(module, eqx.Module):
+    if not is_module(module):
         raise TypeError(
             f"`with_{kind}` takes an `eqx.Module`, got {type(module).__name__}."
         )
     if not changes:
         return module
-    return apply_trie(module, _trie(changes), kind, (), kind)
+    if any("." in k for k in changes):
+        return apply_trie(module, _trie(changes), kind, (), kind)
+    info = field_info(type(module))  # the common case: fields of `module` itself
+    for name in changes:
+        _check_field(info, name, kind, ())
+    return rebuild(module, info, changes, changes)
 
 
 def _trie(changes: Mapping[str, Any]) -> _Trie:
@@ -147,7 +158,7 @@ def apply_trie(
 
     `kind` is what the caller may change; `outer` is the kind of the module field
     that holds `obj`, which is the kind of anything inside a list, tuple or dict."""
-    if isinstance(obj, eqx.Module):
+    if is_module(obj):
         return _apply_module(obj, trie, kind, path)
     if isinstance(obj, list | tuple | dict):
         return _apply_container(obj, trie, kind, path, outer)
@@ -162,16 +173,23 @@ def _apply_module(obj: eqx.Module, trie: _Trie, kind: Kind, path: tuple) -> Any:
     info = field_info(type(obj))
     values, direct = {}, set()
     for seg, sub in trie.items():
-        if seg not in info.static and seg not in info.dynamic_names:
-            raise unknown_field_error(info.cls, seg, info.names)
-        field_kind = "static" if seg in info.static else "dynamic"
         if isinstance(sub, _Set):
-            _check_kind(info.cls, seg, field_kind, kind, path)
+            _check_field(info, seg, kind, path)
             values[seg] = sub.value
             direct.add(seg)
         else:
+            _check_field(info, seg, "any", path)
+            field_kind = "static" if seg in info.static else "dynamic"
             child = instance_dict(obj)[seg]
             values[seg] = apply_trie(child, sub, kind, (*path, seg), field_kind)
+    return rebuild(obj, info, values, direct)
+
+
+def rebuild(
+    obj: eqx.Module, info: FieldInfo, values: Mapping[str, Any], direct: Collection[str]
+) -> Any:
+    """A copy of `obj` with `values` set: converters for the `direct` ones, checks
+    for all, then the class's own `__check_init__` and field type checks."""
     values = convert_and_check(info, values, direct)
     new = object.__new__(info.cls)
     d = instance_dict(new)
@@ -179,6 +197,15 @@ def _apply_module(obj: eqx.Module, trie: _Trie, kind: Kind, path: tuple) -> Any:
     d.update(values)
     run_check_inits(info, new)
     return new
+
+
+def _check_field(info: FieldInfo, name: str, kind: Kind, path: tuple) -> None:
+    if name in info.static:
+        _check_kind(info.cls, name, "static", kind, path)
+    elif name not in info.dynamic:
+        raise unknown_field_error(info.cls, name, info.names)
+    else:
+        _check_kind(info.cls, name, "dynamic", kind, path)
 
 
 def _check_kind(cls: type, name: str, field_kind: str, kind: Kind, path: tuple):

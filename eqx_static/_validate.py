@@ -9,6 +9,7 @@ import jax
 import numpy as np
 
 from ._fields import FieldInfo
+from ._typecheck import check_fields
 
 
 def check_hashable(cls: type, name: str, value: object) -> None:
@@ -99,6 +100,9 @@ def convert_and_check(
 
 
 def run_check_inits(info: FieldInfo, module: object) -> None:
-    """Run every `__check_init__` of the class's MRO, as Equinox does at construction."""
+    """Run the class's `__check_init__`s, as Equinox does at construction, and its
+    field type checks (if it asked for them). The per-field checks were done
+    already, on the changed fields only."""
     for check_init in info.check_inits:
         check_init(module)
+    check_fields(module)
