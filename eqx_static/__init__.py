@@ -14,4 +14,14 @@ from ._relevance import UndeclaredStaticRead as UndeclaredStaticRead
 from ._update import with_dynamic as with_dynamic, with_static as with_static
 
 
+__all__ = [
+    "CacheInfo",
+    "Module",
+    "TracedFieldError",
+    "UndeclaredStaticRead",
+    "edit",
+    "jit",
+    "with_dynamic",
+    "with_static",
+]
 __version__ = importlib.metadata.version("eqx_static")

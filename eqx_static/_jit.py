@@ -49,7 +49,25 @@ Donate = Literal["none", "all", "all-except-first"]
 
 class CacheInfo(NamedTuple):
     """Statistics of an [`eqx_static.jit`][] cache, as `functools.lru_cache` reports
-    them. A miss is a trace and a compile; `currsize` counts compiled entries."""
+    them. A miss is a trace and a compile; `currsize` counts compiled entries.
+
+    !!! example
+
+        ```python
+        import jax.numpy as jnp
+        import eqx_static as es
+
+        @es.jit
+        def double(x):
+            return 2 * x
+
+        double(jnp.ones(3))
+        double(jnp.ones(3))
+        assert double.cache_info() == es.CacheInfo(
+            hits=1, misses=1, maxsize=None, currsize=1
+        )
+        ```
+    """
 
     hits: int
     misses: int
@@ -58,7 +76,29 @@ class CacheInfo(NamedTuple):
 
 
 class TracedFieldError(jax.errors.ConcretizationTypeError):
-    """A traced (dynamic) field was used where Python needs a concrete value."""
+    """A traced (dynamic) field was used where Python needs a concrete value.
+
+    The message names the field and its class, and suggests declaring the field
+    static if it selects program structure.
+
+    !!! example
+
+        ```python
+        import jax.numpy as jnp
+        import pytest
+        import eqx_static as es
+
+        class Model(es.Module):
+            scale: float
+
+            @es.jit
+            def __call__(self, x):
+                return x if self.scale > 0 else -x   # Python `if` on a traced value
+
+        with pytest.raises(es.TracedFieldError, match="'scale'"):
+            Model(scale=1.0)(jnp.ones(2))
+        ```
+    """
 
     def __init__(self, message: str):  # pyright: ignore[reportMissingSuperCall]
         TypeError.__init__(self, message)

@@ -1,0 +1,59 @@
+"""Every public symbol has a docstring with a runnable example, and it runs."""
+
+import re
+
+import eqx_static as es
+import pytest
+
+
+_PUBLIC = sorted(es.__all__)
+_BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
+
+
+def _examples(obj: object) -> list[str]:
+    doc = getattr(obj, "__doc__", None) or ""
+    blocks = _BLOCK.findall(doc)
+    return [_dedent(b) for b in blocks]
+
+
+def _dedent(block: str) -> str:
+    lines = block.splitlines()
+    indent = min(len(s) - len(s.lstrip()) for s in lines if s.strip())
+    return "\n".join(s[indent:] for s in lines)
+
+
+def test_public_api_is_what_the_design_lists():
+    assert all(hasattr(es, n) for n in _PUBLIC)
+    assert set(_PUBLIC) == {
+        "Module",
+        "with_static",
+        "with_dynamic",
+        "edit",
+        "jit",
+        "CacheInfo",
+        "UndeclaredStaticRead",
+        "TracedFieldError",
+    }
+
+
+@pytest.mark.parametrize("name", _PUBLIC)
+def test_every_public_symbol_has_a_runnable_example(name):
+    obj = getattr(es, name)
+    examples = _examples(obj)
+    assert examples, f"`es.{name}` has no ```python example in its docstring"
+    for code in examples:
+        exec(compile(code, f"<es.{name} docstring>", "exec"), {"__name__": "__doc__"})
+
+
+@pytest.mark.parametrize("name", ["with_static", "with_dynamic"])
+def test_module_methods_share_the_functions_docs(name):
+    assert getattr(es.Module, name).__doc__ == getattr(es, name).__doc__
+
+
+def test_readme_quickstart_runs():
+    from pathlib import Path
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    quickstart = readme.split("## Quickstart", 1)[1].split("##", 1)[0]
+    (code,) = _BLOCK.findall(quickstart)
+    exec(compile(code, "<README quickstart>", "exec"), {"__name__": "__readme__"})
