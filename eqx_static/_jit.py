@@ -23,6 +23,7 @@ import equinox as eqx
 import jax
 import jax.tree_util as jtu
 from jax._src import traceback_util
+from jax.core import Tracer
 
 from ._key import (
     _ARR,
@@ -105,14 +106,26 @@ class TracedFieldError(jax.errors.ConcretizationTypeError):
 
 
 class _Pending(threading.local):
-    """Traces recorded by this thread's calls, read back by the call that caused them."""
+    """Per thread: traces and compiles seen, read back by the call that caused them."""
 
     def __init__(self):
+        self.events = 0  # traces of es.jit functions, and XLA compiles
         self.records: list[tuple[Any, ...]] = []
         self.current: Any = None  # the full key of the call being dispatched
 
 
 _pending: Final = _Pending()
+
+
+def _on_duration_event(event: str, duration: float, **kwargs: Any) -> None:
+    # A change of layout (sharding) alone makes `jax.jit` compile again without
+    # tracing again: count XLA compiles too, so that such a call is a miss.
+    if event == _BACKEND_COMPILE_EVENT:
+        _pending.events += 1
+
+
+_BACKEND_COMPILE_EVENT: Final = "/jax/core/compile/backend_compile_duration"
+jax.monitoring.register_event_duration_secs_listener(_on_duration_event)
 _MSG_DECORATOR_ORDER: Final = """`@jaxtyped` must go below `@es.jit`, not above it.
 
 Write
@@ -183,7 +196,7 @@ class _Jit(Generic[_P, _R]):
         )
         self._argnames = _argnames(fn)
         self._cache: dict[Any, _Entry] = OrderedDict() if maxsize else {}
-        self._counts = [0, 0]  # calls, traces
+        self._counts = [0]  # calls
         self._misses = 0
         self._lock = threading.RLock()
         self._method, self._call = self._make_call()
@@ -230,7 +243,12 @@ class _Jit(Generic[_P, _R]):
         `method(obj, *args)` is the path of `obj.f(*args)`; when `obj` is a module
         seen before and every other argument is an array, its key is assembled
         without walking anything."""
-        cache, counts, slow = self._cache, self._counts, self._slow_call
+        cache, counts, slow, pending = (
+            self._cache,
+            self._counts,
+            self._slow_call,
+            _pending,
+        )
         memo, kinds = _memo, _kinds
         relevance = self._depends_on is not None
 
@@ -264,11 +282,11 @@ class _Jit(Generic[_P, _R]):
                 args = rest if head is _NO_HEAD else (head, *rest)
                 return slow(args, kwargs, key, leaves)
             counts[0] += 1
-            traces = counts[1]
+            events = pending.events
             out = entry.jitted(*leaves)
-            if counts[1] != traces:
+            if pending.events != events:
                 args = rest if head is _NO_HEAD else (head, *rest)
-                self._after_trace(entry, key, leaves, args)
+                self._after_miss(entry, key, leaves, args)
             template = entry.template
             return out if template is _SINGLE else _unsplit(out, template)
 
@@ -285,14 +303,14 @@ class _Jit(Generic[_P, _R]):
             key = (key, _signature(leaves))
             entry = self._lru_get(key, leaves, full)
         self._counts[0] += 1
-        traces = self._counts[1]
+        events = _pending.events
         previous, _pending.current = _pending.current, full
         try:
             out = entry.jitted(*leaves)
         finally:
             _pending.current = previous
-        if self._counts[1] != traces:
-            self._after_trace(entry, key, leaves, args)
+        if _pending.events != events:
+            self._after_miss(entry, key, leaves, args)
         elif self._depends_on is not None and full != entry.origin:
             self._explain_hit(entry, full, args)
         template = entry.template
@@ -390,41 +408,51 @@ class _Jit(Generic[_P, _R]):
                 raise self._traced_field_error(e, key, args) from None
             dynamic, template = _split(out)
             _pending.records.append((self, entry, template, reads))
-            self._counts[1] += 1
+            _pending.events += 1
             return dynamic
 
         traced.__name__ = getattr(fn, "__name__", "fn")
         traced.__qualname__ = getattr(fn, "__qualname__", traced.__name__)
         return traced
 
-    def _after_trace(self, entry: _Entry, key: Any, leaves: list, args: tuple) -> None:
+    def _after_miss(self, entry: _Entry, key: Any, leaves: list, args: tuple) -> None:
+        """Book a call that traced or compiled: one miss per trace, or one for a
+        compile without a trace (a new layout of the same program)."""
         records = _pending.records
         mine = [r for r in records if r[1] is entry]
         records[:] = [r for r in records if r[1] is not entry]
+        if not mine and entry.variants:
+            template = next(iter(entry.variants.values()))
+            mine = [(self, entry, template, None)]
         sig = _signature(leaves)
         with self._lock:
             for _, _, template, reads in mine:
-                self._explain(entry.origin, sig, args)
-                if reads is not None and self._declared is None:
-                    self._learn(entry, key, reads.paths)
+                reason = self._reason(entry.origin, sig)
                 self._misses += 1
                 entry.variants[sig] = template
-                templates = set(map(id, entry.variants.values()))
-                if len(templates) == 1 or _all_equal(entry.variants.values()):
+                if len(entry.variants) == 1 or _all_equal(entry.variants.values()):
                     entry.template = template
                 else:
                     entry.template = _AMBIGUOUS
+                if reason is not None:
+                    logger.info("%s: compiling (%s", self._name(args), reason)
+                if reads is not None and self._declared is None:
+                    self._learn(entry, key, reads.paths)
 
-    def _explain(self, key: tuple, sig: tuple, args: tuple) -> None:
+    def _reason(self, key: tuple, sig: tuple) -> str | None:
+        """`"<n> cached): <what differs from the closest entry>"`, or None."""
         known = [(e.origin, s) for e in self._cache.values() for s in e.variants]
         if not known or not logger.isEnabledFor(logging.INFO):
-            return
-        candidates = [(self._diff(k, s, key, sig), k != key) for k, s in known[-64:]]
+            return None
+        try:
+            candidates = [
+                (self._diff(k, s, key, sig), k != key) for k, s in known[-64:]
+            ]
+        except Exception as e:  # an explanation must never break a call
+            return f"{len(known)} cached): could not explain: {e!r}"
         best, _ = min(candidates, key=lambda c: (len(c[0]), c[1]))
-        reason = "; ".join(best) if best else "same key (JAX dropped its own cache)"
-        logger.info(
-            "%s: compiling (%d cached): %s", self._name(args), len(known), reason
-        )
+        reason = "; ".join(best) if best else "same key; JAX dropped its own cache"
+        return f"{len(known)} cached): {reason}"
 
     def _diff(
         self, key: tuple, sig: tuple, new_key: tuple, new_sig: tuple
@@ -504,14 +532,14 @@ class _Jit(Generic[_P, _R]):
         if self._maxsize is not None:
             key = (key, _signature(leaves))
         entry = self._cache.get(key) or self._new_entry(key, leaves, full)
-        traces = self._counts[1]
+        events = _pending.events
         previous, _pending.current = _pending.current, full
         try:
             lowered = entry.jitted.lower(*leaves)
         finally:
             _pending.current = previous
-        if self._counts[1] != traces:
-            self._after_trace(entry, key, leaves, args)
+        if _pending.events != events:
+            self._after_miss(entry, key, leaves, args)
         return lowered
 
 
@@ -587,7 +615,8 @@ def _signature(leaves: list) -> tuple:
 def _aval_key(x: Any) -> tuple:
     """Shape, dtype, weak type and (for arrays placed explicitly) sharding."""
     aval = jax.typeof(x)
-    sharding = x.sharding if getattr(x, "committed", False) else None
+    committed = not isinstance(x, Tracer) and getattr(x, "committed", False)
+    sharding = x.sharding if committed else None
     return (aval.shape, aval.dtype, getattr(aval, "weak_type", False), sharding)
 
 
@@ -597,10 +626,19 @@ def _describe_leaf(o: Any, a: tuple, b: tuple) -> str:
         if o.field and o.path.startswith("self.")
         else (f"field {o.path!r}" if o.field else f"argument {o.path}")
     )
-    for name, i in (("shape", 0), ("dtype", 1), ("weak type", 2), ("sharding", 3)):
+    for name, i in (("shape", 0), ("dtype", 1), ("weak type", 2)):
         if a[i] != b[i]:
             return f"{where} {name} {a[i]} -> {b[i]}"
+    if a[3] != b[3]:
+        return f"{where} sharding {_show_sharding(a[3])} -> {_show_sharding(b[3])}"
     return f"{where} changed"
+
+
+def _show_sharding(s: Any) -> str:
+    if s is None:
+        return "uncommitted"
+    spec = getattr(s, "spec", None)
+    return repr(spec) if spec is not None else type(s).__name__
 
 
 def _argnames(fn: Callable) -> tuple[str, ...]:

@@ -9,16 +9,23 @@ bulk accessors count as reading every static field. A read is therefore either
 observed precisely or over-approximated; it is never missed.
 """
 
+import sys
 from collections.abc import Iterable
+from types import FrameType
 from typing import Any, Final
 
 import equinox as eqx
+import jax.tree_util as jtu
 
 from ._key import LEAF, MODULE, plan, SEQ, TREE
 
 
 _NO_DEFAULT: Final = object()
 _DICT: Final = eqx.Module.__dict__["__dict__"]  # get and set, bypassing Equinox
+# Equinox's metaclass call walks the leaves of a new module's arguments to warn about
+# transformed functions; `self.method` builds a `BoundMethod(method, self)` that way.
+_META_CALL: Final = getattr(type(eqx.Module).__call__, "__code__", None)
+_TREE_LEAVES: Final = getattr(jtu.tree_leaves, "__code__", None)
 
 
 class UndeclaredStaticRead(Exception):  # noqa: N818  (the name is the contract)
@@ -86,8 +93,21 @@ class _Watched(dict):
         return dict.__getitem__(self, key)
 
     def get(self, key: Any, default: Any = None) -> Any:
-        self._note(key)
+        if not _in_construction_walk(sys._getframe(1)):
+            self._note(key)
         return dict.get(self, key, default)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        self._note(key)
+        return dict.setdefault(self, key, default)
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        self._note(key)
+        return dict.pop(self, key, *default)
+
+    def popitem(self) -> tuple[Any, Any]:
+        self._note_all()
+        return dict.popitem(self)
 
     def __iter__(self) -> Any:
         self._note_all()
@@ -117,6 +137,10 @@ class _Watched(dict):
         self._note_all()
         return dict.__eq__(self, other)
 
+    def __ne__(self, other: object) -> bool:
+        self._note_all()
+        return dict.__ne__(self, other)
+
     __hash__ = None  # pyright: ignore[reportAssignmentType]
 
     def __repr__(self) -> str:
@@ -126,6 +150,23 @@ class _Watched(dict):
     def __or__(self, other: Any) -> Any:
         self._note_all()
         return dict(dict.items(self)) | other
+
+
+def _in_construction_walk(frame: FrameType) -> bool:
+    """Whether `frame`, a caller of `_Watched.get`, is Equinox's flatten run by
+    `jtu.tree_leaves` straight from its metaclass call: a walk that only looks for
+    transformed functions among the leaves, so the static values it passes over are
+    not read. Without this, calling any method of `self` (`self.g(x)`) would count as
+    reading every static field. Anything else (an unknown Equinox) is a read."""
+    if not frame.f_code.co_filename.startswith("<generated_flatten"):
+        return False
+    caller = frame.f_back
+    return (
+        caller is not None
+        and caller.f_code is _TREE_LEAVES
+        and caller.f_back is not None
+        and caller.f_back.f_code is _META_CALL
+    )
 
 
 class _StaticField:
@@ -167,11 +208,19 @@ def install(cls: type) -> None:
 
 
 def watch(obj: Any, reads: Reads, prefix: str = "") -> None:
-    """Make the rebuilt module `obj`, and the modules nested in it, report reads."""
+    """Make the rebuilt module `obj`, and the modules nested in it, report reads.
+
+    Paths follow the key (`_key.node`): a plain list or tuple by position, any other
+    pytree (a dict, a named tuple) by position among its leaves, modules as leaves."""
     if not isinstance(obj, eqx.Module):
-        if isinstance(obj, list | tuple):
-            for i, x in enumerate(obj):
-                watch(x, reads, f"{prefix}{i}.")
+        if type(obj) is list or type(obj) is tuple:
+            children = obj
+        else:
+            children = jtu.tree_leaves(obj, is_leaf=_is_module)
+            if len(children) == 1 and children[0] is obj:
+                return
+        for i, x in enumerate(children):
+            watch(x, reads, f"{prefix}{i}.")
         return
     cls = type(obj)
     p = plan(cls)
@@ -182,6 +231,10 @@ def watch(obj: Any, reads: Reads, prefix: str = "") -> None:
     _DICT.__set__(obj, w)
     for name in p.dynamic:
         watch(dict.__getitem__(w, name), reads, f"{prefix}{name}.")
+
+
+def _is_module(x: object) -> bool:
+    return isinstance(x, eqx.Module)
 
 
 # ----------------------------------------------------------------------------------

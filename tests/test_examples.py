@@ -1,0 +1,60 @@
+"""Run each script in `examples/` as a user would, in quick mode.
+
+Each example checks its own claims (compile counts, results) and exits non-zero
+when one fails, so these tests assert the exit code and the final "OK" line. They
+run in subprocesses, with JAX's strict dtype and rank promotion switched on, so
+that the examples stay as strict as the rest of the test suite; the sharded example
+simulates its 8 devices by setting `XLA_FLAGS` itself.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT = 600
+
+# script -> (arguments, phrase its output must contain)
+CASES = {
+    "seed.py": ((), "OK: 3 compiles for 10 calls"),
+    "ensemble.py": (("--quick",), "OK: 50 variants, one compile each"),
+    "training.py": (("--quick",), "OK: one extra compile for the static switch"),
+    "sharded.py": ((), "OK: shardings kept; one compile per layout"),
+}
+
+
+def _run(script: str, args: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(
+        EXAMPLES_QUICK="1",
+        JAX_PLATFORMS="cpu",
+        JAX_NUMPY_DTYPE_PROMOTION="strict",
+        JAX_NUMPY_RANK_PROMOTION="raise",
+        PYTHONWARNINGS="error",
+    )
+    return subprocess.run(
+        [sys.executable, str(ROOT / "examples" / script), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+
+
+def test_every_example_is_tested():
+    scripts = {p.name for p in (ROOT / "examples").glob("*.py")}
+    assert scripts == set(CASES)
+
+
+@pytest.mark.parametrize("script", sorted(CASES))
+def test_example(script: str):
+    args, phrase = CASES[script]
+    result = _run(script, args)
+    output = f"--- stdout ---\n{result.stdout}\n--- stderr ---\n{result.stderr}"
+    assert result.returncode == 0, output
+    assert phrase in result.stdout, output
