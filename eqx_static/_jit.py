@@ -417,14 +417,16 @@ class _Jit(Generic[_P, _R]):
 
     def _after_miss(self, entry: _Entry, key: Any, leaves: list, args: tuple) -> None:
         """Book a call that traced or compiled: one miss per trace, or one for a
-        compile without a trace (a new layout of the same program)."""
+        compile without a trace for a signature not seen before (a new layout of the
+        same program). A compile for a signature already traced (say under `vmap`,
+        then called directly) adds no entry, so it is no miss."""
         records = _pending.records
         mine = [r for r in records if r[1] is entry]
         records[:] = [r for r in records if r[1] is not entry]
-        if not mine and entry.variants:
+        sig = _signature(leaves)
+        if not mine and entry.variants and sig not in entry.variants:
             template = next(iter(entry.variants.values()))
             mine = [(self, entry, template, None)]
-        sig = _signature(leaves)
         with self._lock:
             for _, _, template, reads in mine:
                 reason = self._reason(entry.origin, sig)
