@@ -31,12 +31,20 @@ from ._key import (
     _memo,
     build_call,
     diff,
+    find_unhashable,
     LEAF,
     leaf_origins,
     make_key,
     MODULE,
 )
-from ._relevance import project, Reads, watch
+from ._relevance import (
+    leaves_callables,
+    project,
+    Reads,
+    static_paths,
+    UndeclaredStaticRead,
+    watch,
+)
 
 
 traceback_util.register_exclusion(__file__)
@@ -117,7 +125,7 @@ class _Pending(threading.local):
 _pending: Final = _Pending()
 
 
-def _on_duration_event(event: str, duration: float, **kwargs: Any) -> None:
+def _on_duration_event(event: str, duration_secs: float, **kwargs: str | int) -> None:
     # A change of layout (sharding) alone makes `jax.jit` compile again without
     # tracing again: count XLA compiles too, so that such a call is a miss.
     if event == _BACKEND_COMPILE_EVENT:
@@ -137,6 +145,13 @@ def f(self, x: Float[Array, "n"]) -> Float[Array, "n"]: ...
 so that the annotations are checked once, while tracing, and a cache-hit call runs
 no check at all. Above `@es.jit`, the check would run on every call.
 """
+_MSG_LATE_READ: Final = (
+    "The static field {path!r} of `self` was read after tracing had finished, by a "
+    "callable the trace left behind (a `custom_vjp` backward rule or a host "
+    "callback), and this compiled entry has served calls in which {path!r} may "
+    'differ. `depends_on="auto"` cannot vouch for such reads: name the field in '
+    "`depends_on=(...)`, or use the default `es.jit`."
+)
 _SINGLE: Final = "single"
 _NO_HEAD: Final = object()
 _LEAVES: Final = tuple((LEAF,) * n for n in range(256))
@@ -147,13 +162,15 @@ class _Entry:
     """One compile key without avals: a `jax.jit` whose own dispatch checks the
     avals, and, per aval signature seen, the static part of the output."""
 
-    __slots__ = ("jitted", "origin", "template", "variants")
+    __slots__ = ("jitted", "origin", "reused", "template", "templates", "variants")
 
     def __init__(self, origin: tuple):
         self.jitted: Any = None
         self.origin = origin  # the full key of the call that created it
-        self.template: Any = None
-        self.variants: dict[Any, Any] = {}
+        self.template: Any = None  # the output template, or _AMBIGUOUS
+        self.templates: dict[tuple, Any] = {}  # per input avals, set while tracing
+        self.variants: dict[tuple, None] = {}  # signatures booked as misses
+        self.reused = False  # served a call whose unread static values differ
 
 
 class _Jit(Generic[_P, _R]):
@@ -197,6 +214,7 @@ class _Jit(Generic[_P, _R]):
         self._argnames = _argnames(fn)
         self._cache: dict[Any, _Entry] = OrderedDict() if maxsize else {}
         self._counts = [0]  # calls
+        self._is_method = False  # set when assigned in a class body
         self._misses = 0
         self._lock = threading.RLock()
         self._method, self._call = self._make_call()
@@ -214,6 +232,7 @@ class _Jit(Generic[_P, _R]):
         # `m(x)` looks `__call__` up on the class and, for a plain function, calls it
         # without binding anything. Installing one for special methods saves the
         # descriptor call on every call. (Equinox leaves special methods unwrapped.)
+        self._is_method = not self._is_static
         if name.startswith("__") and name.endswith("__") and not self._is_static:
             setattr(owner, name, self._special_method())
 
@@ -250,24 +269,33 @@ class _Jit(Generic[_P, _R]):
             _pending,
         )
         memo, kinds = _memo, _kinds
-        relevance = self._depends_on is not None
+        # Relevance and LRU keys are projected or extended: the slow path does that.
+        # A donating wrapper must not donate the memo's own device copies.
+        always_slow = self._depends_on is not None or self._maxsize is not None
+        on_device = self._donate == "none"
 
         def method(obj: Any, /, *args: Any, **kwargs: Any) -> Any:
             __tracebackhide__ = True
             e = memo.get(id(obj))
-            if e is None or not e[3] or kwargs or e[0]() is not obj:
+            if (
+                e is None
+                or e[3] is None
+                or kwargs
+                or e[0]() is not obj
+                or not on_device
+            ):
                 return call((obj, *args), kwargs)
             for a in args:
                 if kinds.get(type(a)) is not _ARR:
                     return call((obj, *args), kwargs)
-            leaves = [*e[2], *args]
+            leaves = [*e[3], *args]
             key = ((e[1], *_LEAVES[len(args)]), (), ())
             return dispatch(key, leaves, obj, args, kwargs)
 
         def call(args: tuple, kwargs: dict[str, Any]) -> Any:
             __tracebackhide__ = True
             leaves: list = []
-            key = make_key(args, kwargs, leaves)
+            key = make_key(args, kwargs, leaves, on_device)
             return dispatch(key, leaves, _NO_HEAD, args, kwargs)
 
         def dispatch(
@@ -276,49 +304,60 @@ class _Jit(Generic[_P, _R]):
             __tracebackhide__ = True
             try:
                 entry = cache.get(key)
-            except TypeError:  # an unhashable static value
+            except TypeError:  # an unhashable static value: the slow path says which
                 entry = None
-            if entry is None or entry.template is _AMBIGUOUS or relevance:
+            if entry is None or always_slow:
                 args = rest if head is _NO_HEAD else (head, *rest)
                 return slow(args, kwargs, key, leaves)
-            counts[0] += 1
             events = pending.events
             out = entry.jitted(*leaves)
+            counts[0] += 1
             if pending.events != events:
                 args = rest if head is _NO_HEAD else (head, *rest)
-                self._after_miss(entry, key, leaves, args)
+                self._after_miss(entry, key, leaves, args, key)
             template = entry.template
-            return out if template is _SINGLE else _unsplit(out, template)
+            return out if template is _SINGLE else _unsplit(out, entry, leaves)
 
+        method.es_jit = self  # pyright: ignore[reportFunctionMemberAccess]
         return method, call
 
     def _slow_call(self, args: tuple, kwargs: dict, key: Any, leaves: list) -> Any:
         __tracebackhide__ = True
-        full = key
-        if self._depends_on is not None:
-            key = self._project(key)
-        if self._maxsize is None:
-            entry = self._cache.get(key) or self._new_entry(key, leaves, full)
-        else:
-            key = (key, _signature(leaves))
-            entry = self._lru_get(key, leaves, full)
-        self._counts[0] += 1
+        entry, key, full = self._entry_for(key, leaves)
+        if self._depends_on is not None and full != entry.origin:
+            entry.reused = True
         events = _pending.events
         previous, _pending.current = _pending.current, full
         try:
             out = entry.jitted(*leaves)
         finally:
             _pending.current = previous
+        self._counts[0] += 1
         if _pending.events != events:
-            self._after_miss(entry, key, leaves, args)
+            self._after_miss(entry, key, leaves, args, full)
         elif self._depends_on is not None and full != entry.origin:
             self._explain_hit(entry, full, args)
-        template = entry.template
-        if template is _SINGLE:
+        if entry.template is _SINGLE:
             return out
-        if template is _AMBIGUOUS:
-            template = entry.variants[_signature(leaves)]
-        return _unsplit(out, template)
+        return _unsplit(out, entry, leaves)
+
+    def _entry_for(self, key: tuple, leaves: list) -> tuple[_Entry, Any, tuple]:
+        """The entry for a call's full key: projected onto the relevant static
+        fields (`depends_on`), extended by the avals (`maxsize`), or created."""
+        full = key
+        if self._depends_on is not None:
+            key = self._project(key)
+        if self._maxsize is not None:
+            key = (key, _signature(leaves))
+        try:
+            entry = self._cache.get(key)
+        except TypeError:
+            raise TypeError(_unhashable_message(self._qualname, full)) from None
+        if entry is None:
+            entry = self._new_entry(key, leaves, full)
+        elif self._maxsize is not None:
+            self._cache.move_to_end(key)  # pyright: ignore[reportAttributeAccessIssue]
+        return entry, key, full
 
     # -- relevance (depends_on) --------------------------------------------------
 
@@ -332,20 +371,45 @@ class _Jit(Generic[_P, _R]):
             paths = self._learned.get(args[0][1], ())
         return (project(args[0], paths), *args[1:]), names, kw
 
-    def _learn(self, entry: _Entry, key: Any, reads: set[str]) -> None:
-        """Grow the learned paths of `self`'s class with what a trace read, and re-key
-        the entry; entries keyed on the old, smaller set can no longer be reached."""
-        cls = entry.origin[0][0][1]
+    def _learn(self, entry: _Entry, reads: set[str], full: tuple) -> None:
+        """Grow the learned paths of `self`'s class with what a trace of the call
+        `full` read, and re-key the entry by that call's values. Its other traces
+        read none of the new fields, so they hold for any value of them. Entries
+        keyed on the old, smaller set can no longer be reached: they are dropped."""
+        cls = full[0][0][1]
         old = self._learned.get(cls, ())
         if reads <= set(old):
             return
         self._learned[cls] = tuple(sorted(set(old) | reads))
-        for k in [k for k, e in self._cache.items() if e.origin[0][0][1] is cls]:
-            del self._cache[k]
-        new_key = self._project(entry.origin)
-        if self._maxsize is not None:
-            new_key = (new_key, key[1])
+        for k, e in list(self._cache.items()):
+            if _is_module_node(e.origin[0][0]) and e.origin[0][0][1] is cls:
+                del self._cache[k]
+        new_key = self._project(full)
+        if self._maxsize is not None:  # one signature per entry
+            new_key = (new_key, next(iter(entry.variants)))
         self._cache[new_key] = entry
+
+    def _all_if_late(
+        self, entry: _Entry, reads: Reads, leaves: list, full: tuple
+    ) -> set[str]:
+        """What a trace read, or every static field of `self` when the program keeps
+        Python callables that could read one after the trace (their reads would
+        come too late to key this entry)."""
+        try:
+            late = leaves_callables(entry.jitted.trace(*leaves).jaxpr.jaxpr)
+        except Exception:  # could not inspect the program: assume the worst
+            late = True
+        return set(static_paths(full[0][0])) if late else reads.paths
+
+    def _late_read(self, entry: _Entry, path: str) -> None:
+        """A static field read after tracing ended, by a callable the trace left
+        behind. If the entry only ever served the configuration it was traced for,
+        the value read is right: learn the field, so no call reuses the entry for
+        another value. Otherwise the value may be stale: refuse."""
+        with self._lock:
+            if entry.reused:
+                raise UndeclaredStaticRead(_MSG_LATE_READ.format(path=path))
+            self._learn(entry, {path}, entry.origin)
 
     def _explain_hit(self, entry: _Entry, full: tuple, args: tuple) -> None:
         if logger.isEnabledFor(logging.DEBUG):
@@ -356,22 +420,9 @@ class _Jit(Generic[_P, _R]):
                 "; ".join(phrases),
             )
 
-    def _lru_get(self, key: Any, leaves: list, full: tuple) -> _Entry:
-        cache: OrderedDict = self._cache  # pyright: ignore[reportAssignmentType]
-        try:
-            entry = cache[key]
-        except KeyError:
-            return self._new_entry(key, leaves, full)
-        cache.move_to_end(key)
-        return entry
-
     # -- misses ----------------------------------------------------------------
 
     def _new_entry(self, key: Any, leaves: list, full: tuple) -> _Entry:
-        try:
-            hash(key)
-        except TypeError:
-            raise TypeError(_unhashable_message(self._qualname)) from None
         with self._lock:
             if key in self._cache:
                 return self._cache[key]
@@ -396,18 +447,25 @@ class _Jit(Generic[_P, _R]):
             if relevance:  # rebuild from this call: its unread statics may differ
                 args, kwargs = build_call(_pending.current, _es_leaves)
                 if args and isinstance(args[0], eqx.Module):
-                    reads = Reads(self._declared_set, self._name(args))
+                    late = functools.partial(self._late_read, entry)
+                    reads = Reads(self._declared_set, self._name(args), late)
                     watch(args[0], reads)
             else:
                 args, kwargs = build_call(key, _es_leaves)
             try:
                 out = fn(*args, **kwargs)
-            except jax.errors.ConcretizationTypeError as e:
-                if isinstance(e, TracedFieldError):
+            except TracedFieldError:
+                raise
+            except Exception as e:
+                if "_es_leaves[" not in str(e):
                     raise
                 raise self._traced_field_error(e, key, args) from None
+            finally:
+                if reads is not None:
+                    reads.sealed = True
             dynamic, template = _split(out)
-            _pending.records.append((self, entry, template, reads))
+            self._set_template(entry, _avals(_es_leaves), template)
+            _pending.records.append((self, entry, reads))
             _pending.events += 1
             return dynamic
 
@@ -415,7 +473,9 @@ class _Jit(Generic[_P, _R]):
         traced.__qualname__ = getattr(fn, "__qualname__", traced.__name__)
         return traced
 
-    def _after_miss(self, entry: _Entry, key: Any, leaves: list, args: tuple) -> None:
+    def _after_miss(
+        self, entry: _Entry, key: Any, leaves: list, args: tuple, full: tuple
+    ) -> None:
         """Book a call that traced or compiled: one miss per trace, or one for a
         compile without a trace for a signature not seen before (a new layout of the
         same program). A compile for a signature already traced (say under `vmap`,
@@ -425,21 +485,30 @@ class _Jit(Generic[_P, _R]):
         records[:] = [r for r in records if r[1] is not entry]
         sig = _signature(leaves)
         if not mine and entry.variants and sig not in entry.variants:
-            template = next(iter(entry.variants.values()))
-            mine = [(self, entry, template, None)]
+            mine = [(self, entry, None)]
         with self._lock:
-            for _, _, template, reads in mine:
+            for _, _, reads in mine:
                 reason = self._reason(entry.origin, sig)
                 self._misses += 1
-                entry.variants[sig] = template
-                if len(entry.variants) == 1 or _all_equal(entry.variants.values()):
-                    entry.template = template
-                else:
-                    entry.template = _AMBIGUOUS
+                entry.variants[sig] = None
                 if reason is not None:
                     logger.info("%s: compiling (%s", self._name(args), reason)
                 if reads is not None and self._declared is None:
-                    self._learn(entry, key, reads.paths)
+                    self._learn(
+                        entry, self._all_if_late(entry, reads, leaves, full), full
+                    )
+
+    def _set_template(self, entry: _Entry, avals: tuple, template: Any) -> None:
+        """Record the static part of the output of a trace. Set while tracing, so
+        that a thread whose call JAX served from this trace finds it."""
+        with self._lock:
+            entry.templates[avals] = template
+            if entry.template is None:
+                entry.template = template
+            elif entry.template is not _AMBIGUOUS and not _equal(
+                entry.template, template
+            ):
+                entry.template = _AMBIGUOUS
 
     def _reason(self, key: tuple, sig: tuple) -> str | None:
         """`"<n> cached): <what differs from the closest entry>"`, or None."""
@@ -469,7 +538,7 @@ class _Jit(Generic[_P, _R]):
 
     def _name(self, args: tuple) -> str:
         name = getattr(self.fn, "__name__", "fn")
-        if not self._is_static and args and isinstance(args[0], eqx.Module):
+        if self._is_method and args and isinstance(args[0], eqx.Module):
             return f"{type(args[0]).__qualname__}.{name}"
         return self._qualname
 
@@ -528,12 +597,7 @@ class _Jit(Generic[_P, _R]):
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """Lower the call for these arguments ahead of time; returns JAX's `Lowered`."""
         leaves: list = []
-        key = full = make_key(args, kwargs, leaves)
-        if self._depends_on is not None:
-            key = self._project(key)
-        if self._maxsize is not None:
-            key = (key, _signature(leaves))
-        entry = self._cache.get(key) or self._new_entry(key, leaves, full)
+        entry, key, full = self._entry_for(make_key(args, kwargs, leaves), leaves)
         events = _pending.events
         previous, _pending.current = _pending.current, full
         try:
@@ -541,7 +605,7 @@ class _Jit(Generic[_P, _R]):
         finally:
             _pending.current = previous
         if _pending.events != events:
-            self._after_miss(entry, key, leaves, args)
+            self._after_miss(entry, key, leaves, args, full)
         return lowered
 
 
@@ -559,7 +623,7 @@ class _Bound(functools.partial):
 
     @property
     def _jit(self) -> "_Jit":
-        return self.func.__self__  # pyright: ignore
+        return self.func.es_jit  # pyright: ignore[reportFunctionMemberAccess]
 
     def cache_info(self) -> CacheInfo:
         """See [`eqx_static.jit`][]."""
@@ -596,18 +660,29 @@ def _split(out: Any) -> tuple[Any, Any]:
     return dynamic, (treedef, mask, static)
 
 
-def _unsplit(out: list, template: tuple) -> Any:
+def _unsplit(out: Any, entry: _Entry, leaves: list) -> Any:
+    template = entry.template
+    if template is _AMBIGUOUS:  # the static output depends on the input avals
+        template = entry.templates[_avals(leaves)]
+    if template is _SINGLE:
+        return out
     treedef, mask, static = template
     it = iter(out)
     return treedef.unflatten([next(it) if m else s for m, s in zip(mask, static)])
 
 
-def _all_equal(templates: Any) -> bool:
-    first, *rest = templates
+def _equal(a: Any, b: Any) -> bool:
     try:
-        return all(t == first for t in rest)
+        return bool(a == b)
     except Exception:  # static outputs whose `==` is not a bool
         return False
+
+
+def _avals(leaves: Any) -> tuple:
+    return tuple(
+        (a.shape, a.dtype, getattr(a, "weak_type", False))
+        for a in map(jax.typeof, leaves)
+    )
 
 
 def _signature(leaves: list) -> tuple:
@@ -671,9 +746,10 @@ def _check_depends_on(depends_on: Any) -> None:
     )
 
 
-def _unhashable_message(name: str) -> str:
+def _unhashable_message(name: str, key: tuple) -> str:
+    culprit = find_unhashable(key) or "a static value"
     return (
-        f"`{name}` got a static value that is not hashable. Static field values and "
+        f"`{name}` got {culprit}, which is not hashable. Static field values and "
         "non-array arguments key the compilation cache, so they must be hashable: "
         "store a tuple instead of a list, or make an array a dynamic field."
     )

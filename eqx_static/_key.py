@@ -70,8 +70,8 @@ def typed(v: Any) -> Any:
     t = type(v)
     if t is float:
         return (t, v.hex())  # -0.0 != 0.0, and nan == nan
-    if t is tuple:
-        return (t, tuple(map(typed, v)))
+    if t is tuple or (t not in _PLAIN and isinstance(v, tuple)):
+        return (t, tuple(map(typed, v)))  # tuples and namedtuples, element-wise
     return (t, v)
 
 
@@ -81,7 +81,14 @@ def untyped(tv: Any) -> Any:
         return float.fromhex(v)
     if t is tuple:
         return tuple(map(untyped, v))
+    if t not in _PLAIN and issubclass(t, tuple):
+        items = map(untyped, v)
+        make = getattr(t, "_make", t)  # a namedtuple, or another tuple subclass
+        return make(items)
     return v
+
+
+_PLAIN: Final = frozenset({bool, int, str, type(None), bytes, complex})
 
 
 class _ById:
@@ -103,8 +110,13 @@ class _ById:
 # Walking the arguments.
 
 
-def make_key(args: tuple, kwargs: dict[str, Any], leaves: list) -> tuple:
-    """The key of a call; appends its traced leaves to `leaves`, in key order."""
+def make_key(
+    args: tuple, kwargs: dict[str, Any], leaves: list, on_device: bool = True
+) -> tuple:
+    """The key of a call; appends its traced leaves to `leaves`, in key order.
+
+    With `on_device`, a memoised module contributes its Python scalars as device
+    arrays (see `_memo`); a wrapper that donates buffers asks for the originals."""
     nodes = []
     for a in args:  # `top_node`, inlined for the common cases: this is the hot path
         t = type(a)
@@ -113,47 +125,46 @@ def make_key(args: tuple, kwargs: dict[str, Any], leaves: list) -> tuple:
             leaves.append(a)
             nodes.append(LEAF)
             continue
-        if kind is _MOD:
+        if kind is _MOD and on_device:
             e = _memo.get(id(a))
-            if e is not None and e[3] and e[0]() is a:
-                leaves += e[2]
+            if e is not None and e[3] is not None and e[0]() is a:
+                leaves += e[3]
                 nodes.append(e[1])
                 continue
-        nodes.append(top_node(a, leaves))
+        nodes.append(top_node(a, leaves, on_device))
     if kwargs:
         names = tuple(sorted(kwargs))
-        return tuple(nodes), names, tuple([top_node(kwargs[k], leaves) for k in names])
+        kw = tuple([top_node(kwargs[k], leaves, on_device) for k in names])
+        return tuple(nodes), names, kw
     return tuple(nodes), (), ()
 
 
 # A module is frozen, so its key and leaves are computed once per instance and kept
-# while the instance lives (`id` -> weak reference, key, leaves). This is what makes
-# a cache-hit call O(1) in the size of the model. Instances whose key could change
-# (holding a list, a dict or another mutable pytree; being initialised or edited)
-# or that hold tracers are never memoised. Python scalars in a memoised entry are
-# put on the device on the instance's second call, as `jax.jit` would on every call.
+# while the instance lives (`id` -> [weak reference, key, leaves, device leaves]).
+# This is what makes a cache-hit call O(1) in the size of the model. Instances whose
+# key could change (holding a list, a dict or another mutable pytree; being
+# initialised or edited) or that hold tracers are never memoised. On the instance's
+# second call its Python scalars are put on the device once, as `jax.jit` would do
+# on every call, unless that happens under a trace.
 _memo: Final[dict[int, list]] = {}
 
 
-def top_node(v: Any, leaves: list) -> Any:
+def top_node(v: Any, leaves: list, on_device: bool = True) -> Any:
     kind = _kinds.get(type(v)) or _kind_of(type(v))
     if kind is not _MOD:
         return node(v, leaves, False)
     e = _memo.get(id(v))
     if e is not None and e[0]() is v:
-        if e[3]:
-            leaves.extend(e[2])
-            return e[1]
-        e[2] = _on_device(e[2])
-        e[3] = True
-        leaves.extend(e[2])
+        if on_device and e[3] is None:
+            e[3] = _on_device(e[2])
+        leaves.extend(e[3] if on_device and e[3] is not None else e[2])
         return e[1]
     mine: list = []
     n = module_node(v, mine)
     leaves.extend(mine)
     if _memoisable(v, n, mine):
         i = id(v)
-        _memo[i] = [weakref.ref(v, lambda r: _forget(i, r)), n, tuple(mine), False]
+        _memo[i] = [weakref.ref(v, lambda r: _forget(i, r)), n, tuple(mine), None]
     return n
 
 
@@ -182,8 +193,10 @@ def _frozen(n: Any) -> bool:
     return tag == STATIC
 
 
-def _on_device(leaves: tuple) -> tuple:
-    return tuple(jax.device_put(x) if type(x) in _SCALARS else x for x in leaves)
+def _on_device(leaves: tuple) -> tuple | None:
+    """The leaves with Python scalars on the device; None under a trace."""
+    out = tuple(jax.device_put(x) if type(x) in _SCALARS else x for x in leaves)
+    return None if any(isinstance(x, Tracer) for x in out) else out
 
 
 _ARR, _SCALAR, _MOD, _SEQ, _NONE, _OTHER = range(1, 7)
@@ -289,6 +302,40 @@ def build(n: Any, it: Iterator) -> Any:
 
 # ----------------------------------------------------------------------------------
 # Explaining keys in field terms.
+
+
+def find_unhashable(key: tuple) -> str | None:
+    """Names the first unhashable static value in `key`, for an error message."""
+    args, names, kw = key
+    for i, n in enumerate((*args, *kw)):
+        where = f"args[{i}]" if i < len(args) else names[i - len(args)]
+        found = _find_unhashable(n, where)
+        if found:
+            return found
+    return None
+
+
+def _find_unhashable(n: Any, path: str) -> str | None:
+    if n is LEAF or n is None:
+        return None
+    if n[0] == MODULE:
+        p = plan(n[1])
+        for name, tv in zip(p.static, n[2]):
+            if not _hashable(tv):
+                kind = type(untyped(tv)).__name__
+                return f"the static field {name!r} of `{n[1].__qualname__}` holding a {kind}"
+        for name, c in zip(p.dynamic, n[3]):
+            found = _find_unhashable(c, f"{path}.{name}")
+            if found:
+                return found
+        return None
+    if n[0] == STATIC:
+        return None if _hashable(n[1]) else f"{path}, a {type(untyped(n[1])).__name__}"
+    for i, c in enumerate(n[2]):
+        found = _find_unhashable(c, f"{path}[{i}]")
+        if found:
+            return found
+    return None
 
 
 class Origin(NamedTuple):

@@ -10,8 +10,7 @@ observed precisely or over-approximated; it is never missed.
 """
 
 import sys
-from collections.abc import Iterable
-from types import FrameType
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 import equinox as eqx
@@ -55,16 +54,29 @@ class UndeclaredStaticRead(Exception):  # noqa: N818  (the name is the contract)
 
 
 class Reads:
-    """The static fields read during one trace, as dotted paths from `self`."""
+    """The static fields read during one trace, as dotted paths from `self`.
 
-    __slots__ = ("allowed", "method", "paths")
+    Once the trace is over the collector is sealed: a read after that comes from a
+    Python callable the trace left behind (a `custom_vjp` backward rule, a host
+    callback) and goes to `late`, which must keep the cache sound."""
 
-    def __init__(self, allowed: frozenset[str] | None, method: str):
+    __slots__ = ("allowed", "late", "method", "paths", "sealed")
+
+    def __init__(
+        self,
+        allowed: frozenset[str] | None,
+        method: str,
+        late: Callable[[str], None],
+    ):
         self.allowed = allowed  # None: learn; else raise on anything outside it
         self.method = method
         self.paths: set[str] = set()
+        self.sealed = False
+        self.late = late
 
     def note(self, path: str) -> None:
+        if self.sealed and path not in self.paths:
+            self.late(path)
         if self.allowed is not None and path not in self.allowed:
             raise UndeclaredStaticRead(
                 f"{self.method} read the static field {path!r} of `self`, which "
@@ -93,7 +105,7 @@ class _Watched(dict):
         return dict.__getitem__(self, key)
 
     def get(self, key: Any, default: Any = None) -> Any:
-        if not _in_construction_walk(sys._getframe(1)):
+        if key in self._static and not _in_construction_walk():
             self._note(key)
         return dict.get(self, key, default)
 
@@ -152,21 +164,26 @@ class _Watched(dict):
         return dict(dict.items(self)) | other
 
 
-def _in_construction_walk(frame: FrameType) -> bool:
-    """Whether `frame`, a caller of `_Watched.get`, is Equinox's flatten run by
+def _in_construction_walk() -> bool:
+    """Whether the caller of `_Watched.get` is Equinox's flatten, run by
     `jtu.tree_leaves` straight from its metaclass call: a walk that only looks for
     transformed functions among the leaves, so the static values it passes over are
     not read. Without this, calling any method of `self` (`self.g(x)`) would count as
     reading every static field. Anything else (an unknown Equinox) is a read."""
-    if not frame.f_code.co_filename.startswith("<generated_flatten"):
-        return False
-    caller = frame.f_back
-    return (
-        caller is not None
-        and caller.f_code is _TREE_LEAVES
-        and caller.f_back is not None
-        and caller.f_back.f_code is _META_CALL
-    )
+    frame = sys._getframe(2)
+    for _ in range(8):  # skip wrappers around `get` (a type checker's, say)
+        if frame is None:
+            return False
+        if frame.f_code.co_filename.startswith("<generated_flatten"):
+            caller = frame.f_back
+            return (
+                caller is not None
+                and caller.f_code is _TREE_LEAVES
+                and caller.f_back is not None
+                and caller.f_back.f_code is _META_CALL
+            )
+        frame = frame.f_back
+    return False
 
 
 class _StaticField:
@@ -306,3 +323,23 @@ def module_classes(n: Any) -> Iterable[type]:
     else:
         for c in n[2]:
             yield from module_classes(c)
+
+
+# ----------------------------------------------------------------------------------
+# Reads that can happen after the trace.
+
+
+def leaves_callables(jaxpr: Any) -> bool:
+    """Whether the traced program keeps Python callables that may run later and
+    read `self` then: host callbacks, `custom_vjp` backward rules, `custom_jvp`
+    rules. Any callable parameter counts, so the answer errs towards yes."""
+    return any(_param_callable(v) for eqn in jaxpr.eqns for v in eqn.params.values())
+
+
+def _param_callable(v: Any) -> bool:
+    if isinstance(v, tuple | list):
+        return any(map(_param_callable, v))
+    inner = getattr(v, "jaxpr", v)  # a ClosedJaxpr holds a Jaxpr
+    if hasattr(inner, "eqns"):
+        return leaves_callables(inner)
+    return callable(v) and not isinstance(v, type)

@@ -234,7 +234,9 @@ def test_functions_reject_non_modules(helper):
         a: int
 
     # Our own check, or (under the jaxtyping import hook) beartype's on `module`.
-    with pytest.raises(TypeError, match=r"takes an `eqx.Module`, got NotAModule|'module'"):
+    with pytest.raises(
+        TypeError, match=r"takes an `eqx.Module`, got NotAModule|'module'"
+    ):
         helper(NotAModule(1), a=2)
 
 
