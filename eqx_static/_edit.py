@@ -1,7 +1,7 @@
 """`es.edit`: mutable-looking edits that produce a validated, frozen module."""
 
 import types
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 import equinox as eqx
 
@@ -9,7 +9,7 @@ import equinox as eqx
 # `__init__` works). An edit puts its copies there for the duration of the block.
 from equinox._module._module import _currently_initialising  # equinox 0.13
 
-from ._fields import field_info, instance_dict
+from ._fields import field_info, instance_dict, is_module
 from ._validate import convert_and_check, run_check_inits
 
 
@@ -94,7 +94,7 @@ class edit(Generic[_M]):  # noqa: N801  (used like a function: `with es.edit(m)`
 
 def _copy_tree(obj: Any, copies: list[_Copy]) -> Any:
     """Editable copies of the modules in `obj` and of the containers holding them."""
-    if isinstance(obj, eqx.Module):
+    if is_module(obj):
         copy = object.__new__(type(obj))
         record = _Copy(obj, copy, [])
         copies.append(record)
@@ -108,26 +108,36 @@ def _copy_tree(obj: Any, copies: list[_Copy]) -> Any:
 
 
 def _copy_child(value: Any, copies: list[_Copy], parent: _Copy) -> Any:
-    if isinstance(value, eqx.Module):
+    if is_module(value):
         n = len(copies)
         copy = _copy_tree(value, copies)
         parent.children.append(copies[n])
         return copy
-    if type(value) in (list, tuple) and any(_holds_module(v) for v in value):
-        return type(value)(_copy_child(v, copies, parent) for v in value)
-    if type(value) is dict and any(_holds_module(v) for v in value.values()):
+    if type(value) not in _CONTAINERS or not _holds_module(value):
+        return value
+    if type(value) is dict:
         return {k: _copy_child(v, copies, parent) for k, v in value.items()}
-    return value
+    return type(value)(_copy_child(v, copies, parent) for v in value)
 
 
 def _holds_module(value: Any) -> bool:
-    if isinstance(value, eqx.Module):
-        return True
-    if type(value) in (list, tuple):
-        return any(_holds_module(v) for v in value)
-    if type(value) is dict:
-        return any(_holds_module(v) for v in value.values())
-    return False
+    t = type(value)
+    if t is dict:
+        value, t = list(value.values()), list
+    if t is not list and t is not tuple:
+        return is_module(value)
+    # Look at the distinct item types first: a tuple of 10,000 arrays is one type.
+    kinds = set(map(type, value))
+    if not any(k in _CONTAINERS or _is_module_type(k) for k in kinds):
+        return False
+    return any(map(_holds_module, value))
+
+
+_CONTAINERS: Final = frozenset({list, tuple, dict})
+
+
+def _is_module_type(t: type) -> bool:
+    return issubclass(t, eqx.Module)
 
 
 def _freeze(record: _Copy) -> bool:
@@ -155,7 +165,7 @@ def _freeze(record: _Copy) -> bool:
 def _restore(value: Any, originals: dict[int, Any], original: Any) -> Any:
     """`value` with unchanged copies replaced by their originals; `original` itself
     if that leaves every item of `value` the same as the item of `original`."""
-    if isinstance(value, eqx.Module):
+    if is_module(value):
         return originals.get(id(value), value)
     if type(value) not in (list, tuple, dict) or value is original:
         return value
