@@ -1,12 +1,13 @@
 """`es.Module`: an `eqx.Module` whose static fields are checked and easy to update."""
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any, TYPE_CHECKING, TypeVar
 
 import equinox as eqx
 
-from ._fields import field_info, instance_dict
+from ._fields import field_info, instance_dict, unknown_field_error
 from ._typecheck import check_fields, set_option, Typechecker
 from ._update import with_dynamic as _with_dynamic, with_static as _with_static
 from ._validate import check_hashable
@@ -82,6 +83,19 @@ class Module(eqx.Module):
         check_fields(self)
 
     __check_init__._es_construction_only = True  # pyright: ignore[reportFunctionMemberAccess]
+
+    if not TYPE_CHECKING:
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            info = field_info(type(self))
+            if name in info.static or name in info.dynamic or name.startswith("__"):
+                return super().__setattr__(name, value)
+            # Equinox would say only "cannot assign to field"; say which fields exist.
+            hint = unknown_field_error(info.cls, name, info.names)
+            raise dataclasses.FrozenInstanceError(
+                f"cannot assign to field {name!r}: {hint} Only fields can be assigned, "
+                "in `__init__` or inside `es.edit`."
+            )
 
     if TYPE_CHECKING:
 

@@ -108,8 +108,6 @@ def _update(module: _M, changes: Mapping[str, Any], kind: Kind) -> _M:
         raise TypeError(
             f"`with_{kind}` takes an `eqx.Module`, got {type(module).__name__}."
         )
-    if not changes:
-        return module
     if any("." in k for k in changes):
         return apply_trie(module, _trie(changes), kind, (), kind)
     info = field_info(type(module))  # the common case: fields of `module` itself

@@ -357,3 +357,17 @@ def test_edit_does_not_flatten_the_tree(monkeypatch):
         big2.layers[250].scale = -1.0
     assert big2.n == 2 and big2.layers[250].scale == -1.0
     assert big2.bomb is big.bomb and big2.layers[249] is big.layers[249]
+
+
+def test_assigning_an_unknown_field_names_the_closest_one():
+    class Small(es.Module):
+        dp: float
+        sp: bool = eqx.field(static=True)
+
+    small = Small(1.0, False)
+    with pytest.raises(
+        dataclasses.FrozenInstanceError, match=r"no field 'dq'. Did you mean 'dp'\?"
+    ):
+        with es.edit(small) as s2:
+            s2.dq = 2.0  # pyright: ignore[reportAttributeAccessIssue]
+    assert "dq" not in vars(small)

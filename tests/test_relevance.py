@@ -824,16 +824,34 @@ def _by_property(m: Any, name: str) -> Any:
     return getattr(m, "p_" + name)
 
 
+def _by_setdefault(m: Any, name: str) -> Any:
+    return m.__dict__.setdefault(name, None)
+
+
+def _by_unflatten(m: Any, name: str) -> Any:
+    return getattr(jtu.tree_unflatten(*reversed(jtu.tree_flatten(m))), name)
+
+
+def _by_partition(m: Any, name: str) -> Any:
+    return getattr(eqx.partition(m, eqx.is_array)[1], name)
+
+
 READERS: dict[str, Callable[[Any, str], Any]] = {
     "attribute": _by_attribute,
     "vars": _by_vars,
     "dict_get": _by_dict_get,
+    "setdefault": _by_setdefault,
     "fields": _by_fields,
     "property": _by_property,
+    "unflatten": _by_unflatten,
+    "partition": _by_partition,
 }
 
 
 class Guard(NamedTuple):
+    """The step runs if the field (read by `reader`) equals `value`; for the field
+    `"ndim"`, if the argument has that many dimensions."""
+
     field: str
     reader: str
     value: Any
@@ -852,7 +870,9 @@ class Step(NamedTuple):
 
 def _apply(step: Step, m: Any, acc: jax.Array) -> jax.Array:
     g = step.guard
-    if g is not None and READERS[g.reader](m, g.field) != g.value:
+    if g is not None and g.field == "ndim" and acc.ndim != g.value:
+        return acc
+    if g is not None and g.field != "ndim" and READERS[g.reader](m, g.field) != g.value:
         return acc
     value = READERS[step.reader](m, step.field)
     return acc * 0.5 + step.coef * (float(value) + 1.0)
@@ -862,7 +882,9 @@ def _run(steps: tuple[Step, ...], dynamic: tuple[str, ...], m: Any, x: jax.Array
     acc = x * getattr(m, dynamic[0])
     for step in steps:
         if step.in_cond:
-            acc = lax.cond(x > 0, functools.partial(_apply, step, m), lambda a: -a, acc)
+            acc = lax.cond(
+                jnp.all(x > 0), functools.partial(_apply, step, m), lambda a: -a, acc
+            )
         else:
             acc = _apply(step, m, acc)
     return acc + getattr(m, dynamic[-1])
@@ -900,7 +922,7 @@ def _steps(draw: Any, statics: tuple[str, ...]) -> tuple[Step, ...]:
         guard = None
         if draw(st.booleans()):
             guard = Guard(
-                draw(st.sampled_from(statics)),
+                draw(st.sampled_from([*statics, "ndim"])),
                 draw(st.sampled_from(list(READERS))),
                 draw(STATIC_VALUES),
             )
@@ -921,17 +943,23 @@ def test_random_classes_reads_and_updates(data):
         **{d: data.draw(DYNAMIC_VALUES) for d in dynamic},
         **{s: data.draw(STATIC_VALUES) for s in statics},
     )
-    x = jnp.array(1.25, jnp.float32)
+    arguments = st.sampled_from(
+        [jnp.array(1.25, jnp.float32), jnp.array([1.25, 0.5], jnp.float32)]
+    )
+    x = data.draw(arguments)
     _assert_same(m.auto(x), m.default(x), m.eager(x))
     for _ in range(data.draw(st.integers(1, 8))):
-        if data.draw(st.booleans()):
+        update = data.draw(st.sampled_from(["static", "dynamic", "argument"]))
+        if update == "static":
             m = m.with_static(
                 **{data.draw(st.sampled_from(statics)): data.draw(STATIC_VALUES)}
             )
-        else:
+        elif update == "dynamic":
             m = m.with_dynamic(
                 **{data.draw(st.sampled_from(dynamic)): data.draw(DYNAMIC_VALUES)}
             )
+        else:
+            x = data.draw(arguments)
         _assert_same(m.auto(x), m.default(x), m.eager(x))
     info = cls.auto.cache_info()
     assert (

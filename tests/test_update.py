@@ -658,3 +658,15 @@ def test_random_update_sequences_match_reference(data):
         for sub in SUBTREES:  # untouched subtrees are shared, not copied
             if not any(p == sub or p.startswith(sub + ".") for p in changes):
                 assert _get(m, sub) is _get(old, sub), sub
+
+
+@pytest.mark.parametrize("helper", [es.with_static, es.with_dynamic])
+def test_no_changes_still_returns_a_new_instance(helper):
+    class Small(es.Module):
+        dp: float
+        sp: bool = eqx.field(static=True)
+
+    small = Small(1.0, False)
+    copy = helper(small)
+    assert copy is not small and type(copy) is Small
+    assert copy.dp is small.dp and copy.sp is small.sp
