@@ -422,6 +422,17 @@ def bench_calls(rep: Report, s: Settings) -> None:
         sec, "Child: workaround / es.jit (speed-up)", t["workaround"] / t["es.jit"]
     )
 
+    checked = _checked_and_unchecked()
+    if checked is None:
+        rep.skip(sec, "jaxtyped method: checked / unchecked", "skipped: no beartype")
+    else:
+        t = compare(checked, s)
+        rep.raw["calls_jaxtyped"] = t
+        rep.time(sec, "jaxtyped method (@es.jit over @jaxtyped)", t["checked"])
+        rep.time(sec, "same method, unchecked", t["unchecked"])
+        r = t["checked"] / t["unchecked"]
+        rep.ratio(sec, "jaxtyped hit / unchecked hit", r, "~1.00x (no check)")
+
     for n in s.call_sizes:
         t = compare(_sum_call_variants(make_sum_model(n)), s)
         rep.raw[f"calls_sum{n}"] = t
@@ -432,6 +443,31 @@ def bench_calls(rep: Report, s: Settings) -> None:
         rep.ratio(
             sec, f"{n} fields: filter_jit / es.jit", t["filter_jit"] / t["es.jit"]
         )
+
+
+def _checked_and_unchecked() -> dict[str, Callable[[], Any]] | None:
+    """A cache-hit call of a method whose annotations jaxtyping checks while tracing,
+    next to the same method without the check: a hit runs no check at all."""
+    try:
+        from beartype import beartype
+    except ImportError:
+        return None
+    from jaxtyping import Array, Float, jaxtyped
+
+    def body(self: Any, x: Float[Array, " n"]) -> Float[Array, " n"]:
+        return self.w * x
+
+    class Checked(es.Module):
+        w: jax.Array
+        __call__ = es.jit(jaxtyped(typechecker=beartype)(body))
+
+    class Unchecked(es.Module):
+        w: jax.Array
+        __call__ = es.jit(body)
+
+    x, w = jnp.ones(8), jnp.full(8, 2.0)
+    c, u = Checked(w), Unchecked(w)
+    return {"checked": lambda: c(x), "unchecked": lambda: u(x)}
 
 
 def _sum_call_variants(big: es.Module) -> dict[str, Callable[[], Any]]:
