@@ -9,7 +9,7 @@ import equinox as eqx
 # `__init__` works). An edit puts its copies there for the duration of the block.
 from equinox._module._module import _currently_initialising  # equinox 0.13
 
-from ._fields import field_info, instance_dict, is_module
+from ._fields import drop_cached, field_info, instance_dict, is_module
 from ._validate import convert_and_check, run_check_inits
 
 
@@ -158,6 +158,7 @@ def _freeze(record: _Copy) -> bool:
     d.update(convert_and_check(info, new, new))
     changed = d.keys() != before.keys() or any(d[k] is not before[k] for k in d)
     if changed:
+        drop_cached(d, info)
         run_check_inits(info, record.copy)
     return changed
 

@@ -33,6 +33,16 @@ instance_dict: Final[Callable[[object], dict[str, Any]]] = eqx.Module.__dict__[
     "__dict__"
 ].__get__
 
+
+def drop_cached(d: dict[str, Any], info: "FieldInfo") -> None:
+    """Remove from a new instance's dictionary what is neither a field nor a dunder
+    (`functools.cached_property` values of the old instance, which may be stale)."""
+    if len(d) != len(info.names):
+        for k in [k for k in d if k not in info.static and k not in info.dynamic]:
+            if not k.startswith("__"):
+                del d[k]
+
+
 _infos: Final[weakref.WeakKeyDictionary[type, FieldInfo]] = weakref.WeakKeyDictionary()
 
 

@@ -1,5 +1,6 @@
 """`es.jit`: compile a method once per compile key, and say why it recompiled."""
 
+import difflib
 import functools
 import inspect
 import logging
@@ -208,6 +209,7 @@ class _Jit(Generic[_P, _R]):
             tuple(depends_on) if isinstance(depends_on, tuple | list) else None
         )
         self._learned: dict[type, tuple[str, ...]] = {}
+        self._checked: set[type] = set()  # classes whose `depends_on` paths exist
         self._declared_set = (
             frozenset(self._declared) if self._declared is not None else None
         )
@@ -369,6 +371,9 @@ class _Jit(Generic[_P, _R]):
         paths = self._declared
         if paths is None:
             paths = self._learned.get(args[0][1], ())
+        elif args[0][1] not in self._checked:
+            _check_declared(paths, args[0], self._qualname)
+            self._checked.add(args[0][1])
         return (project(args[0], paths), *args[1:]), names, kw
 
     def _learn(self, entry: _Entry, reads: set[str], full: tuple) -> None:
@@ -730,6 +735,21 @@ def _argnames(fn: Callable) -> tuple[str, ...]:
 
 def _is_module_node(n: Any) -> bool:
     return isinstance(n, tuple) and n[0] == MODULE
+
+
+def _check_declared(paths: tuple[str, ...], node: tuple, name: str) -> None:
+    """Every path of `depends_on` must name a static field of `self`."""
+    valid = list(static_paths(node))
+    for path in paths:
+        if path in valid:
+            continue
+        close = difflib.get_close_matches(path, valid, n=1, cutoff=0.5)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(
+            f"`{name}` has `depends_on` naming {path!r}, which is not a static field "
+            f"of `{node[1].__qualname__}` or of a module inside it.{hint} Its static "
+            f"fields are: {', '.join(map(repr, valid)) or '(none)'}."
+        )
 
 
 def _check_depends_on(depends_on: Any) -> None:

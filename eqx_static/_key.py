@@ -23,6 +23,7 @@ import equinox as eqx
 import jax
 import jax.tree_util as jtu
 import numpy as np
+from equinox._module._flatten import WRAPPER_FIELD_NAMES  # equinox 0.13
 from equinox._module._module import _currently_initialising as _initialising
 from jax.core import Tracer
 
@@ -36,6 +37,7 @@ TREE: Final = 2
 STATIC: Final = 3
 
 _SCALARS: Final = frozenset({bool, int, float, complex})
+_ABSENT: Final = object()
 _ARRAYS: Final = (jax.Array, np.ndarray, np.generic)
 
 
@@ -45,6 +47,7 @@ class Plan(NamedTuple):
     static: tuple[str, ...]
     dynamic: tuple[str, ...]
     names: frozenset[str]
+    order: tuple[str, ...]  # all fields, in declaration order
 
 
 _plans: Final[dict[type, Plan]] = {}
@@ -56,7 +59,7 @@ def plan(cls: type) -> Plan:
     except KeyError:
         info = field_info(cls)
         p = _plans[cls] = Plan(
-            info.static_names, info.dynamic_names, frozenset(info.names)
+            info.static_names, info.dynamic_names, frozenset(info.names), info.names
         )
         return p
 
@@ -250,10 +253,14 @@ def module_node(m: eqx.Module, leaves: list) -> tuple:
     children = tuple([node(d[n], leaves, True) for n in p.dynamic])
     if len(d) == len(p.names):
         return (MODULE, cls, statics, children, None)
+    # As in Equinox's flatten: the wrapper attributes of `eqx.module_update_wrapper`
+    # are part of the structure; anything else (a cached property) is not.
     extras = tuple(
-        (k, v if _hashable(v) else _ById(v)) for k, v in d.items() if k not in p.names
+        (k, v if _hashable(v) else _ById(v))
+        for k in WRAPPER_FIELD_NAMES
+        if (v := d.get(k, _ABSENT)) is not _ABSENT
     )
-    return (MODULE, cls, statics, children, extras)
+    return (MODULE, cls, statics, children, extras or None)
 
 
 def _hashable(v: object) -> bool:
@@ -286,10 +293,11 @@ def build(n: Any, it: Iterator) -> Any:
     if tag == MODULE:
         _, cls, statics, children, extras = n
         p = plan(cls)
+        values = dict(zip(p.static, map(untyped, statics)))
+        values.update(zip(p.dynamic, [build(c, it) for c in children]))
         obj = object.__new__(cls)
         d = instance_dict(obj)
-        d.update(zip(p.static, map(untyped, statics)))
-        d.update(zip(p.dynamic, [build(c, it) for c in children]))
+        d.update((name, values[name]) for name in p.order)  # declaration order
         if extras is not None:
             d.update((k, v.value if isinstance(v, _ById) else v) for k, v in extras)
         return obj

@@ -6,6 +6,7 @@ from typing import Any, Final, Literal, TypeVar
 import equinox as eqx
 
 from ._fields import (
+    drop_cached,
     field_info,
     FieldInfo,
     instance_dict,
@@ -193,6 +194,7 @@ def rebuild(
     d = instance_dict(new)
     d.update(instance_dict(obj))
     d.update(values)
+    drop_cached(d, info)
     run_check_inits(info, new)
     return new
 

@@ -1196,3 +1196,28 @@ def test_modules_nested_in_containers_in_arguments():
     assert traces[0] == 4
     assert apply(x, *ones, Scale(8.0, True)) == -8.0
     assert traces[0] == 4
+
+
+def test_traced_self_keeps_the_field_order_and_ignores_cached_properties():
+    import functools
+
+    class C(es.Module):
+        x: jax.Array
+        flag: bool = eqx.field(static=True)
+
+        @functools.cached_property
+        def mask(self) -> jax.Array:
+            return self.x * 0
+
+        @es.jit
+        def order(self, y):
+            assert list(vars(self)) == ["x", "flag"]
+            return y
+
+    a = C(jnp.ones(2), True)
+    a.mask  # noqa: B018  (computed eagerly: must not enter the key)
+    a.order(jnp.ones(()))
+    b = C(jnp.zeros(2), True)
+    b.mask  # noqa: B018
+    b.order(jnp.ones(()))
+    assert C.order.cache_info().misses == 1

@@ -2,10 +2,9 @@
 the installed JAX and Equinox, next to `es.jit` doing better."""
 
 import equinox as eqx
+import eqx_static as es
 import jax
 import jax.numpy as jnp
-
-import eqx_static as es
 
 
 def _traces_for_float_values(jit):

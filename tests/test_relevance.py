@@ -993,3 +993,20 @@ def test_invalid_depends_on(depends_on):
         es.jit(lambda self, x: x, depends_on=depends_on)
     with pytest.raises(ValueError, match="depends_on"):
         es.jit(depends_on=depends_on)(lambda self, x: x)
+
+
+@pytest.mark.parametrize(
+    ("paths", "phrase"),
+    [(("flg",), r"naming 'flg'.*Did you mean 'flag'\?"), (("w",), r"naming 'w'")],
+)
+def test_depends_on_paths_must_name_static_fields(paths, phrase):
+    class M(es.Module):
+        w: jax.Array
+        flag: bool = eqx.field(static=True)
+
+        @es.jit(depends_on=paths)
+        def f(self, x):
+            return x * self.w
+
+    with pytest.raises(ValueError, match=phrase):
+        M(jnp.ones(()), True).f(jnp.ones(()))

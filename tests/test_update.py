@@ -670,3 +670,23 @@ def test_no_changes_still_returns_a_new_instance(helper):
     copy = helper(small)
     assert copy is not small and type(copy) is Small
     assert copy.dp is small.dp and copy.sp is small.sp
+
+
+def test_updates_drop_cached_property_values_of_the_old_instance():
+    import functools
+
+    class C(es.Module):
+        a: float
+        flag: bool = eqx.field(static=True)
+
+        @functools.cached_property
+        def doubled(self) -> float:
+            return 2 * self.a if self.flag else 3 * self.a
+
+    c = C(1.0, True)
+    assert c.doubled == 2.0
+    assert c.with_static(flag=False).doubled == 3.0
+    assert c.with_dynamic(a=2.0).doubled == 4.0
+    with es.edit(c) as c2:
+        c2.flag = False
+    assert c2.doubled == 3.0
