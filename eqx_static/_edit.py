@@ -84,12 +84,16 @@ class edit(Generic[_M]):  # noqa: N801  (used like a function: `with es.edit(m)`
         exc: BaseException | None,
         tb: types.TracebackType | None,
     ) -> None:
+        ok = False
         try:
             if exc_type is None:
                 _freeze(self._copies[0])
+                ok = True
         finally:
             for c in self._copies:
                 _currently_initialising.remove(c.copy)
+                if not ok:  # nothing is produced: make any use of the copy fail
+                    instance_dict(c.copy).clear()
 
 
 def _copy_tree(obj: Any, copies: list[_Copy]) -> Any:
@@ -113,11 +117,21 @@ def _copy_child(value: Any, copies: list[_Copy], parent: _Copy) -> Any:
         copy = _copy_tree(value, copies)
         parent.children.append(copies[n])
         return copy
-    if type(value) not in _CONTAINERS or not _holds_module(value):
+    t = type(value)
+    if t not in _CONTAINERS or not (t is not tuple or _holds_module(value)):
         return value
-    if type(value) is dict:
+    if not _holds_mutable(value):  # a plain list or dict of leaves: one C-level copy
+        return value.copy() if t is not tuple else value
+    if t is dict:
         return {k: _copy_child(v, copies, parent) for k, v in value.items()}
-    return type(value)(_copy_child(v, copies, parent) for v in value)
+    return t(_copy_child(v, copies, parent) for v in value)
+
+
+def _holds_mutable(value: Any) -> bool:
+    """Whether a container holds modules, lists or dicts (which need copies too)."""
+    items = value.values() if type(value) is dict else value
+    kinds = set(map(type, items))
+    return any(k in _CONTAINERS or _is_module_type(k) for k in kinds)
 
 
 def _holds_module(value: Any) -> bool:

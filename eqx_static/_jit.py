@@ -26,6 +26,7 @@ import jax.tree_util as jtu
 from jax._src import traceback_util
 from jax.core import Tracer
 
+from ._fields import field_info
 from ._key import (
     _ARR,
     _kinds,
@@ -37,6 +38,7 @@ from ._key import (
     leaf_origins,
     make_key,
     MODULE,
+    x64,
 )
 from ._relevance import (
     leaves_callables,
@@ -155,7 +157,6 @@ _MSG_LATE_READ: Final = (
 )
 _SINGLE: Final = "single"
 _NO_HEAD: Final = object()
-_LEAVES: Final = tuple((LEAF,) * n for n in range(256))
 _AMBIGUOUS: Final = "ambiguous"
 
 
@@ -210,12 +211,13 @@ class _Jit(Generic[_P, _R]):
         )
         self._learned: dict[type, tuple[str, ...]] = {}
         self._checked: set[type] = set()  # classes whose `depends_on` paths exist
+        self._late: list[tuple[_Entry, str]] = []  # reads after tracing, to learn
         self._declared_set = (
             frozenset(self._declared) if self._declared is not None else None
         )
         self._argnames = _argnames(fn)
         self._cache: dict[Any, _Entry] = OrderedDict() if maxsize else {}
-        self._counts = [0]  # calls
+        self._counts = [0]  # hits
         self._is_method = False  # set when assigned in a class body
         self._misses = 0
         self._lock = threading.RLock()
@@ -270,7 +272,7 @@ class _Jit(Generic[_P, _R]):
             self._slow_call,
             _pending,
         )
-        memo, kinds = _memo, _kinds
+        kinds, memo = _kinds, _memo
         # Relevance and LRU keys are projected or extended: the slow path does that.
         # A donating wrapper must not donate the memo's own device copies.
         always_slow = self._depends_on is not None or self._maxsize is not None
@@ -278,20 +280,21 @@ class _Jit(Generic[_P, _R]):
 
         def method(obj: Any, /, *args: Any, **kwargs: Any) -> Any:
             __tracebackhide__ = True
-            e = memo.get(id(obj))
+            e = memo.get(id(obj))  # `ready(obj)`, inlined
             if (
                 e is None
                 or e[3] is None
                 or kwargs
-                or e[0]() is not obj
                 or not on_device
+                or e[0]() is not obj
+                or (e[4] is not None and e[4] is not x64())
             ):
                 return call((obj, *args), kwargs)
             for a in args:
                 if kinds.get(type(a)) is not _ARR:
                     return call((obj, *args), kwargs)
             leaves = [*e[3], *args]
-            key = ((e[1], *_LEAVES[len(args)]), (), ())
+            key = ((e[1], *((LEAF,) * len(args))), (), ())
             return dispatch(key, leaves, obj, args, kwargs)
 
         def call(args: tuple, kwargs: dict[str, Any]) -> Any:
@@ -312,11 +315,15 @@ class _Jit(Generic[_P, _R]):
                 args = rest if head is _NO_HEAD else (head, *rest)
                 return slow(args, kwargs, key, leaves)
             events = pending.events
-            out = entry.jitted(*leaves)
-            counts[0] += 1
-            if pending.events != events:
-                args = rest if head is _NO_HEAD else (head, *rest)
-                self._after_miss(entry, key, leaves, args, key)
+            try:
+                out = entry.jitted(*leaves)
+            finally:
+                if pending.events != events:  # traced or compiled: book it, even
+                    args = rest if head is _NO_HEAD else (head, *rest)  # on failure
+                    self._after_miss(entry, key, leaves, args, key)
+                    events = -1
+            if events != -1:
+                counts[0] += 1  # a hit
             template = entry.template
             return out if template is _SINGLE else _unsplit(out, entry, leaves)
 
@@ -325,8 +332,22 @@ class _Jit(Generic[_P, _R]):
 
     def _slow_call(self, args: tuple, kwargs: dict, key: Any, leaves: list) -> Any:
         __tracebackhide__ = True
+        if self._depends_on is None:
+            return self._call_entry(args, key, leaves)
+        # Relevance keys change as traces teach which fields matter: one call at a
+        # time per wrapper, so that no call looks up an entry another is re-keying.
+        with self._lock:
+            self._apply_late_reads()
+            try:
+                return self._call_entry(args, key, leaves)
+            finally:
+                self._apply_late_reads()
+
+    def _call_entry(self, args: tuple, key: Any, leaves: list) -> Any:
+        __tracebackhide__ = True
         entry, key, full = self._entry_for(key, leaves)
-        if self._depends_on is not None and full != entry.origin:
+        relevance = self._depends_on is not None
+        if relevance and full != entry.origin:
             entry.reused = True
         events = _pending.events
         previous, _pending.current = _pending.current, full
@@ -334,11 +355,13 @@ class _Jit(Generic[_P, _R]):
             out = entry.jitted(*leaves)
         finally:
             _pending.current = previous
-        self._counts[0] += 1
-        if _pending.events != events:
-            self._after_miss(entry, key, leaves, args, full)
-        elif self._depends_on is not None and full != entry.origin:
-            self._explain_hit(entry, full, args)
+            missed = _pending.events != events
+            if missed:  # even if the call failed after tracing
+                self._after_miss(entry, key, leaves, args, full)
+        if not missed:
+            self._counts[0] += 1
+            if relevance and full != entry.origin:
+                self._explain_hit(entry, full, args)
         if entry.template is _SINGLE:
             return out
         return _unsplit(out, entry, leaves)
@@ -358,7 +381,9 @@ class _Jit(Generic[_P, _R]):
         if entry is None:
             entry = self._new_entry(key, leaves, full)
         elif self._maxsize is not None:
-            self._cache.move_to_end(key)  # pyright: ignore[reportAttributeAccessIssue]
+            with self._lock:  # others iterate the cache under the lock
+                if key in self._cache:
+                    self._cache.move_to_end(key)  # pyright: ignore[reportAttributeAccessIssue]
         return entry, key, full
 
     # -- relevance (depends_on) --------------------------------------------------
@@ -372,7 +397,7 @@ class _Jit(Generic[_P, _R]):
         if paths is None:
             paths = self._learned.get(args[0][1], ())
         elif args[0][1] not in self._checked:
-            _check_declared(paths, args[0], self._qualname)
+            _check_declared(paths, args[0][1], self._qualname)
             self._checked.add(args[0][1])
         return (project(args[0], paths), *args[1:]), names, kw
 
@@ -387,7 +412,8 @@ class _Jit(Generic[_P, _R]):
             return
         self._learned[cls] = tuple(sorted(set(old) | reads))
         for k, e in list(self._cache.items()):
-            if _is_module_node(e.origin[0][0]) and e.origin[0][0][1] is cls:
+            first = e.origin[0][0] if e.origin[0] else None
+            if _is_module_node(first) and first[1] is cls:  # pyright: ignore
                 del self._cache[k]
         new_key = self._project(full)
         if self._maxsize is not None:  # one signature per entry
@@ -408,12 +434,19 @@ class _Jit(Generic[_P, _R]):
 
     def _late_read(self, entry: _Entry, path: str) -> None:
         """A static field read after tracing ended, by a callable the trace left
-        behind. If the entry only ever served the configuration it was traced for,
-        the value read is right: learn the field, so no call reuses the entry for
-        another value. Otherwise the value may be stale: refuse."""
-        with self._lock:
-            if entry.reused:
-                raise UndeclaredStaticRead(_MSG_LATE_READ.format(path=path))
+        behind (it may run on another thread, while a call holds the lock). If the
+        entry only ever served the configuration it was traced for, the value read
+        is right: queue the field to be learned, so that no later call reuses the
+        entry for another value. Otherwise the value may be stale: refuse."""
+        if path in self._learned.get(entry.origin[0][0][1], ()):
+            return  # part of the key: never stale
+        if entry.reused:
+            raise UndeclaredStaticRead(_MSG_LATE_READ.format(path=path))
+        self._late.append((entry, path))
+
+    def _apply_late_reads(self) -> None:
+        while self._late:
+            entry, path = self._late.pop()
             self._learn(entry, {path}, entry.origin)
 
     def _explain_hit(self, entry: _Entry, full: tuple, args: tuple) -> None:
@@ -459,6 +492,7 @@ class _Jit(Generic[_P, _R]):
                 args, kwargs = build_call(key, _es_leaves)
             try:
                 out = fn(*args, **kwargs)
+                dynamic, template = _split(out)  # reads the statics of returned modules
             except TracedFieldError:
                 raise
             except Exception as e:
@@ -468,7 +502,6 @@ class _Jit(Generic[_P, _R]):
             finally:
                 if reads is not None:
                     reads.sealed = True
-            dynamic, template = _split(out)
             self._set_template(entry, _avals(_es_leaves), template)
             _pending.records.append((self, entry, reads))
             _pending.events += 1
@@ -586,7 +619,7 @@ class _Jit(Generic[_P, _R]):
         with self._lock:
             currsize = sum(len(e.variants) for e in self._cache.values())
             return CacheInfo(
-                max(self._counts[0] - self._misses, 0),
+                self._counts[0],
                 self._misses,
                 self._maxsize,
                 currsize,
@@ -737,18 +770,22 @@ def _is_module_node(n: Any) -> bool:
     return isinstance(n, tuple) and n[0] == MODULE
 
 
-def _check_declared(paths: tuple[str, ...], node: tuple, name: str) -> None:
-    """Every path of `depends_on` must name a static field of `self`."""
-    valid = list(static_paths(node))
+def _check_declared(paths: tuple[str, ...], cls: type, name: str) -> None:
+    """Each path of `depends_on` must start at a field of `self`'s class: a static
+    field, or a dynamic one that holds the module the rest of the path goes into.
+    (What lies deeper depends on the instance, and is not checked.)"""
+    info = field_info(cls)
     for path in paths:
-        if path in valid:
+        head, _, rest = path.partition(".")
+        if (head in info.static and not rest) or (head in info.dynamic and rest):
             continue
-        close = difflib.get_close_matches(path, valid, n=1, cutoff=0.5)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
+        valid = [*info.static_names, *(f"{n}.<...>" for n in info.dynamic_names)]
+        close = difflib.get_close_matches(head, info.names, n=1, cutoff=0.5)
+        hint = f" Did you mean {close[0]!r}?" if close and close[0] != head else ""
         raise ValueError(
             f"`{name}` has `depends_on` naming {path!r}, which is not a static field "
-            f"of `{node[1].__qualname__}` or of a module inside it.{hint} Its static "
-            f"fields are: {', '.join(map(repr, valid)) or '(none)'}."
+            f"of `{cls.__qualname__}` or a path into one of its modules.{hint} Its "
+            f"static fields are: {', '.join(map(repr, valid)) or '(none)'}."
         )
 
 

@@ -68,30 +68,38 @@ def plan(cls: type) -> Plan:
 # Typed static values: `1`, `True` and `1.0` are different keys.
 
 
-def typed(v: Any) -> Any:
-    """A hashable stand-in for `v` that compares by type as well as by value."""
+class Typed(tuple):
+    """A static value in a key. Compares and hashes by type as well as by value
+    (`1`, `True` and `1.0` differ; so do `-0.0` and `0.0`; `nan` equals itself),
+    element by element inside tuples and frozensets; keeps the value as `.value`."""
+
+    value: Any
+
+
+def typed(v: Any) -> Typed:
+    tv = Typed((type(v), _form(v)))
+    tv.value = v
+    return tv
+
+
+def _form(v: Any) -> Any:
     t = type(v)
     if t is float:
-        return (t, v.hex())  # -0.0 != 0.0, and nan == nan
-    if t is tuple or (t not in _PLAIN and isinstance(v, tuple)):
-        return (t, tuple(map(typed, v)))  # tuples and namedtuples, element-wise
-    return (t, v)
-
-
-def untyped(tv: Any) -> Any:
-    t, v = tv
-    if t is float:
-        return float.fromhex(v)
-    if t is tuple:
-        return tuple(map(untyped, v))
-    if t not in _PLAIN and issubclass(t, tuple):
-        items = map(untyped, v)
-        make = getattr(t, "_make", t)  # a namedtuple, or another tuple subclass
-        return make(items)
+        return v.hex()
+    if t is complex:
+        return (v.real.hex(), v.imag.hex())
+    if t in _PLAIN:
+        return v
+    if isinstance(v, tuple):
+        return tuple((type(x), _form(x)) for x in v)
+    if isinstance(v, frozenset):
+        return frozenset((type(x), _form(x)) for x in v)
+    if isinstance(v, np.generic):
+        return (v.dtype.str, v.tobytes())
     return v
 
 
-_PLAIN: Final = frozenset({bool, int, str, type(None), bytes, complex})
+_PLAIN: Final = frozenset({bool, int, str, type(None), bytes})
 
 
 class _ById:
@@ -121,20 +129,17 @@ def make_key(
     With `on_device`, a memoised module contributes its Python scalars as device
     arrays (see `_memo`); a wrapper that donates buffers asks for the originals."""
     nodes = []
-    for a in args:  # `top_node`, inlined for the common cases: this is the hot path
+    for a in args:  # the common cases first: this is the hot path
         t = type(a)
         kind = _kinds.get(t) or _kind_of(t)
         if kind is _ARR:
             leaves.append(a)
             nodes.append(LEAF)
-            continue
-        if kind is _MOD and on_device:
-            e = _memo.get(id(a))
-            if e is not None and e[3] is not None and e[0]() is a:
-                leaves += e[3]
-                nodes.append(e[1])
-                continue
-        nodes.append(top_node(a, leaves, on_device))
+        elif kind is _MOD and on_device and (e := ready(a)) is not None:
+            leaves += e[3]
+            nodes.append(e[1])
+        else:
+            nodes.append(top_node(a, leaves, on_device))
     if kwargs:
         names = tuple(sorted(kwargs))
         kw = tuple([top_node(kwargs[k], leaves, on_device) for k in names])
@@ -143,13 +148,35 @@ def make_key(
 
 
 # A module is frozen, so its key and leaves are computed once per instance and kept
-# while the instance lives (`id` -> [weak reference, key, leaves, device leaves]).
-# This is what makes a cache-hit call O(1) in the size of the model. Instances whose
-# key could change (holding a list, a dict or another mutable pytree; being
-# initialised or edited) or that hold tracers are never memoised. On the instance's
-# second call its Python scalars are put on the device once, as `jax.jit` would do
-# on every call, unless that happens under a trace.
+# while the instance lives: `id` -> [weak reference, key, leaves, device leaves, the
+# `jax_enable_x64` they were made under]. This is what makes a cache-hit call O(1)
+# in the size of the model. Instances whose key could change (holding a list, a
+# dict or another mutable pytree; made while any module is being initialised or
+# edited) or that hold tracers are never memoised. On the instance's second call
+# its Python scalars are put on the device once, as `jax.jit` would do on every
+# call (not under a trace, and again if `jax_enable_x64` changes).
 _memo: Final[dict[int, list]] = {}
+
+
+def ready(v: Any) -> list | None:
+    """The memo entry of the module `v`, if its device leaves can be used as is."""
+    e = _memo.get(id(v))
+    if e is None or e[3] is None or e[0]() is not v:
+        return None
+    if e[4] is not None and e[4] is not x64():
+        return None
+    return e
+
+
+try:  # jax 0.10: a cheaper read of the same setting than `jax.config.jax_enable_x64`
+    from jax._src.config import enable_x64 as _enable_x64
+
+    def x64() -> bool:
+        return _enable_x64.value
+except ImportError:  # pragma: no cover
+
+    def x64() -> bool:
+        return bool(jax.config.jax_enable_x64)  # pyright: ignore
 
 
 def top_node(v: Any, leaves: list, on_device: bool = True) -> Any:
@@ -158,16 +185,20 @@ def top_node(v: Any, leaves: list, on_device: bool = True) -> Any:
         return node(v, leaves, False)
     e = _memo.get(id(v))
     if e is not None and e[0]() is v:
-        if on_device and e[3] is None:
-            e[3] = _on_device(e[2])
-        leaves.extend(e[3] if on_device and e[3] is not None else e[2])
+        if on_device:
+            if ready(v) is None:
+                e[3], e[4] = _on_device(e[2])
+            leaves.extend(e[2] if e[3] is None else e[3])
+        else:
+            leaves.extend(e[2])
         return e[1]
     mine: list = []
     n = module_node(v, mine)
     leaves.extend(mine)
-    if _memoisable(v, n, mine):
+    if _memoisable(n, mine):
         i = id(v)
-        _memo[i] = [weakref.ref(v, lambda r: _forget(i, r)), n, tuple(mine), None]
+        ref = weakref.ref(v, lambda r: _forget(i, r))
+        _memo[i] = [ref, n, tuple(mine), None, None]
     return n
 
 
@@ -177,11 +208,11 @@ def _forget(i: int, ref: weakref.ref) -> None:
         del _memo[i]
 
 
-def _memoisable(v: Any, n: Any, leaves: list) -> bool:
+def _memoisable(n: Any, leaves: list) -> bool:
     return (
-        not any(isinstance(x, Tracer) for x in leaves)
+        not _initialising._dict  # pyright: ignore[reportAttributeAccessIssue]
+        and not any(isinstance(x, Tracer) for x in leaves)
         and _frozen(n)
-        and id(v) not in _initialising._dict  # pyright: ignore[reportAttributeAccessIssue]
     )
 
 
@@ -196,10 +227,16 @@ def _frozen(n: Any) -> bool:
     return tag == STATIC
 
 
-def _on_device(leaves: tuple) -> tuple | None:
-    """The leaves with Python scalars on the device; None under a trace."""
+def _on_device(leaves: tuple) -> tuple[tuple | None, bool | None]:
+    """The leaves with Python scalars on the device (None under a trace), and the
+    `jax_enable_x64` that decided their dtypes (None: there were none)."""
+    if not any(type(x) in _SCALARS for x in leaves):
+        return leaves, None
+    flag = x64()
     out = tuple(jax.device_put(x) if type(x) in _SCALARS else x for x in leaves)
-    return None if any(isinstance(x, Tracer) for x in out) else out
+    if any(isinstance(x, Tracer) for x in out):
+        return None, None
+    return out, flag
 
 
 _ARR, _SCALAR, _MOD, _SEQ, _NONE, _OTHER = range(1, 7)
@@ -293,7 +330,7 @@ def build(n: Any, it: Iterator) -> Any:
     if tag == MODULE:
         _, cls, statics, children, extras = n
         p = plan(cls)
-        values = dict(zip(p.static, map(untyped, statics)))
+        values = {name: tv.value for name, tv in zip(p.static, statics)}
         values.update(zip(p.dynamic, [build(c, it) for c in children]))
         obj = object.__new__(cls)
         d = instance_dict(obj)
@@ -305,7 +342,7 @@ def build(n: Any, it: Iterator) -> Any:
         return n[1]([build(c, it) for c in n[2]])
     if tag == TREE:
         return n[1].unflatten([build(c, it) for c in n[2]])
-    return untyped(n[1])
+    return n[1].value
 
 
 # ----------------------------------------------------------------------------------
@@ -330,7 +367,7 @@ def _find_unhashable(n: Any, path: str) -> str | None:
         p = plan(n[1])
         for name, tv in zip(p.static, n[2]):
             if not _hashable(tv):
-                kind = type(untyped(tv)).__name__
+                kind = type(tv.value).__name__
                 return f"the static field {name!r} of `{n[1].__qualname__}` holding a {kind}"
         for name, c in zip(p.dynamic, n[3]):
             found = _find_unhashable(c, f"{path}.{name}")
@@ -338,7 +375,7 @@ def _find_unhashable(n: Any, path: str) -> str | None:
                 return found
         return None
     if n[0] == STATIC:
-        return None if _hashable(n[1]) else f"{path}, a {type(untyped(n[1])).__name__}"
+        return None if _hashable(n[1]) else f"{path}, a {type(n[1].value).__name__}"
     for i, c in enumerate(n[2]):
         found = _find_unhashable(c, f"{path}[{i}]")
         if found:
@@ -467,4 +504,4 @@ def _kind(n: Any) -> str:
 
 
 def _show(tv: Any) -> str:
-    return repr(untyped(tv))
+    return repr(tv.value)

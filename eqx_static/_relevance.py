@@ -75,8 +75,8 @@ class Reads:
         self.late = late
 
     def note(self, path: str) -> None:
-        if self.sealed and path not in self.paths:
-            self.late(path)
+        if self.sealed and self.allowed is None and path not in self.paths:
+            self.late(path)  # declared fields are in the key: never stale
         if self.allowed is not None and path not in self.allowed:
             raise UndeclaredStaticRead(
                 f"{self.method} read the static field {path!r} of `self`, which "
@@ -311,18 +311,6 @@ def static_paths(n: Any, prefix: str = "") -> Iterable[str]:
 def project(n: Any, paths: tuple[str, ...]) -> tuple:
     """The key of `self` restricted to the static fields at `paths`."""
     return (strip(n), paths, tuple(value_at(n, p) for p in paths))
-
-
-def module_classes(n: Any) -> Iterable[type]:
-    if n is LEAF or n is None or n[0] not in (MODULE, SEQ, TREE):
-        return
-    if n[0] == MODULE:
-        yield n[1]
-        for c in n[3]:
-            yield from module_classes(c)
-    else:
-        for c in n[2]:
-            yield from module_classes(c)
 
 
 # ----------------------------------------------------------------------------------

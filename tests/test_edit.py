@@ -190,8 +190,25 @@ def test_exception_in_block_leaves_original_untouched():
     assert c.layers[0].scale == 3.0
     with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field"):
         c2.dp = 4.0  # pyright: ignore[reportAttributeAccessIssue]
-    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field"):
-        c2.encoder.scale = 4.0  # pyright: ignore[reportAttributeAccessIssue]
+    # Nothing was produced: the half-edited copy cannot be used by mistake.
+    with pytest.raises(AttributeError, match="encoder"):
+        c2.encoder  # noqa: B018
+
+
+def test_edit_copies_plain_lists_and_dicts_so_the_original_is_untouched():
+    class Holder(es.Module):
+        ws: list
+        names: dict
+
+    h = Holder([jnp.ones(2)], {"a": 1.0})
+    with es.edit(h) as h2:
+        h2.ws[0] = jnp.zeros(2)
+        h2.names["a"] = 5.0
+    assert float(h.ws[0][0]) == 1.0 and h.names == {"a": 1.0}
+    assert float(h2.ws[0][0]) == 0.0 and h2.names == {"a": 5.0}
+    with es.edit(h) as h3:
+        pass
+    assert h3.ws is h.ws and h3.names is h.names  # unchanged: shared again
 
 
 def test_assigning_a_non_field_raises():
