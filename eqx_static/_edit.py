@@ -9,7 +9,13 @@ import equinox as eqx
 # `__init__` works). An edit puts its copies there for the duration of the block.
 from equinox._module._module import _currently_initialising  # equinox 0.13
 
-from ._fields import drop_cached, field_info, instance_dict, is_module
+from ._fields import (
+    drop_cached,
+    field_info,
+    instance_dict,
+    is_module,
+    is_module_type,
+)
 from ._validate import convert_and_check, run_check_inits
 
 
@@ -24,7 +30,7 @@ class _Copy:
     def __init__(self, original: eqx.Module, copy: eqx.Module, children: list):
         self.original = original
         self.copy = copy
-        self.start = dict(instance_dict(copy))
+        self.start: dict[str, Any] = {}  # the copy's fields as made, set once made
         self.children = children
 
 
@@ -68,7 +74,7 @@ class edit(Generic[_M]):  # noqa: N801  (used like a function: `with es.edit(m)`
     """
 
     def __init__(self, module: _M, /):
-        if not isinstance(module, eqx.Module):
+        if not is_module(module):
             raise TypeError(f"`es.edit` takes an `eqx.Module`, got {type(module)}.")
         self._module = module
         self._copies: list[_Copy] = []
@@ -131,7 +137,7 @@ def _holds_mutable(value: Any) -> bool:
     """Whether a container holds modules, lists or dicts (which need copies too)."""
     items = value.values() if type(value) is dict else value
     kinds = set(map(type, items))
-    return any(k in _CONTAINERS or _is_module_type(k) for k in kinds)
+    return any(k in _CONTAINERS or is_module_type(k) for k in kinds)
 
 
 def _holds_module(value: Any) -> bool:
@@ -142,16 +148,12 @@ def _holds_module(value: Any) -> bool:
         return is_module(value)
     # Look at the distinct item types first: a tuple of 10,000 arrays is one type.
     kinds = set(map(type, value))
-    if not any(k in _CONTAINERS or _is_module_type(k) for k in kinds):
+    if not any(k in _CONTAINERS or is_module_type(k) for k in kinds):
         return False
     return any(map(_holds_module, value))
 
 
 _CONTAINERS: Final = frozenset({list, tuple, dict})
-
-
-def _is_module_type(t: type) -> bool:
-    return issubclass(t, eqx.Module)
 
 
 def _freeze(record: _Copy) -> bool:

@@ -140,7 +140,10 @@ _module_types: Final[dict[type, bool]] = {}
 def is_module(x: object) -> bool:
     """Whether `x` is an `eqx.Module` instance (cached per type: `isinstance` with
     Equinox's metaclass is slow)."""
-    t = type(x)
+    return is_module_type(type(x))
+
+
+def is_module_type(t: type) -> bool:
     try:
         return _module_types[t]
     except KeyError:

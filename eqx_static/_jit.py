@@ -20,13 +20,12 @@ from typing import (
     TypeVar,
 )
 
-import equinox as eqx
 import jax
 import jax.tree_util as jtu
 from jax._src import traceback_util
 from jax.core import Tracer
 
-from ._fields import field_info
+from ._fields import field_info, is_module
 from ._key import (
     _ARR,
     _kinds,
@@ -471,7 +470,7 @@ class _Jit(Generic[_P, _R]):
             )
             self._cache[key] = entry
             if self._maxsize is not None:
-                while self._currsize() > self._maxsize:
+                while len(self._cache) > self._maxsize:  # one signature per entry
                     self._cache.popitem(last=False)  # pyright: ignore[reportCallIssue]
             return entry
 
@@ -484,7 +483,7 @@ class _Jit(Generic[_P, _R]):
             reads = None
             if relevance:  # rebuild from this call: its unread statics may differ
                 args, kwargs = build_call(_pending.current, _es_leaves)
-                if args and isinstance(args[0], eqx.Module):
+                if args and is_module(args[0]):
                     late = functools.partial(self._late_read, entry)
                     reads = Reads(self._declared_set, self._name(args), late)
                     watch(args[0], reads)
@@ -576,7 +575,7 @@ class _Jit(Generic[_P, _R]):
 
     def _name(self, args: tuple) -> str:
         name = getattr(self.fn, "__name__", "fn")
-        if self._is_method and args and isinstance(args[0], eqx.Module):
+        if self._is_method and args and is_module(args[0]):
             return f"{type(args[0]).__qualname__}.{name}"
         return self._qualname
 
@@ -604,15 +603,12 @@ class _Jit(Generic[_P, _R]):
             return ()
         skip = 0
         if self._donate == "all-except-first" and key[0]:
-            skip = sum(1 for o in leaf_origins(((key[0][0],), (), ()), ()))
+            skip = len(leaf_origins(((key[0][0],), (), ()), ()))
         return tuple(
             i for i, x in enumerate(leaves) if i >= skip and isinstance(x, jax.Array)
         )
 
     # -- introspection ---------------------------------------------------------
-
-    def _currsize(self) -> int:
-        return sum(max(len(e.variants), 1) for e in self._cache.values())
 
     def cache_info(self) -> CacheInfo:
         """Hits, misses (traces and compiles), `maxsize` and entries held."""

@@ -27,7 +27,7 @@ from equinox._module._flatten import WRAPPER_FIELD_NAMES  # equinox 0.13
 from equinox._module._module import _currently_initialising as _initialising
 from jax.core import Tracer
 
-from ._fields import field_info, instance_dict
+from ._fields import _infos, field_info, FieldInfo, instance_dict, is_module
 
 
 LEAF: Final = "·"
@@ -41,27 +41,9 @@ _ABSENT: Final = object()
 _ARRAYS: Final = (jax.Array, np.ndarray, np.generic)
 
 
-class Plan(NamedTuple):
-    """How to read one module class: static and dynamic field names."""
-
-    static: tuple[str, ...]
-    dynamic: tuple[str, ...]
-    names: frozenset[str]
-    order: tuple[str, ...]  # all fields, in declaration order
-
-
-_plans: Final[dict[type, Plan]] = {}
-
-
-def plan(cls: type) -> Plan:
-    try:
-        return _plans[cls]
-    except KeyError:
-        info = field_info(cls)
-        p = _plans[cls] = Plan(
-            info.static_names, info.dynamic_names, frozenset(info.names), info.names
-        )
-        return p
+def plan(cls: type) -> FieldInfo:
+    """The field names of a module class (`_infos.get` first: this is hot)."""
+    return _infos.get(cls) or field_info(cls)
 
 
 # ----------------------------------------------------------------------------------
@@ -272,22 +254,18 @@ def node(v: Any, leaves: list, in_module: bool) -> Any:
         return (SEQ, type(v), tuple([node(x, leaves, in_module) for x in v]))
     if kind is _NONE:
         return None
-    flat, treedef = jtu.tree_flatten(v, is_leaf=_is_module)
+    flat, treedef = jtu.tree_flatten(v, is_leaf=is_module)
     if treedef.num_nodes == 1 and treedef.num_leaves == 1 and flat[0] is v:
         return (STATIC, typed(v))
     return (TREE, treedef, tuple([node(x, leaves, in_module) for x in flat]))
 
 
-def _is_module(x: object) -> bool:
-    return isinstance(x, eqx.Module)
-
-
 def module_node(m: eqx.Module, leaves: list) -> tuple:
     cls = type(m)
-    p = _plans.get(cls) or plan(cls)
+    p = _infos.get(cls) or field_info(cls)
     d = instance_dict(m)
-    statics = tuple([typed(d[n]) for n in p.static])
-    children = tuple([node(d[n], leaves, True) for n in p.dynamic])
+    statics = tuple([typed(d[n]) for n in p.static_names])
+    children = tuple([node(d[n], leaves, True) for n in p.dynamic_names])
     if len(d) == len(p.names):
         return (MODULE, cls, statics, children, None)
     # As in Equinox's flatten: the wrapper attributes of `eqx.module_update_wrapper`
@@ -330,11 +308,11 @@ def build(n: Any, it: Iterator) -> Any:
     if tag == MODULE:
         _, cls, statics, children, extras = n
         p = plan(cls)
-        values = {name: tv.value for name, tv in zip(p.static, statics)}
-        values.update(zip(p.dynamic, [build(c, it) for c in children]))
+        values = {name: tv.value for name, tv in zip(p.static_names, statics)}
+        values.update(zip(p.dynamic_names, [build(c, it) for c in children]))
         obj = object.__new__(cls)
         d = instance_dict(obj)
-        d.update((name, values[name]) for name in p.order)  # declaration order
+        d.update((name, values[name]) for name in p.names)  # declaration order
         if extras is not None:
             d.update((k, v.value if isinstance(v, _ById) else v) for k, v in extras)
         return obj
@@ -365,11 +343,11 @@ def _find_unhashable(n: Any, path: str) -> str | None:
         return None
     if n[0] == MODULE:
         p = plan(n[1])
-        for name, tv in zip(p.static, n[2]):
+        for name, tv in zip(p.static_names, n[2]):
             if not _hashable(tv):
                 kind = type(tv.value).__name__
                 return f"the static field {name!r} of `{n[1].__qualname__}` holding a {kind}"
-        for name, c in zip(p.dynamic, n[3]):
+        for name, c in zip(p.dynamic_names, n[3]):
             found = _find_unhashable(c, f"{path}.{name}")
             if found:
                 return found
@@ -411,7 +389,7 @@ def _origins(n: Any, path: str, cls: type | None, field: str | None, out: list):
     elif n is None or n[0] == STATIC:
         return
     elif n[0] == MODULE:
-        for name, c in zip(plan(n[1]).dynamic, n[3]):
+        for name, c in zip(plan(n[1]).dynamic_names, n[3]):
             _origins(c, f"{path}.{name}", n[1], name, out)
     else:
         for i, c in enumerate(n[2]):
@@ -460,13 +438,13 @@ def _diff_module(a: tuple, b: tuple, path: str, is_self: bool, out: list) -> Non
         out.append(f"{who} {a[1].__qualname__} -> {b[1].__qualname__}")
         return
     p = plan(a[1])
-    for name, x, y in zip(p.static, a[2], b[2]):
+    for name, x, y in zip(p.static_names, a[2], b[2]):
         if x != y:
             out.append(
                 f"static field {_field(path, name, is_self)!r} changed "
                 f"{_show(x)} -> {_show(y)}"
             )
-    for name, x, y in zip(p.dynamic, a[3], b[3]):
+    for name, x, y in zip(p.dynamic_names, a[3], b[3]):
         _diff(x, y, _field(path, name, is_self), False, out)
     if a[4] != b[4]:
         out.append(f"{_what(path, is_self)} extra attributes changed")

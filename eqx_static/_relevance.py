@@ -16,6 +16,7 @@ from typing import Any, Final
 import equinox as eqx
 import jax.tree_util as jtu
 
+from ._fields import is_module
 from ._key import LEAF, MODULE, plan, SEQ, TREE
 
 
@@ -218,7 +219,7 @@ class _StaticField:
 
 def install(cls: type) -> None:
     """Put a `_StaticField` on `cls` for each of its static fields (once)."""
-    for name in plan(cls).static:
+    for name in plan(cls).static_names:
         if not isinstance(cls.__dict__.get(name), _StaticField):
             default = cls.__dict__.get(name, _NO_DEFAULT)
             type.__setattr__(cls, name, _StaticField(name, default))
@@ -229,11 +230,11 @@ def watch(obj: Any, reads: Reads, prefix: str = "") -> None:
 
     Paths follow the key (`_key.node`): a plain list or tuple by position, any other
     pytree (a dict, a named tuple) by position among its leaves, modules as leaves."""
-    if not isinstance(obj, eqx.Module):
+    if not is_module(obj):
         if type(obj) is list or type(obj) is tuple:
             children = obj
         else:
-            children = jtu.tree_leaves(obj, is_leaf=_is_module)
+            children = jtu.tree_leaves(obj, is_leaf=is_module)
             if len(children) == 1 and children[0] is obj:
                 return
         for i, x in enumerate(children):
@@ -244,14 +245,10 @@ def watch(obj: Any, reads: Reads, prefix: str = "") -> None:
     install(cls)
     d = _DICT.__get__(obj)
     w = _Watched(d)
-    w._prefix, w._reads, w._static = prefix, reads, frozenset(p.static)
+    w._prefix, w._reads, w._static = prefix, reads, p.static
     _DICT.__set__(obj, w)
-    for name in p.dynamic:
+    for name in p.dynamic_names:
         watch(dict.__getitem__(w, name), reads, f"{prefix}{name}.")
-
-
-def _is_module(x: object) -> bool:
-    return isinstance(x, eqx.Module)
 
 
 # ----------------------------------------------------------------------------------
@@ -271,7 +268,7 @@ def value_at(n: Any, path: str) -> Any:
     if not isinstance(n, tuple) or n[0] != MODULE:
         return _MISSING
     p = plan(n[1])
-    return n[2][p.static.index(last)] if last in p.static else _MISSING
+    return n[2][p.static_names.index(last)] if last in p.static else _MISSING
 
 
 def _child(n: Any, seg: str) -> Any:
@@ -279,7 +276,7 @@ def _child(n: Any, seg: str) -> Any:
         return _MISSING
     if n[0] == MODULE:
         p = plan(n[1])
-        return n[3][p.dynamic.index(seg)] if seg in p.dynamic else _MISSING
+        return n[3][p.dynamic_names.index(seg)] if seg in p.dynamic else _MISSING
     if n[0] in (SEQ, TREE) and seg.isdigit() and int(seg) < len(n[2]):
         return n[2][int(seg)]
     return _MISSING
@@ -300,8 +297,8 @@ def static_paths(n: Any, prefix: str = "") -> Iterable[str]:
         return
     if n[0] == MODULE:
         p = plan(n[1])
-        yield from (prefix + s for s in p.static)
-        for name, c in zip(p.dynamic, n[3]):
+        yield from (prefix + s for s in p.static_names)
+        for name, c in zip(p.dynamic_names, n[3]):
             yield from static_paths(c, f"{prefix}{name}.")
     else:
         for i, c in enumerate(n[2]):
