@@ -17,7 +17,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import types
 import weakref
 from typing import Any, NamedTuple
 
@@ -27,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import seed
 
 
 # `jax._src.dispatch.BACKEND_COMPILE_EVENT` in jax 0.10; recorded by
@@ -71,30 +71,7 @@ def explanations(caplog):
     return messages
 
 
-def _seed() -> types.SimpleNamespace:
-    """Fresh copies of DESIGN §2's `Parent`/`Child`, with a trace counter."""
-    traces = [0]
-
-    class Parent(es.Module):
-        dp: float
-        sp: bool = eqx.field(static=True)
-
-        @es.jit
-        def __call__(self, x):
-            traces[0] += 1
-            return self.dp * self.g(x) if self.sp else self.g(x)
-
-        def g(self, x):
-            raise NotImplementedError
-
-    class Child(Parent):
-        dc: float
-        sc: bool = eqx.field(static=True)
-
-        def g(self, x):
-            return self.dc * x if self.sc else x
-
-    return types.SimpleNamespace(Parent=Parent, Child=Child, traces=traces)
+_seed = seed
 
 
 def _eager(c: Any, x: float) -> float:
