@@ -25,6 +25,7 @@ class FieldInfo(typing.NamedTuple):
     check_inits: tuple[Callable[[Any], None], ...]
     array_annotations: Mapping[str, Any]
     annotations: Mapping[str, Any]
+    traces_scalars: bool  # Python scalars in dynamic fields are traced by es.jit
 
 
 # The C-level getter of a module's instance dictionary. `module.__dict__` would go
@@ -86,6 +87,10 @@ def _make_info(cls: type) -> FieldInfo:
         check_inits=check_inits,
         array_annotations=arrays,
         annotations=annotations,
+        # Equinox's own layers were written for `eqx.filter_jit`, under which a
+        # Python bool in a field is static: `eqx.nn.Dropout.inference` picks a
+        # branch in Python. Their Python scalars stay static, as there.
+        traces_scalars=not cls.__module__.startswith("equinox."),
     )
 
 

@@ -265,7 +265,8 @@ def module_node(m: eqx.Module, leaves: list) -> tuple:
     p = _infos.get(cls) or field_info(cls)
     d = instance_dict(m)
     statics = tuple([typed(d[n]) for n in p.static_names])
-    children = tuple([node(d[n], leaves, True) for n in p.dynamic_names])
+    scalars = p.traces_scalars
+    children = tuple([node(d[n], leaves, scalars) for n in p.dynamic_names])
     if len(d) == len(p.names):
         return (MODULE, cls, statics, children, None)
     # As in Equinox's flatten: the wrapper attributes of `eqx.module_update_wrapper`

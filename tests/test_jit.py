@@ -1198,3 +1198,23 @@ def test_traced_self_keeps_the_field_order_and_ignores_cached_properties():
     b.mask  # noqa: B018
     b.order(jnp.ones(()))
     assert C.order.cache_info().misses == 1
+
+
+def test_equinox_layers_keep_filter_jit_rules_for_their_python_scalars():
+    """`eqx.nn.Dropout.inference` is a Python bool that picks a branch: static."""
+
+    class Net(es.Module):
+        w: jax.Array
+        drop: eqx.nn.Dropout
+
+        @es.jit
+        def __call__(self, x, key):
+            return self.drop(self.w * x, key=key)
+
+    net = Net(jnp.ones(4), eqx.nn.Dropout(0.5))
+    key = jax.random.key(0)
+    trained = net(jnp.ones(4), key)
+    assert set(np.unique(np.asarray(trained))) <= {0.0, 2.0}
+    frozen = eqx.nn.inference_mode(net)
+    np.testing.assert_array_equal(np.asarray(frozen(jnp.ones(4), key)), np.ones(4))
+    assert Net.__call__.cache_info().misses == 2  # one per `inference` value
