@@ -495,6 +495,7 @@ def test_auto_call_after_another_threads_trace_of_a_slow_compile():
     _in_threads([a, b])
     assert np.array_equal(out["a"], jnp.ones(3))
     assert np.array_equal(out["b"], jnp.full(3, 101.0))
+    assert M.f.cache_info() == es.CacheInfo(0, 2, None, 2)
 
 
 @pytest.mark.parametrize("depends_on", [None, "auto"])
@@ -533,42 +534,59 @@ def test_threads_with_random_configs_get_eager_results(depends_on):
     assert wrong == []
 
 
-def test_lru_cache_under_concurrent_hits_misses_and_cache_info():
-    """maxsize: concurrent hits, evictions and cache_info() raise nothing and stay correct."""
+def _hammer_lru(keys: int, maxsize: int, calls: int) -> es.CacheInfo:
+    """Four threads call `maxsize`-bounded `es.jit` with `keys` static values in a
+    random order while a fifth iterates the cache through `cache_info()`."""
 
     class M(es.Module):
         w: jax.Array
         k: int = eqx.field(static=True)
 
-        @es.jit(maxsize=2)
+        @es.jit(maxsize=maxsize)
         def f(self, x):
             return self.w * x + self.k
 
-    mods = [M(w=jnp.ones(()), k=k) for k in range(3)]
+    mods = [M(w=jnp.ones(()), k=k) for k in range(keys)]
+    for m in mods[:maxsize]:
+        m.f(jnp.ones(()))  # the cache starts full
     x = jnp.ones(())
     line_up = threading.Barrier(5, timeout=10)
-    stop = threading.Event()
+    callers_done = threading.Semaphore(0)
 
     def caller(seed):
         rng = np.random.default_rng(seed)
         line_up.wait()
-        for k in rng.integers(3, size=300):
-            assert float(mods[k].f(x)) == 1 + k
+        try:
+            for k in rng.integers(keys, size=calls):
+                assert float(mods[k].f(x)) == 1 + k
+        finally:
+            callers_done.release()
 
     def inspector():
         line_up.wait()
-        while not stop.is_set():
-            assert M.f.cache_info().currsize <= 2
+        done = 0
+        while done < 4:
+            assert M.f.cache_info().currsize <= maxsize
+            done += callers_done.acquire(blocking=False)
 
     interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
+    sys.setswitchinterval(1e-6)  # switch threads often, as a loaded machine would
     try:
-        inspect = threading.Thread(target=inspector)
-        inspect.start()
-        try:
-            _in_threads([lambda s=s: caller(s) for s in range(4)])
-        finally:
-            stop.set()
-            inspect.join()
+        _in_threads([inspector, *(lambda s=s: caller(s) for s in range(4))])
     finally:
         sys.setswitchinterval(interval)
+    info = M.f.cache_info()
+    assert info.currsize == maxsize
+    return info
+
+
+def test_lru_hits_reorder_the_cache_safely_while_it_is_read():
+    """maxsize: hits on other threads never break a concurrent cache_info()."""
+    info = _hammer_lru(keys=4, maxsize=4, calls=100)
+    assert info == es.CacheInfo(400, 4, 4, 4)
+
+
+def test_lru_evictions_under_concurrent_calls_give_correct_results():
+    """maxsize: concurrent hits, evictions and cache_info() raise nothing and stay correct."""
+    info = _hammer_lru(keys=5, maxsize=4, calls=50)
+    assert info.hits + info.misses == 4 * 50 + 4
