@@ -43,7 +43,11 @@ class Module(eqx.Module):
         hashable value, because static values key the compilation cache of
         [`eqx_static.jit`][];
     - `module.with_static(**changes)` and `module.with_dynamic(**changes)` return
-        updated copies (see [`eqx_static.with_static`][]).
+        updated copies (see [`eqx_static.with_static`][]);
+    - with the class option `typecheck=True` (beartype; or `typecheck=<a
+        typechecker>`), every annotated field is type-checked in one jaxtyping
+        scope at construction, on `with_static`/`with_dynamic` and on exit from
+        [`eqx_static.edit`][], so that named dimensions bind across fields.
 
     !!! example
 
@@ -64,6 +68,36 @@ class Module(eqx.Module):
         assert s(jnp.array(3.0)) == 6.0
         assert s.with_static(square=True)(jnp.array(3.0)) == 18.0
         assert s.with_dynamic(scale=1.0)(jnp.array(3.0)) == 3.0
+        ```
+
+    !!! example "Shape errors caught on construction, on update, and on first call"
+
+        ```python
+        import beartype
+        import jax.numpy as jnp
+        import pytest
+        from jaxtyping import Array, Float, TypeCheckError, jaxtyped
+        import eqx_static as es
+
+        class Affine(es.Module, typecheck=True):
+            w: Float[Array, "n m"]
+            b: Float[Array, " n"]
+
+            @es.jit
+            @jaxtyped(typechecker=beartype.beartype)
+            def __call__(self, x: Float[Array, " m"]) -> Float[Array, " n"]:
+                return self.w @ x + self.b
+
+        with pytest.raises(TypeError, match="disagree on dimension 'n'"):
+            Affine(jnp.ones((2, 3)), jnp.zeros(4))          # construction
+
+        a = Affine(jnp.ones((2, 3)), jnp.zeros(2))
+        with pytest.raises(TypeError, match="disagree on dimension 'n'"):
+            a.with_dynamic(b=jnp.zeros(5))                  # update
+
+        with pytest.raises(TypeCheckError):
+            a(jnp.ones((3, 1)))                             # first call (traced)
+        assert a(jnp.ones(3)).shape == (2,)                 # later hits: no check
         ```
     """
 
