@@ -317,12 +317,12 @@ class _Jit(Generic[_P, _R]):
             try:
                 out = entry.jitted(*leaves)
             finally:
-                if pending.events != events:  # traced or compiled: book it, even
-                    args = rest if head is _NO_HEAD else (head, *rest)  # on failure
+                missed = pending.events != events  # it traced or compiled
+                if missed:  # book it, even if the call then failed
+                    args = rest if head is _NO_HEAD else (head, *rest)
                     self._after_miss(entry, key, leaves, args, key)
-                    events = -1
-            if events != -1:
-                counts[0] += 1  # a hit
+            if not missed:
+                counts[0] += 1
             template = entry.template
             return out if template is _SINGLE else _unsplit(out, entry, leaves)
 
