@@ -163,11 +163,22 @@ class _Entry:
     """One compile key without avals: a `jax.jit` whose own dispatch checks the
     avals, and, per aval signature seen, the static part of the output."""
 
-    __slots__ = ("jitted", "origin", "reused", "template", "templates", "variants")
+    __slots__ = (
+        "jitted",
+        "key",
+        "origin",
+        "paths",
+        "reused",
+        "template",
+        "templates",
+        "variants",
+    )
 
-    def __init__(self, origin: tuple):
+    def __init__(self, origin: tuple, key: Any, paths: tuple[str, ...]):
         self.jitted: Any = None
         self.origin = origin  # the full key of the call that created it
+        self.key = key  # where it is in the cache
+        self.paths = paths  # the static paths of `self` that `key` holds
         self.template: Any = None  # the output template, or _AMBIGUOUS
         self.templates: dict[tuple, Any] = {}  # per input avals, set while tracing
         self.variants: dict[tuple, None] = {}  # signatures booked as misses
@@ -208,7 +219,7 @@ class _Jit(Generic[_P, _R]):
         self._declared = (
             tuple(depends_on) if isinstance(depends_on, tuple | list) else None
         )
-        self._learned: dict[type, tuple[str, ...]] = {}
+        self._learned: dict[type, list[tuple[str, ...]]] = {}  # growing sets
         self._checked: set[type] = set()  # classes whose `depends_on` paths exist
         self._late: list[tuple[_Entry, str]] = []  # reads after tracing, to learn
         self._declared_set = (
@@ -367,57 +378,72 @@ class _Jit(Generic[_P, _R]):
 
     def _entry_for(self, key: tuple, leaves: list) -> tuple[_Entry, Any, tuple]:
         """The entry for a call's full key: projected onto the relevant static
-        fields (`depends_on`), extended by the avals (`maxsize`), or created."""
+        fields (`depends_on`; newest learned set first, then older ones, whose
+        entries stay valid), extended by the avals (`maxsize`), or created."""
         full = key
-        if self._depends_on is not None:
-            key = self._project(key)
-        if self._maxsize is not None:
-            key = (key, _signature(leaves))
-        try:
-            entry = self._cache.get(key)
-        except TypeError:
-            raise TypeError(_unhashable_message(self._qualname, full)) from None
-        if entry is None:
-            entry = self._new_entry(key, leaves, full)
-        elif self._maxsize is not None:
-            with self._lock:  # others iterate the cache under the lock
-                if key in self._cache:
-                    self._cache.move_to_end(key)  # pyright: ignore[reportAttributeAccessIssue]
-        return entry, key, full
+        sig = _signature(leaves) if self._maxsize is not None else None
+        generations = self._generations(full)
+        keys = [self._key_on(full, paths, sig) for paths in reversed(generations)]
+        for key in keys:
+            try:
+                entry = self._cache.get(key)
+            except TypeError:
+                raise TypeError(_unhashable_message(self._qualname, full)) from None
+            if entry is not None:
+                if self._maxsize is not None:
+                    with self._lock:  # others iterate the cache under the lock
+                        if key in self._cache:
+                            self._cache.move_to_end(key)  # pyright: ignore[reportAttributeAccessIssue]
+                return entry, key, full
+        entry = self._new_entry(keys[0], leaves, full, generations[-1])
+        return entry, keys[0], full
+
+    def _key_on(self, full: tuple, paths: tuple[str, ...], sig: Any) -> Any:
+        """The cache key of a call: projected on `paths`, with avals for `maxsize`."""
+        key = full if self._depends_on is None else self._project(full, paths)
+        return key if sig is None else (key, sig)
 
     # -- relevance (depends_on) --------------------------------------------------
 
-    def _project(self, key: tuple) -> tuple:
-        """The key with `self`'s static values restricted to the relevant paths."""
+    def _generations(self, full: tuple) -> list[tuple[str, ...]]:
+        """The sets of static paths of `self` that keys have been projected on,
+        oldest first: `depends_on` itself, or what traces taught, growing."""
+        first = full[0][0] if full[0] else None
+        if self._depends_on is None or not _is_module_node(first):
+            return [()]
+        cls = first[1]  # pyright: ignore[reportOptionalSubscript]
+        if self._declared is None:
+            return self._learned.setdefault(cls, [()])
+        if cls not in self._checked:
+            _check_declared(self._declared, cls, self._qualname)
+            self._checked.add(cls)
+        return [self._declared]
+
+    def _project(self, key: tuple, paths: tuple[str, ...]) -> tuple:
+        """The key with `self`'s static values restricted to `paths`."""
         args, names, kw = key
         if not args or not _is_module_node(args[0]):
             return key
-        paths = self._declared
-        if paths is None:
-            paths = self._learned.get(args[0][1], ())
-        elif args[0][1] not in self._checked:
-            _check_declared(paths, args[0][1], self._qualname)
-            self._checked.add(args[0][1])
         return (project(args[0], paths), *args[1:]), names, kw
 
     def _learn(self, entry: _Entry, reads: set[str], full: tuple) -> None:
-        """Grow the learned paths of `self`'s class with what a trace of the call
-        `full` read, and re-key the entry by that call's values. Its other traces
-        read none of the new fields, so they hold for any value of them. Entries
-        keyed on the old, smaller set can no longer be reached: they are dropped."""
-        cls = full[0][0][1]
-        old = self._learned.get(cls, ())
-        if reads <= set(old):
+        """A trace of the call `full` read `reads`: if that is more than the entry
+        is keyed on, start a larger set of paths for `self`'s class and re-key the
+        entry by that call's values. Its other traces read none of the new fields,
+        so they hold for any value of them; entries keyed on older, smaller sets
+        did not read them either, so they stay, reachable under their own keys."""
+        if reads <= set(entry.paths):
             return
-        self._learned[cls] = tuple(sorted(set(old) | reads))
-        for k, e in list(self._cache.items()):
-            first = e.origin[0][0] if e.origin[0] else None
-            if _is_module_node(first) and first[1] is cls:  # pyright: ignore
-                del self._cache[k]
-        new_key = self._project(full)
-        if self._maxsize is not None:  # one signature per entry
-            new_key = (new_key, next(iter(entry.variants)))
-        self._cache[new_key] = entry
+        generations = self._learned.setdefault(full[0][0][1], [()])
+        paths = tuple(sorted(set(generations[-1]) | reads))
+        if paths != generations[-1]:
+            generations.append(paths)
+        if self._cache.get(entry.key) is entry:
+            del self._cache[entry.key]
+        sig = next(iter(entry.variants)) if self._maxsize is not None else None
+        key = self._key_on(full, paths, sig)  # one signature per entry with maxsize
+        self._cache[key] = entry
+        entry.key, entry.paths = key, paths
 
     def _all_if_late(
         self, entry: _Entry, reads: Reads, leaves: list, full: tuple
@@ -437,7 +463,7 @@ class _Jit(Generic[_P, _R]):
         entry only ever served the configuration it was traced for, the value read
         is right: queue the field to be learned, so that no later call reuses the
         entry for another value. Otherwise the value may be stale: refuse."""
-        if path in self._learned.get(entry.origin[0][0][1], ()):
+        if path in entry.paths:
             return  # part of the key: never stale
         if entry.reused:
             raise UndeclaredStaticRead(_MSG_LATE_READ.format(path=path))
@@ -459,11 +485,13 @@ class _Jit(Generic[_P, _R]):
 
     # -- misses ----------------------------------------------------------------
 
-    def _new_entry(self, key: Any, leaves: list, full: tuple) -> _Entry:
+    def _new_entry(
+        self, key: Any, leaves: list, full: tuple, paths: tuple[str, ...] = ()
+    ) -> _Entry:
         with self._lock:
             if key in self._cache:
                 return self._cache[key]
-            entry = _Entry(full)
+            entry = _Entry(full, key, paths)
             entry.jitted = jax.jit(
                 self._traced_fn(full, entry),
                 donate_argnums=self._donate_argnums(full, leaves),

@@ -1010,3 +1010,35 @@ def test_depends_on_paths_must_name_static_fields(paths, phrase):
 
     with pytest.raises(ValueError, match=phrase):
         M(jnp.ones(()), True).f(jnp.ones(()))
+
+
+def test_entries_keyed_on_an_older_learned_set_stay_valid():
+    """Learning a field that only one branch reads costs no recompile of the
+    configurations compiled before, which never read it."""
+    traces = [0]
+
+    class M(es.Module):
+        w: jax.Array
+        sp: bool = eqx.field(static=True)
+        sq: bool = eqx.field(static=True)
+
+        @es.jit(depends_on="auto")
+        def f(self, x):
+            traces[0] += 1
+            if self.sp:
+                return x * self.w * (2.0 if self.sq else 3.0)
+            return x * self.w
+
+    def eager(m):
+        return float(m.w) * ((2.0 if m.sq else 3.0) if m.sp else 1.0)
+
+    m = M(jnp.array(1.5, jnp.float32), False, False)
+    steps = [m, m.with_static(sp=True), m, m.with_static(sq=True), m]
+    counts = []
+    for s in steps:
+        np.testing.assert_allclose(float(s.f(X)), eager(s) * float(X))
+        counts.append(traces[0])
+    # sp=False compiles once (reads only sp); sp=True compiles and learns sq;
+    # sp=False again, and with sq flipped, reuse the first entry.
+    assert counts == [1, 2, 2, 2, 2]
+    assert M.f.cache_info().misses == 2
