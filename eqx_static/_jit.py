@@ -383,8 +383,10 @@ class _Jit(Generic[_P, _R]):
         full = key
         sig = _signature(leaves) if self._maxsize is not None else None
         generations = self._generations(full)
-        keys = [self._key_on(full, paths, sig) for paths in reversed(generations)]
-        for key in keys:
+        newest = None
+        for paths in reversed(generations):
+            key = self._key_on(full, paths, sig)
+            newest = newest or key
             try:
                 entry = self._cache.get(key)
             except TypeError:
@@ -395,8 +397,8 @@ class _Jit(Generic[_P, _R]):
                         if key in self._cache:
                             self._cache.move_to_end(key)  # pyright: ignore[reportAttributeAccessIssue]
                 return entry, key, full
-        entry = self._new_entry(keys[0], leaves, full, generations[-1])
-        return entry, keys[0], full
+        entry = self._new_entry(newest, leaves, full, generations[-1])
+        return entry, newest, full
 
     def _key_on(self, full: tuple, paths: tuple[str, ...], sig: Any) -> Any:
         """The cache key of a call: projected on `paths`, with avals for `maxsize`."""

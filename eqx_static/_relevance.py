@@ -307,7 +307,19 @@ def static_paths(n: Any, prefix: str = "") -> Iterable[str]:
 
 def project(n: Any, paths: tuple[str, ...]) -> tuple:
     """The key of `self` restricted to the static fields at `paths`."""
-    return (strip(n), paths, tuple(value_at(n, p) for p in paths))
+    hit = _projections.get(id(n))
+    if hit is not None and hit[0] is n and hit[1] == paths:
+        return hit[2]  # a memoised instance's node is the same object every call
+    out = (strip(n), paths, tuple(value_at(n, p) for p in paths))
+    if len(_projections) >= 1024:
+        _projections.clear()
+    _projections[id(n)] = (n, paths, out)
+    return out
+
+
+# Recent projections by node identity (the node itself is kept, so its id cannot be
+# reused while the entry is here). Nodes hold classes and static values only.
+_projections: Final[dict[int, tuple]] = {}
 
 
 # ----------------------------------------------------------------------------------
