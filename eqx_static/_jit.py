@@ -532,7 +532,7 @@ class _Jit(Generic[_P, _R]):
                 if reads is not None:
                     reads.sealed = True
             self._set_template(entry, _avals(_es_leaves), template)
-            _pending.records.append((self, entry, reads))
+            _pending.records.append((entry, reads))
             _pending.events += 1
             return dynamic
 
@@ -548,13 +548,13 @@ class _Jit(Generic[_P, _R]):
         same program). A compile for a signature already traced (say under `vmap`,
         then called directly) adds no entry, so it is no miss."""
         records = _pending.records
-        mine = [r for r in records if r[1] is entry]
-        records[:] = [r for r in records if r[1] is not entry]
+        mine = [reads for e, reads in records if e is entry]
+        records[:] = [r for r in records if r[0] is not entry]
         sig = _signature(leaves)
         if not mine and entry.variants and sig not in entry.variants:
-            mine = [(self, entry, None)]
+            mine = [None]
         with self._lock:
-            for _, _, reads in mine:
+            for reads in mine:
                 reason = self._reason(entry.origin, sig)
                 self._misses += 1
                 entry.variants[sig] = None
@@ -742,11 +742,14 @@ def _equal(a: Any, b: Any) -> bool:
         return False
 
 
+def _aval(x: Any) -> tuple:
+    """Shape, dtype and weak type: what tracing sees of a leaf."""
+    a = jax.typeof(x)
+    return (a.shape, a.dtype, getattr(a, "weak_type", False))
+
+
 def _avals(leaves: Any) -> tuple:
-    return tuple(
-        (a.shape, a.dtype, getattr(a, "weak_type", False))
-        for a in map(jax.typeof, leaves)
-    )
+    return tuple(map(_aval, leaves))
 
 
 def _signature(leaves: list) -> tuple:
@@ -754,11 +757,9 @@ def _signature(leaves: list) -> tuple:
 
 
 def _aval_key(x: Any) -> tuple:
-    """Shape, dtype, weak type and (for arrays placed explicitly) sharding."""
-    aval = jax.typeof(x)
+    """The aval and (for arrays placed explicitly) sharding: what compiling sees."""
     committed = not isinstance(x, Tracer) and getattr(x, "committed", False)
-    sharding = x.sharding if committed else None
-    return (aval.shape, aval.dtype, getattr(aval, "weak_type", False), sharding)
+    return (*_aval(x), x.sharding if committed else None)
 
 
 def _describe_leaf(o: Any, a: tuple, b: tuple) -> str:
