@@ -1,10 +1,12 @@
-"""Shared by the test files: fresh copies of the seed classes (DESIGN §2)."""
+"""Shared by the test files: the seed classes (DESIGN §2), and a pytree that
+fails loudly when anything walks the whole tree."""
 
 import types
 from typing import Any
 
 import equinox as eqx
 import eqx_static as es
+import jax
 
 
 def seed() -> types.SimpleNamespace:
@@ -31,3 +33,18 @@ def seed() -> types.SimpleNamespace:
             return self.dc * x if self.sc else x
 
     return types.SimpleNamespace(Parent=Parent, Child=Child, traces=traces)
+
+
+class Bomb:
+    """A pytree node whose flatten raises once armed: any whole-tree walk hits it."""
+
+    armed = False
+
+
+def _flatten_bomb(bomb: Bomb):
+    if Bomb.armed:
+        raise AssertionError("the whole tree was flattened")
+    return (), None
+
+
+jax.tree_util.register_pytree_node(Bomb, _flatten_bomb, lambda aux, children: Bomb())

@@ -8,6 +8,7 @@ import eqx_static as es
 import jax
 import jax.numpy as jnp
 import pytest
+from helpers import Bomb
 from jaxtyping import Array, Float
 
 
@@ -341,21 +342,6 @@ def test_outer_check_init_sees_nested_change():
 
 
 # --- no whole-tree flatten -----------------------------------------------------------
-
-
-class Bomb:
-    """A pytree node whose flatten raises once armed."""
-
-    armed = False
-
-
-def _flatten_bomb(bomb: Bomb):
-    if Bomb.armed:
-        raise AssertionError("the whole tree was flattened")
-    return (), None
-
-
-jax.tree_util.register_pytree_node(Bomb, _flatten_bomb, lambda aux, children: Bomb())
 
 
 class Big(es.Module):

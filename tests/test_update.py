@@ -11,6 +11,7 @@ import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import pytest
+from helpers import Bomb
 from jaxtyping import Array, Float, Int
 
 
@@ -492,21 +493,6 @@ def test_two_segments_naming_the_same_item_conflict(changes):
 
 
 # --- no whole-tree flatten -----------------------------------------------------------
-
-
-class Bomb:
-    """A pytree node whose flatten raises once armed: any whole-tree walk hits it."""
-
-    armed = False
-
-
-def _flatten_bomb(bomb: Bomb):
-    if Bomb.armed:
-        raise AssertionError("the whole tree was flattened")
-    return (), None
-
-
-jax.tree_util.register_pytree_node(Bomb, _flatten_bomb, lambda aux, children: Bomb())
 
 
 class Leaf(es.Module):
