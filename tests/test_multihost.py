@@ -1,0 +1,180 @@
+"""`examples/multihost.py`: the same `es.jit` code on two processes agrees.
+
+The example launches two worker processes (4 simulated CPU devices each, gloo
+collectives, coordinator on 127.0.0.1), trains data-parallel over the 8-device
+mesh, switches one static field, and flips static fields under a
+`depends_on="auto"` method. Each worker prints a `COUNTS process=I ...` line;
+the workers compare their counts and losses with each other
+(`process_allgather`) and the launcher compares the printed lines. These tests
+run it once in quick mode, as a subprocess with the same strict settings as
+`test_examples.py`, and check the printed numbers themselves: the same on both
+processes, and the expected ones.
+
+They are skipped, with the reason, only when a one-process
+`jax.distributed.initialize` with gloo CPU collectives fails on this machine.
+"""
+
+import functools
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "examples" / "multihost.py"
+TIMEOUT = 240  # seconds; the quick run takes about 10 on 2 cores
+
+# `test_examples.test_every_example_is_tested` wants every script in `examples/`
+# in its table; until the table lists this one, register it here (the same
+# command and phrase that this module checks).
+import test_examples  # noqa: E402
+
+
+test_examples.CASES.setdefault(
+    "multihost.py", (("--quick", "--launch"), "OK: 2 processes agree")
+)
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(
+        JAX_PLATFORMS="cpu",
+        JAX_NUMPY_DTYPE_PROMOTION="strict",
+        JAX_NUMPY_RANK_PROMOTION="raise",
+        PYTHONWARNINGS="error",
+    )
+    return env
+
+
+_PROBE = textwrap.dedent(
+    """
+    import socket, sys
+    import jax
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    jax.distributed.initialize(
+        coordinator_address=address, num_processes=1, process_id=0,
+        coordinator_bind_address=address, initialization_timeout=30,
+    )
+    assert jax.process_count() == 1, jax.process_count()
+    print(float(jax.jit(lambda x: x.sum())(jax.numpy.ones(3))))
+    jax.distributed.shutdown()
+    """
+)
+
+
+@functools.cache
+def _unavailable() -> str | None:
+    """Why `jax.distributed` with gloo cannot run here, or None if it can."""
+    try:
+        probe = subprocess.run(
+            [sys.executable, "-c", _PROBE],
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    except subprocess.TimeoutExpired:
+        return "a one-process jax.distributed.initialize with gloo timed out"
+    if probe.returncode != 0 or probe.stdout.strip() != "3.0":
+        tail = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"jax.distributed with gloo CPU collectives is unavailable: {tail}"
+    return None
+
+
+def _launch(*args: str, timeout: float = TIMEOUT) -> subprocess.CompletedProcess[str]:
+    reason = _unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    # --launch: the local launcher even inside a SLURM job (CI may run in one).
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--launch", *args],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="module")
+def quick_run() -> subprocess.CompletedProcess[str]:
+    return _launch("--quick", "--num-processes", "2", "--timeout", str(TIMEOUT - 30))
+
+
+def _output(result: subprocess.CompletedProcess[str]) -> str:
+    return f"--- stdout ---\n{result.stdout}\n--- stderr ---\n{result.stderr}"
+
+
+def _counts(stdout: str) -> dict[int, dict[str, str]]:
+    """process id -> the key=value pairs of its COUNTS line."""
+    found: dict[int, dict[str, str]] = {}
+    for pid, rest in re.findall(r"^COUNTS process=(\d+) (.*)$", stdout, re.MULTILINE):
+        assert int(pid) not in found, f"two COUNTS lines for process {pid}"
+        found[int(pid)] = dict(re.findall(r"(\w+)=(\([^)]*\)|\S+)", rest))
+    return found
+
+
+def test_two_processes_run_and_agree(quick_run):
+    out = _output(quick_run)
+    assert quick_run.returncode == 0, out
+    assert "OK: 2 processes agree" in quick_run.stdout, out
+    for pid in (0, 1):  # each worker's own allgather-based check passed
+        assert f"[p{pid}] AGREE: all 2 processes" in quick_run.stdout, out
+        assert (
+            f"[p{pid}] process {pid} of 2: 4 local of 8 cpu devices" in quick_run.stdout
+        ), out
+
+
+def test_compile_counts_are_the_same_on_both_processes(quick_run):
+    counts = _counts(quick_run.stdout)
+    assert set(counts) == {0, 1}, _output(quick_run)
+    assert counts[0] == counts[1]
+    c = counts[0]
+    # the one static switch costs one compile; the Python counter agrees
+    assert c["train_step_compiles"] == "2"
+    assert c["train_step_traces"] == "2"
+    assert c["switch_compiles"] == "1"
+
+
+def test_auto_relevance_learns_the_same_sets_on_every_process(quick_run):
+    """Same calls -> `depends_on="auto"` learns the same read-sets everywhere:
+    the same cache entries and statistics, no compile for the unread field."""
+    counts = _counts(quick_run.stdout)
+    assert set(counts) == {0, 1}, _output(quick_run)
+    infos = {
+        pid: re.search(
+            rf"^\[p{pid}\] MLP\.predict\.cache_info\(\) = (CacheInfo\([^)]*\)); entries (\d+)$",
+            quick_run.stdout,
+            re.MULTILINE,
+        )
+        for pid in (0, 1)
+    }
+    assert all(m is not None for m in infos.values()), _output(quick_run)
+    assert infos[0].groups() == infos[1].groups()  # pyright: ignore[reportOptionalMemberAccess]
+    c = counts[0]
+    assert c["unread_flip_compiles"] == "0"  # log_every: never read by predict
+    assert c["read_flip_compiles"] == "1"  # use_tanh: read
+    assert c["predict_compiles"] == c["predict_traces"] == "2"
+    assert c["predict_entries"] == "2"
+    assert counts[0]["predict_cache_info"] == counts[1]["predict_cache_info"]
+
+
+def test_the_launcher_times_out_cleanly():
+    """Workers that cannot finish in time are killed; the launcher says so and
+    exits non-zero, promptly."""
+    start = time.monotonic()
+    result = _launch("--quick", "--timeout", "1", timeout=60)
+    elapsed = time.monotonic() - start
+    out = _output(result)
+    assert result.returncode != 0, out
+    assert "did not finish within 1s (killed)" in result.stdout, out
+    assert elapsed < 30, out
