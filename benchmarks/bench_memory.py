@@ -1,0 +1,79 @@
+"""Memory that a cache-hit call keeps per live instance (the per-instance memo of
+README "How the cache works"), against the instance's own size.
+
+With `tracemalloc` (Python allocations only; arrays are shared, not copied): make
+K fresh instances by `jax.tree.map(lambda a: a, m)` and keep them alive (their own
+size), then call each once and keep them alive (what the calls added). Both divided
+by K. Target: the calls add no more than the instances' own size. The same for raw
+`jax.jit` on the equivalent `eqx.Module`, for reference. Measured from outside, so
+it needs no internals.
+"""
+
+import gc
+import tracemalloc
+from collections.abc import Callable
+from typing import Any
+
+import _harness as h
+import jax
+import models
+
+
+GROUP = "memory"
+TITLE = "memo memory per live instance"
+
+
+def _measure(m: Any, call: Callable[[Any], Any], k: int) -> tuple[float, float]:
+    """(own bytes per instance, bytes added by one call per instance)."""
+    for _ in range(3):  # warm caches that are not per instance
+        jax.block_until_ready(call(models.tree_copy(m)))
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        pool = [models.tree_copy(m) for _ in range(k)]
+        gc.collect()
+        own = tracemalloc.get_traced_memory()[0] - base
+        out = None
+        for p in pool:
+            out = call(p)
+        jax.block_until_ready(out)
+        del out
+        gc.collect()
+        added = tracemalloc.get_traced_memory()[0] - base - own
+    finally:
+        tracemalloc.stop()
+    del pool
+    return own / k, added / k
+
+
+def run(rep: h.Report, s: h.Settings) -> None:
+    x = models.x_input()
+    cases: list[tuple[str, str, Callable[[], tuple[Any, Any]]]] = [
+        ("child", "seed Child", lambda: models.seed_pair()[:2]),
+    ]
+    cases += [
+        (f"leaves{n}", f"{n:,} array leaves", lambda n=n: models.wide(n))
+        for n in s.memory_sizes
+    ]
+    raw = jax.jit(lambda m, x: m(x))
+    for key, label, make in cases:
+        m, p = make()
+        xx = models.seed_pair()[2] if key == "child" else x
+        k = s.memo_k if key in ("child", "leaves100") else max(20, s.memo_k // 5)
+        own, added = _measure(m, lambda a, xx=xx: a(xx), k)
+        p_own, p_added = _measure(p, lambda a, xx=xx: raw(a, xx), k)
+        t = {"memo": max(added, 0.0), "instance": own}
+        rep.raw[f"memory.{key}"] = {
+            "k": k,
+            "es_own_bytes": own,
+            "es_added_bytes": added,
+            "eqx_own_bytes": p_own,
+            "jax_jit_added_bytes": p_added,
+        }
+        rep.compare_row(
+            GROUP, f"memory.{key}",
+            f"{label}: bytes a hit keeps per live instance / the instance's own bytes",
+            t, "memo", "instance", "fresh", ("<=", 1.0), unit="bytes",
+            note=f"(raw jax.jit keeps {p_added:,.0f} B per instance of {p_own:,.0f} B)",
+        )  # fmt: skip

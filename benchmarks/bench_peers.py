@@ -1,0 +1,246 @@
+"""Peers, when installed (`pip install -e '.[bench]'`); skipped otherwise.
+
+- cache-hit call on the seed's `Child` fields: `jax.jit` on a `flax.struct`
+  dataclass method and on a `jax_dataclasses.pytree_dataclass` method (fresh and
+  same instance), `nnx.jit` on a `flax.nnx.Module` method (same instance: nnx
+  modules are mutable), all against raw `jax.jit` on the `eqx.Module` Child;
+- `flax.struct` + `jax.jit` at 10 ... 10,000 array fields, fresh, beside `es.jit`
+  and raw `jax.jit` (the scaling plot's flax line);
+- one-field update at 10,000 leaves (nested layout): flax `.replace` and
+  `jax_dataclasses.copy_and_mutate` beside `with_dynamic`.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import _harness as h
+import jax
+import jax.numpy as jnp
+import models
+
+
+try:
+    import flax.struct as flax_struct
+    from flax import nnx
+except ImportError:
+    flax_struct = nnx = None
+try:
+    import jax_dataclasses as jdc
+except ImportError:
+    jdc = None
+
+
+GROUP = "peers"
+TITLE = "peers (flax.struct, jax_dataclasses, flax.nnx)"
+
+
+def _flax_child() -> Any:
+    @flax_struct.dataclass
+    class FlaxChild:
+        dp: Any
+        dc: Any
+        sp: bool = flax_struct.field(pytree_node=False)
+        sc: bool = flax_struct.field(pytree_node=False)
+
+        def __call__(self, x):
+            y = self.dc * x if self.sc else x
+            return self.dp * y if self.sp else y
+
+    inst = FlaxChild(dp=jnp.asarray(2.0), dc=jnp.asarray(3.0), sp=True, sc=True)
+    return inst, jax.jit(FlaxChild.__call__)
+
+
+def _jdc_child() -> Any:
+    @jdc.pytree_dataclass
+    class JdcChild:
+        dp: Any
+        dc: Any
+        sp: jdc.Static[bool]
+        sc: jdc.Static[bool]
+
+        def __call__(self, x):
+            y = self.dc * x if self.sc else x
+            return self.dp * y if self.sp else y
+
+    inst = JdcChild(dp=jnp.asarray(2.0), dc=jnp.asarray(3.0), sp=True, sc=True)
+    return inst, jax.jit(JdcChild.__call__)
+
+
+def _nnx_child() -> Any:
+    class NnxChild(nnx.Module):
+        def __init__(self, dp: float, sp: bool, dc: float, sc: bool):
+            self.dp = nnx.Param(jnp.asarray(dp))
+            self.dc = nnx.Param(jnp.asarray(dc))
+            self.sp = sp
+            self.sc = sc
+
+        @nnx.jit
+        def __call__(self, x):
+            y = self.dc[...] * x if self.sc else x
+            return self.dp[...] * y if self.sp else y
+
+    return NnxChild(dp=2.0, sp=True, dc=3.0, sc=True)
+
+
+def flax_wide(n: int) -> tuple[Any, Callable[[Any, Any], Any]]:
+    """`wide(n)`'s fields on a `flax.struct` dataclass; its method under `jax.jit`."""
+    names = [f"f{i}" for i in range(n)]
+    read = models._spaced(names)
+
+    def body(self, x):
+        for k in read:
+            x = x + getattr(self, k)
+        return x
+
+    ann = {**dict.fromkeys(names, Any), "flag": bool}
+    cls = type(
+        f"FlaxWide{n}",
+        (),
+        {
+            "__annotations__": ann,
+            "flag": flax_struct.field(pytree_node=False),
+            "__call__": body,
+            "__module__": __name__,
+        },
+    )
+    cls = flax_struct.dataclass(cls)
+    values = {**dict(zip(names, models.arrays(n), strict=True)), "flag": False}
+    return cls(**values), jax.jit(cls.__call__)
+
+
+def run(rep: h.Report, s: h.Settings) -> None:
+    if flax_struct is None and jdc is None:
+        rep.skip_row(GROUP, "peers", "flax, jax_dataclasses", "skipped: not installed")
+        return
+    m, p, x = models.seed_pair()
+    raw = jax.jit(lambda m, x: m(x))
+    v: dict[str, h.Variant] = {
+        "es.jit fresh": h.fresh(lambda a: a(x), lambda: models.tree_copy(m)),
+        "es.jit same": h.same(lambda a: a(x), m),
+        "jax.jit fresh": h.fresh(lambda a: raw(a, x), lambda: models.tree_copy(p)),
+        "jax.jit same": h.same(lambda a: raw(a, x), p),
+    }
+    # The same arrays as es.Module stores (0-d, weakly typed), as in EqxChild.
+    labels = {
+        "flax.struct": "jax.jit on a flax.struct method",
+        "jdc": "jax.jit on a jax_dataclasses method",
+    }
+    makers = {"flax.struct": _flax_child, "jdc": _jdc_child}
+    installed = {"flax.struct": flax_struct, "jdc": jdc}
+    skipped: dict[str, str] = {}
+    for key, make in makers.items():
+        if installed[key] is None:
+            skipped[key] = "skipped: not installed"
+            continue
+        try:  # an API change in an optional library must not stop the run
+            inst, call = make()
+            jax.block_until_ready(call(inst, x))
+        except Exception as e:
+            skipped[key] = f"skipped: {type(e).__name__}: {e}"[:120]
+            continue
+        v[f"{key} fresh"] = h.fresh(
+            lambda a, call=call: call(a, x), lambda inst=inst: models.tree_copy(inst)
+        )
+        v[f"{key} same"] = h.same(lambda a, call=call: call(a, x), inst)
+    if nnx is not None:
+        try:
+            nm = _nnx_child()
+            jax.block_until_ready(nm(x))
+            v["nnx same"] = h.same(lambda a: a(x), nm)
+        except Exception as e:
+            skipped["nnx"] = f"skipped: {type(e).__name__}: {e}"[:120]
+    else:
+        skipped["nnx"] = "skipped: not installed"
+    t = h.compare(v, s, raw=rep.raw, key="peers.child")
+    for key, label in labels.items():
+        if key in skipped:
+            rep.skip_row(GROUP, f"peers.child.{key}", label, skipped[key])
+            continue
+        for inst in ("fresh", "same"):
+            rep.compare_row(
+                GROUP, f"peers.child.{key}.{inst}",
+                f"seed Child: {label} / jax.jit on eqx.Module",
+                t, f"{key} {inst}", f"jax.jit {inst}", inst, readme=True,
+            )  # fmt: skip
+    if "nnx" in skipped:
+        rep.skip_row(GROUP, "peers.child.nnx", "nnx.jit", skipped["nnx"])
+    else:
+        rep.compare_row(
+            GROUP, "peers.child.nnx.same", "seed Child: nnx.jit / jax.jit on eqx.Module",
+            t, "nnx same", "jax.jit same", "same", readme=True,
+        )  # fmt: skip
+
+    if flax_struct is not None:
+        _flax_scaling(rep, s)
+    _updates(rep, s)
+
+
+def _flax_scaling(rep: h.Report, s: h.Settings) -> None:
+    x = models.x_input()
+    for n in s.call_sizes:
+        fm, call = flax_wide(n)
+        m, p = models.wide(n)
+        raw = jax.jit(lambda m, x: m(x))
+        v = {
+            "flax.struct fresh": h.fresh(
+                lambda a, call=call: call(a, x), lambda fm=fm: models.tree_copy(fm)
+            ),
+            "flax.struct same": h.same(lambda a, call=call: call(a, x), fm),
+            "es.jit fresh": h.fresh(lambda a: a(x), lambda m=m: models.tree_copy(m)),
+            "jax.jit fresh": h.fresh(
+                lambda a, raw=raw: raw(a, x), lambda p=p: models.tree_copy(p)
+            ),
+        }
+        t = h.compare(v, s, raw=rep.raw, key=f"peers.flax_wide{n}")
+        rep.compare_row(
+            GROUP, f"peers.flax_wide{n}.fresh",
+            f"{n:,} array fields: flax.struct + jax.jit / jax.jit on eqx.Module",
+            t, "flax.struct fresh", "jax.jit fresh", "fresh",
+        )  # fmt: skip
+        rep.compare_row(
+            GROUP, f"peers.flax_wide{n}.es",
+            f"{n:,} array fields: es.jit / flax.struct + jax.jit",
+            t, "es.jit fresh", "flax.struct fresh", "fresh",
+        )  # fmt: skip
+
+
+def _updates(rep: h.Report, s: h.Settings) -> None:
+    n = max(s.update_sizes)
+    m, _ = models.nested(n)
+    leaves = [m.f0, *m.rest]
+    new = m.f0 + 1
+    v: dict[str, Any] = {"with_dynamic": lambda: m.with_dynamic(f0=new)}
+    if flax_struct is not None:
+
+        @flax_struct.dataclass
+        class FlaxNested:
+            f0: Any
+            rest: tuple
+            flag: bool = flax_struct.field(pytree_node=False)
+
+        fm = FlaxNested(leaves[0], tuple(leaves[1:]), False)
+        v["flax .replace"] = lambda: fm.replace(f0=new)
+    if jdc is not None:
+
+        @jdc.pytree_dataclass
+        class JdcNested:
+            f0: Any
+            rest: tuple
+            flag: jdc.Static[bool]
+
+        jm = JdcNested(leaves[0], tuple(leaves[1:]), False)
+
+        def copy_and_mutate() -> Any:
+            with jdc.copy_and_mutate(jm) as m2:
+                m2.f0 = new
+            return m2
+
+        v["jdc copy_and_mutate"] = copy_and_mutate
+    t = h.compare(v, s, block=False, raw=rep.raw, key=f"peers.update{n}")
+    for name in v:
+        if name != "with_dynamic":
+            rep.compare_row(
+                GROUP, f"peers.update.{name.split()[0]}",
+                f"nested, {n:,} leaves: {name} / with_dynamic",
+                t, name, "with_dynamic",
+            )  # fmt: skip
