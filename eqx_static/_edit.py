@@ -5,10 +5,9 @@ from typing import Any, Final, Generic, TypeVar
 
 import equinox as eqx
 
-# Equinox lets a module assign its own fields while it is in this set (that is how
-# `__init__` works). An edit puts its copies there for the duration of the block.
-from equinox._module._module import _currently_initialising  # equinox 0.13
-
+# An edit puts its copies in Equinox's set of modules being initialised, which may
+# assign their own fields, for the duration of the block.
+from ._compat import currently_initialising as _currently_initialising
 from ._fields import (
     drop_cached,
     field_info,
@@ -171,7 +170,7 @@ def _freeze(record: _Copy) -> bool:
         d[k] = _restore(start[k], originals, before.get(k))
     info = field_info(type(record.copy))
     new = {k: d[k] for k in assigned if k in info.names}
-    d.update(convert_and_check(info, new, new))
+    d.update(convert_and_check(info, new, new, before))
     changed = d.keys() != before.keys() or any(d[k] is not before[k] for k in d)
     if changed:
         drop_cached(d, info)

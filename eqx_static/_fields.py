@@ -2,6 +2,7 @@
 
 import dataclasses
 import difflib
+import operator
 import sys
 import typing
 import weakref
@@ -25,7 +26,10 @@ class FieldInfo(typing.NamedTuple):
     check_inits: tuple[Callable[[Any], None], ...]
     array_annotations: Mapping[str, Any]
     annotations: Mapping[str, Any]
-    traces_scalars: bool  # Python scalars in dynamic fields are traced by es.jit
+    get_static: Callable[[dict], tuple]  # instance dict -> static values, in order
+    get_dynamic: Callable[[dict], tuple]  # instance dict -> dynamic values, in order
+    all_leaves: tuple  # the key of the dynamic fields when each holds an array
+    stores_arrays: bool  # an `es.Module`: Python numbers in dynamic fields -> arrays
 
 
 # The C-level getter of a module's instance dictionary. `module.__dict__` would go
@@ -59,6 +63,7 @@ def field_info(cls: type) -> FieldInfo:
 def _make_info(cls: type) -> FieldInfo:
     fields = dataclasses.fields(cls)
     static = tuple(f.name for f in fields if f.metadata.get("static", False))
+    dynamic = tuple(f.name for f in fields if f.name not in static)
     converters = {
         f.name: f.metadata["converter"]
         for f in fields
@@ -80,18 +85,31 @@ def _make_info(cls: type) -> FieldInfo:
         cls=cls,
         names=tuple(f.name for f in fields),
         static_names=static,
-        dynamic_names=tuple(f.name for f in fields if f.name not in static),
+        dynamic_names=dynamic,
         static=frozenset(static),
-        dynamic=frozenset(f.name for f in fields if f.name not in static),
+        dynamic=frozenset(dynamic),
         converters=converters,
         check_inits=check_inits,
         array_annotations=arrays,
         annotations=annotations,
-        # Equinox's own layers were written for `eqx.filter_jit`, under which a
-        # Python bool in a field is static: `eqx.nn.Dropout.inference` picks a
-        # branch in Python. Their Python scalars stay static, as there.
-        traces_scalars=not cls.__module__.startswith("equinox."),
+        get_static=getter(static),
+        get_dynamic=getter(dynamic),
+        all_leaves=("·",) * len(dynamic),  # `_key.LEAF` each
+        stores_arrays=any(
+            k.__module__ == "eqx_static._module" and k.__name__ == "Module"
+            for k in cls.__mro__
+        ),
     )
+
+
+def getter(names: tuple[str, ...]) -> Callable[[dict], tuple]:
+    """`d -> tuple(d[n] for n in names)`, in C where possible."""
+    if not names:
+        return lambda d: ()
+    if len(names) == 1:
+        (name,) = names
+        return lambda d: (d[name],)
+    return operator.itemgetter(*names)
 
 
 def _annotations(cls: type, names: set[str]) -> dict[str, Any]:

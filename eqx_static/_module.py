@@ -6,11 +6,14 @@ from collections.abc import Callable
 from typing import Any, TYPE_CHECKING, TypeVar
 
 import equinox as eqx
+import jax
+from jax.core import Tracer
 
+from ._compat import currently_initialising
 from ._fields import field_info, instance_dict, unknown_field_error
 from ._typecheck import check_fields, set_option, Typechecker
 from ._update import with_dynamic as _with_dynamic, with_static as _with_static
-from ._validate import check_hashable
+from ._validate import as_data, check_hashable
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -32,12 +35,47 @@ class _PartialMethod:
         return self.fn if obj is None else functools.partial(self.fn, obj)
 
 
+class _Number:
+    """Shows a 0-d weakly typed concrete array (a stored Python number) as a number."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+    @staticmethod
+    def of(x: Any) -> Any:
+        if (
+            isinstance(x, jax.Array)
+            and not isinstance(x, Tracer)
+            and x.ndim == 0
+            and x.weak_type
+        ):
+            return _Number(x.item())
+        return x
+
+
 class Module(eqx.Module):
-    """An `eqx.Module` with checked static fields and one-line updates.
+    """An `eqx.Module` whose fields are static or dynamic by declaration, with
+    checked static fields and one-line updates.
+
+    A field is static if and only if it is declared `eqx.field(static=True)`. Every
+    other field is dynamic: data. A Python `bool`/`int`/`float`/`complex` that lands
+    in a dynamic field (in `__init__`, as a default, through a converter or an
+    update), also inside plain tuples, lists and dicts, is stored as a 0-d JAX
+    array with the dtype `jax.jit` would give it. So eager code sees what compiled
+    code sees, and [`eqx_static.jit`][] (like `eqx.filter_jit`) traces it: changing
+    it never recompiles. The consequence to know: a dynamic field is data, so
+    `eqx.filter_grad` differentiates it and optax updates it. To keep a number
+    fixed in training, use `jax.lax.stop_gradient` or a filter, or declare it
+    static (one compile per value).
 
     Everything Equinox offers keeps working: custom `__init__`, `__check_init__`,
-    converters, abstract fields, `eqx.tree_at`, serialisation and `eqx.filter_*`.
-    On top of that:
+    converters, abstract fields, `eqx.tree_at`, serialisation, `eqx.filter_*` and
+    `eqx.filter_vmap`-stacked ensembles. On top of that:
 
     - at construction, every static field (`eqx.field(static=True)`) must hold a
         hashable value, because static values key the compilation cache of
@@ -53,6 +91,7 @@ class Module(eqx.Module):
 
         ```python
         import equinox as eqx
+        import jax
         import jax.numpy as jnp
         import eqx_static as es
 
@@ -65,6 +104,8 @@ class Module(eqx.Module):
                 return self.scale * (x**2 if self.square else x)
 
         s = Scaler(scale=2.0, square=False)
+        assert isinstance(s.scale, jax.Array) and s.scale.weak_type
+        print(s)                                  # Scaler(scale=2.0, square=False)
         assert s(jnp.array(3.0)) == 6.0
         assert s.with_static(square=True)(jnp.array(3.0)) == 18.0
         assert s.with_dynamic(scale=1.0)(jnp.array(3.0)) == 3.0
@@ -110,11 +151,21 @@ class Module(eqx.Module):
 
     def __check_init__(self) -> None:
         # At construction only: updates check the fields they change themselves.
+        # Runs last among the `__check_init__`s; `__setattr__` has stored numbers as
+        # arrays already, and this catches what a converter returned.
         info = field_info(type(self))
         d = instance_dict(self)
         for name in info.static_names:
-            check_hashable(info.cls, name, d[name])
+            if name in d:
+                check_hashable(info.cls, name, d[name])
+        for name in info.dynamic_names:
+            if name in d:
+                d[name] = as_data(info.cls, name, d[name])
         check_fields(self)
+
+    def __repr__(self) -> str:
+        # A number stored as a 0-d array shows as the number: `Model(scale=2.0)`.
+        return eqx.tree_pformat(jax.tree.map(_Number.of, self))
 
     __check_init__._es_construction_only = True  # pyright: ignore[reportFunctionMemberAccess]
 
@@ -122,7 +173,13 @@ class Module(eqx.Module):
 
         def __setattr__(self, name: str, value: Any) -> None:
             info = field_info(type(self))
-            if name in info.static or name in info.dynamic or name.startswith("__"):
+            if name in info.dynamic:
+                # A converter sees the value as given; `__check_init__` stores its
+                # result. (Outside `__init__` and `es.edit`, Equinox refuses below.)
+                if name not in info.converters and self in currently_initialising:
+                    value = as_data(info.cls, name, value)
+                return super().__setattr__(name, value)
+            if name in info.static or name.startswith("__"):
                 return super().__setattr__(name, value)
             # Equinox would say only "cannot assign to field"; say which fields exist.
             hint = unknown_field_error(info.cls, name, info.names)

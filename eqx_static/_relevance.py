@@ -9,6 +9,9 @@ bulk accessors count as reading every static field. A read is therefore either
 observed precisely or over-approximated; it is never missed.
 """
 
+import difflib
+import functools
+import logging
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any, Final
@@ -16,8 +19,13 @@ from typing import Any, Final
 import equinox as eqx
 import jax.tree_util as jtu
 
-from ._fields import is_module
-from ._key import LEAF, MODULE, plan, SEQ, TREE
+from ._cache import Entry
+from ._explain import diff
+from ._fields import field_info, is_module
+from ._key import children_of, LEAF, LEAVES, MODULE, plan, SEQ, TREE
+
+
+logger: Final = logging.getLogger("eqx_static")
 
 
 _NO_DEFAULT: Final = object()
@@ -259,7 +267,8 @@ _MISSING: Final = ("missing",)
 
 
 def value_at(n: Any, path: str) -> Any:
-    """The typed static value at dotted `path` in the key node `n` of a module."""
+    """The static value at dotted `path` in the key node `n` of a module, as a
+    `(type, value)` pair."""
     *parents, last = path.split(".")
     for seg in parents:
         n = _child(n, seg)
@@ -268,7 +277,10 @@ def value_at(n: Any, path: str) -> Any:
     if not isinstance(n, tuple) or n[0] != MODULE:
         return _MISSING
     p = plan(n[1])
-    return n[2][p.static_names.index(last)] if last in p.static else _MISSING
+    if last not in p.static:
+        return _MISSING
+    i = p.static_names.index(last)
+    return (n[5][i], n[2][i])
 
 
 def _child(n: Any, seg: str) -> Any:
@@ -277,8 +289,9 @@ def _child(n: Any, seg: str) -> Any:
     if n[0] == MODULE:
         p = plan(n[1])
         return n[3][p.dynamic_names.index(seg)] if seg in p.dynamic else _MISSING
-    if n[0] in (SEQ, TREE) and seg.isdigit() and int(seg) < len(n[2]):
-        return n[2][int(seg)]
+    if n[0] in (SEQ, TREE, LEAVES) and seg.isdigit():
+        kids = children_of(n)
+        return kids[int(seg)] if int(seg) < len(kids) else _MISSING
     return _MISSING
 
 
@@ -287,7 +300,7 @@ def strip(n: Any) -> Any:
     if n is LEAF or n is None or n[0] not in (MODULE, SEQ, TREE):
         return n
     if n[0] == MODULE:
-        return (MODULE, n[1], None, tuple(map(strip, n[3])), n[4])
+        return (MODULE, n[1], None, tuple(map(strip, n[3])), n[4], None)
     return (n[0], n[1], tuple(map(strip, n[2])))
 
 
@@ -340,3 +353,182 @@ def _param_callable(v: Any) -> bool:
     if hasattr(inner, "eqns"):
         return leaves_callables(inner)
     return callable(v) and not isinstance(v, type)
+
+
+# ----------------------------------------------------------------------------------
+# The wrapper's side: which entry serves a call, and what traces taught.
+
+
+_MSG_LATE_READ: Final = (
+    "The static field {path!r} of `self` was read after tracing had finished, by a "
+    "callable the trace left behind (a `custom_vjp` backward rule or a host "
+    "callback), and this compiled entry has served calls in which {path!r} may "
+    'differ. `depends_on="auto"` cannot vouch for such reads: name the field in '
+    "`depends_on=(...)`, or use the default `es.jit`."
+)
+
+
+class Relevance:
+    """`es.jit(depends_on=...)`: keys projected on the static fields of `self` that
+    matter, named or learned."""
+
+    def __init__(self, depends_on: Any, wrapper: Any):
+        check_depends_on(depends_on)
+        self.wrapper = wrapper
+        self.cache = wrapper.cache
+        self.declared = (
+            tuple(depends_on) if isinstance(depends_on, tuple | list) else None
+        )
+        self.allowed = frozenset(self.declared) if self.declared is not None else None
+
+    def call(self, args: tuple, key: Any, leaves: list) -> Any:
+        __tracebackhide__ = True
+        # Relevance keys change as traces teach which fields matter: one call at a
+        # time per cache, so that no call looks up an entry another is re-keying.
+        with self.cache.lock:
+            self._apply_late_reads()
+            try:
+                return self.wrapper.call_entry(args, key, leaves, self)
+            finally:
+                self._apply_late_reads()
+
+    def generations(self, full: tuple) -> list[tuple[str, ...]]:
+        """The sets of static paths of `self` that keys have been projected on,
+        oldest first: `depends_on` itself, or what traces taught, growing."""
+        first = full[0][0] if full[0] else None
+        if not _is_module_node(first):
+            return [()]
+        cls = first[1]  # pyright: ignore[reportOptionalSubscript]
+        if self.declared is None:
+            return self.cache.learned.setdefault(cls, [()])
+        if cls not in self.cache.checked:
+            check_declared(self.declared, cls, self.wrapper.qualname)
+            self.cache.checked.add(cls)
+        return [self.declared]
+
+    def project(self, full: tuple, paths: tuple[str, ...]) -> tuple:
+        args, names, kw = full
+        if not args or not _is_module_node(args[0]):
+            return full
+        return (project(args[0], paths), *args[1:]), names, kw
+
+    def entry_for(self, full: tuple, leaves: list) -> tuple[Entry, tuple]:
+        """The entry for a call's full key: projected onto the relevant static
+        fields (newest learned set first, then older ones, whose entries stay
+        valid), or created."""
+        generations = self.generations(full)
+        newest = None
+        for paths in reversed(generations):
+            key = self.project(full, paths)
+            newest = newest or key
+            try:
+                entry = self.cache.entries.get(key)
+            except TypeError:
+                return self.wrapper.entry_for(full, leaves), full  # raises, naming it
+            if entry is not None:
+                self.cache.touch(key)
+                if full != entry.origin:
+                    entry.reused = True
+                return entry, full
+        return self.wrapper.entry_for(newest, leaves, generations[-1], full), full
+
+    def watch(self, entry: Entry, args: tuple) -> Reads | None:
+        if not args or not is_module(args[0]):
+            return None
+        late = functools.partial(self._late_read, entry)
+        reads = Reads(self.allowed, self.wrapper.name(args), late)
+        watch(args[0], reads)
+        return reads
+
+    def learn(self, entry: Entry, reads: Reads | None, leaves: list, full: tuple):
+        if reads is None or self.declared is not None:
+            return
+        paths = self._all_if_late(entry, reads, leaves, full)
+        if paths <= set(entry.paths):
+            return
+        generations = self.cache.learned.setdefault(full[0][0][1], [()])
+        union = tuple(sorted(set(generations[-1]) | paths))
+        if union != generations[-1]:
+            generations.append(union)
+        entry.paths = union
+        self.cache.rekey(entry, self.project(full, union))
+
+    def _all_if_late(
+        self, entry: Entry, reads: Reads, leaves: list, full: tuple
+    ) -> set[str]:
+        """What a trace read, or every static field of `self` when the program keeps
+        Python callables that could read one after the trace (their reads would
+        come too late to key this entry)."""
+        try:
+            late = leaves_callables(entry.jitted.trace(*leaves).jaxpr.jaxpr)
+        except Exception:  # could not inspect the program: assume the worst
+            late = True
+        return set(static_paths(full[0][0])) if late else reads.paths
+
+    def _late_read(self, entry: Entry, path: str) -> None:
+        """A static field read after tracing ended, by a callable the trace left
+        behind. If the entry only ever served the configuration it was traced for,
+        the value read is right: queue the field to be learned. Otherwise refuse."""
+        if path in entry.paths:
+            return  # part of the key: never stale
+        if entry.reused:
+            raise UndeclaredStaticRead(_MSG_LATE_READ.format(path=path))
+        self.cache.late.append((entry, path))
+
+    def _apply_late_reads(self) -> None:
+        while self.cache.late:
+            entry, path = self.cache.late.pop()
+            if path in entry.paths:
+                continue
+            generations = self.cache.learned.setdefault(entry.origin[0][0][1], [()])
+            union = tuple(sorted(set(generations[-1]) | {path}))
+            if union != generations[-1]:
+                generations.append(union)
+            entry.paths = union
+            self.cache.rekey(entry, self.project(entry.origin, union))
+
+    def hit(self, entry: Entry, full: tuple, args: tuple) -> None:
+        if full != entry.origin and logger.isEnabledFor(logging.DEBUG):
+            phrases = diff(entry.origin, full, self.wrapper._argnames)
+            logger.debug(
+                "%s: no compile: %s, which no trace of it read",
+                self.wrapper.name(args),
+                "; ".join(phrases),
+            )
+
+
+def _is_module_node(n: Any) -> bool:
+    return isinstance(n, tuple) and n[0] == MODULE
+
+
+def check_declared(paths: tuple[str, ...], cls: type, name: str) -> None:
+    """Each path of `depends_on` must start at a field of `self`'s class: a static
+    field, or a dynamic one that holds the module the rest of the path goes into.
+    (What lies deeper depends on the instance, and is not checked.)"""
+    info = field_info(cls)
+    for path in paths:
+        head, _, rest = path.partition(".")
+        if (head in info.static and not rest) or (head in info.dynamic and rest):
+            continue
+        valid = [*info.static_names, *(f"{n}.<...>" for n in info.dynamic_names)]
+        close = difflib.get_close_matches(head, info.names, n=1, cutoff=0.5)
+        hint = f" Did you mean {close[0]!r}?" if close and close[0] != head else ""
+        raise ValueError(
+            f"`{name}` has `depends_on` naming {path!r}, which is not a static field "
+            f"of `{cls.__qualname__}` or a path into one of its modules.{hint} Its "
+            f"static fields are: {', '.join(map(repr, valid)) or '(none)'}."
+        )
+
+
+def check_depends_on(depends_on: Any) -> None:
+    if depends_on is None or depends_on == "auto":
+        return
+    if isinstance(depends_on, tuple | list) and all(
+        isinstance(p, str) for p in depends_on
+    ):
+        return
+    raise ValueError(
+        '`depends_on` must be None, "auto", or a tuple of static field names of '
+        f"`self` (dotted paths into nested modules); got {depends_on!r}. For one "
+        'field write `depends_on=("name",)`.'
+    )

@@ -57,6 +57,15 @@ def _typechecker(cls: type) -> Typechecker | None:
     return None
 
 
+# A stored number may carry the leading axes of an `eqx.filter_vmap` ensemble.
+_NUMBER_ARRAYS: Final = {
+    bool: jaxtyping.Bool[jaxtyping.Array, "..."],
+    int: jaxtyping.Int[jaxtyping.Array, "..."],
+    float: jaxtyping.Float[jaxtyping.Array, "..."],
+    complex: jaxtyping.Complex[jaxtyping.Array, "..."],
+}
+
+
 def check_fields(module: object) -> None:
     """Type-check every annotated field of `module` in one jaxtyping scope."""
     cls = type(module)
@@ -78,9 +87,15 @@ def _make_checker(cls: type) -> Callable | None:
     typechecker = _typechecker(cls)
     if typechecker is None:
         return None
-    anns = field_info(cls).annotations
+    info = field_info(cls)
+    anns = dict(info.annotations)
     if not anns:
         return None
+    if info.stores_arrays:  # a number in a dynamic field is stored as a 0-d array
+        for name in info.dynamic_names:
+            number = _NUMBER_ARRAYS.get(anns.get(name))
+            if number is not None:
+                anns[name] = anns[name] | number
 
     def fields(**kwargs: Any) -> None:
         del kwargs

@@ -162,9 +162,15 @@ def apply_trie(
     if isinstance(obj, list | tuple | dict):
         return _apply_container(obj, trie, kind, path, outer)
     seg = next(iter(trie))
+    shape = getattr(obj, "shape", None)
+    what = (
+        f"a {obj.dtype}{list(shape)} array"  # pyright: ignore[reportAttributeAccessIssue]
+        if shape is not None and hasattr(obj, "dtype")
+        else f"a {type(obj).__name__}"
+    )
     raise TypeError(
         f"Cannot follow path segment {seg!r} at {'.'.join(path)!r}: the value there "
-        f"is a {type(obj).__name__}, not a module, list, tuple or dict."
+        f"is {what}, not a module, list, tuple or dict."
     )
 
 
@@ -189,10 +195,11 @@ def rebuild(
 ) -> Any:
     """A copy of `obj` with `values` set: converters for the `direct` ones, checks
     for all, then the class's own `__check_init__` and field type checks."""
-    values = convert_and_check(info, values, direct)
+    old = instance_dict(obj)
+    values = convert_and_check(info, values, direct, old)
     new = object.__new__(info.cls)
     d = instance_dict(new)
-    d.update(instance_dict(obj))
+    d.update(old)
     d.update(values)
     drop_cached(d, info)
     run_check_inits(info, new)
@@ -264,11 +271,16 @@ def _container_kind_error(kind: Kind, outer: str, path: tuple) -> TypeError:
 def _container_key(obj: Any, seg: str, path: tuple) -> Any:
     where = ".".join((*path, seg))
     if isinstance(obj, dict):
-        if seg not in obj:
-            raise KeyError(
-                f"No key {seg!r} at {where!r}; the keys are {sorted(map(str, obj))}."
-            )
-        return seg
+        if seg in obj:
+            return seg
+        found = [k for k in obj if str(k) == seg]  # `"by_id.0"` finds the key `0`
+        if len(found) == 1:
+            return found[0]
+        raise KeyError(
+            f"No key {seg!r} at {where!r}; the keys are {list(obj)!r}."
+            if not found
+            else f"Path segment {seg!r} at {where!r} names several keys: {found!r}."
+        )
     if hasattr(obj, "_fields") and seg in obj._fields:
         return obj._fields.index(seg)
     try:

@@ -6,6 +6,7 @@ from collections.abc import Collection, Mapping
 from typing import Any, Final
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ._fields import FieldInfo
@@ -42,19 +43,70 @@ def _unhashable_message(cls: type, name: str, value: object) -> str:
     return f"{where}. {fix}"
 
 
-def check_array_annotation(cls: type, name: str, ann: Any, value: object) -> None:
-    """Raise `TypeError` if `value` does not match the jaxtyping annotation `ann`."""
+_NUMBERS: Final = frozenset({bool, int, float, complex})
+_CONTAINERS: Final = frozenset({tuple, list, dict})
+
+
+def as_data(cls: type, name: str, value: Any) -> Any:
+    """`value` for the dynamic field `name` of an `es.Module` class: Python numbers,
+    at any depth of plain tuples, lists and dicts, become 0-d JAX arrays with the
+    dtype and weak type `jax.jit` gives them (DESIGN §2.0). Anything else, modules
+    included, is returned as is; so is a container in which nothing changed."""
+    t = type(value)
+    if t in _NUMBERS:
+        try:
+            return jnp.asarray(value)
+        except OverflowError as e:
+            raise OverflowError(
+                f"Field {name!r} of `{cls.__qualname__}` got the Python int {value}, "
+                f"which does not fit in a JAX integer ({e}). Dynamic fields store "
+                "numbers as arrays: pass a float, enable `jax_enable_x64`, or "
+                f"declare {name!r} static with `eqx.field(static=True)`."
+            ) from None
+    if t not in _CONTAINERS:
+        return value
+    items = value.values() if t is dict else value
+    new = [as_data(cls, name, x) for x in items]
+    if all(a is b for a, b in zip(new, items)):
+        return value
+    return dict(zip(value, new)) if t is dict else t(new)
+
+
+def check_array_annotation(
+    cls: type, name: str, ann: Any, value: object, current: Any = None
+) -> None:
+    """Raise `TypeError` if `value` does not match the jaxtyping annotation `ann`.
+
+    A module stacked by `eqx.filter_vmap` holds fields with leading axes that the
+    annotation does not name: if the `current` value does not match `ann` either,
+    the new value must have its shape and dtype instead."""
     if _matches(value, ann):
         return
-    got = (
-        f"{value.dtype}{list(value.shape)}"
-        if isinstance(value, jax.Array | np.ndarray)
-        else type(value).__name__
-    )
+    if current is not None and not _matches(current, ann):
+        if _same_layout(value, current):
+            return
+        raise TypeError(
+            f"Field {name!r} of `{cls.__qualname__}` holds a stacked value "
+            f"{_describe(current)} (a module batched by `eqx.filter_vmap`), so the "
+            f"new value must have the same shape and dtype; got {_describe(value)}."
+        )
+    got = _describe(value)
     raise TypeError(
         f"Field {name!r} of `{cls.__qualname__}` is annotated `{_ann_repr(ann)}`, "
         f"but the new value is {got}. Pass a value of that dtype and shape."
     )
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, jax.Array | np.ndarray):
+        return f"{value.dtype}{list(value.shape)}"
+    return type(value).__name__
+
+
+def _same_layout(a: object, b: object) -> bool:
+    return getattr(a, "shape", None) == getattr(b, "shape", None) and getattr(
+        a, "dtype", None
+    ) == getattr(b, "dtype", None)
 
 
 def _matches(value: object, ann: Any) -> bool:
@@ -80,10 +132,15 @@ _UNIONS: Final = (typing.Union, types.UnionType)
 
 
 def convert_and_check(
-    info: FieldInfo, changes: Mapping[str, Any], convert: Collection[str]
+    info: FieldInfo,
+    changes: Mapping[str, Any],
+    convert: Collection[str],
+    current: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Apply converters to the fields in `convert`, then check every changed value:
-    hashability for static fields, jaxtyping annotations for dynamic ones."""
+    hashability for static fields; for dynamic ones, numbers stored as arrays (in
+    an `es.Module`) and jaxtyping annotations checked against the new value, or
+    against the `current` one's layout in a stacked module."""
     out = {}
     for name, value in changes.items():
         converter = info.converters.get(name)
@@ -92,9 +149,12 @@ def convert_and_check(
         if name in info.static:
             check_hashable(info.cls, name, value)
         else:
+            if info.stores_arrays:
+                value = as_data(info.cls, name, value)
             ann = info.array_annotations.get(name)
             if ann is not None:
-                check_array_annotation(info.cls, name, ann, value)
+                old = None if current is None else current.get(name)
+                check_array_annotation(info.cls, name, ann, value, old)
         out[name] = value
     return out
 

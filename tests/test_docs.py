@@ -33,6 +33,9 @@ def test_public_api_is_what_the_design_lists():
         "CacheInfo",
         "UndeclaredStaticRead",
         "TracedFieldError",
+        "RecompileError",
+        "Lowered",
+        "Compiled",
     }
 
 

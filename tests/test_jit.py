@@ -107,8 +107,10 @@ def test_seed_sequence_compiles_three_times(backend_compiles):
     assert results == [1.5, 1.5, 3.0, 3.0, 9.0, 9.0, 13.5, 13.5, 18.0, 18.0]
     assert misses == [1, 1, 2, 2, 3, 3, 3, 3, 3, 3]
     assert s.traces[0] == 3
-    compiles = backend_compiles[start:]
-    assert len(compiles) == 3, compiles
+    # Eager arithmetic on the stored 0-d arrays (`_eager`) compiles small programs
+    # of its own: count the method's.
+    compiles = [c for c in backend_compiles[start:] if c == "jit(__call__)"]
+    assert len(compiles) == 3, backend_compiles[start:]
     info = s.Child.__call__.cache_info()
     assert info == es.CacheInfo(hits=7, misses=3, maxsize=None, currsize=3)
 
@@ -865,13 +867,16 @@ def test_mutable_container_in_a_field_is_read_on_every_call():
         def __call__(self, x):
             return sum(self.ws) * x
 
-    m, x = M([1.0, 2.0]), jnp.array(1.0)
+    m, x = M([1.0, 2.0]), jnp.array(1.0)  # stored as a list of 0-d arrays
     assert float(m(x)) == 3.0 and float(m(x)) == 3.0
-    m.ws[0] = 10.0
+    m.ws[0] = jnp.asarray(10.0)  # same structure and avals: a hit, new value seen
     assert float(m(x)) == 12.0
-    m.ws.append(5.0)
+    m.ws.append(jnp.asarray(5.0))  # new structure: a miss
     assert float(m(x)) == 17.0
     assert M.__call__.cache_info().misses == 2
+    m.ws[0] = 1.0  # a Python float, put in place by hand: static, as in filter_jit
+    assert float(m(x)) == 8.0
+    assert M.__call__.cache_info().misses == 3
 
 
 # --- threads ------------------------------------------------------------------------
@@ -932,10 +937,12 @@ def test_lower_from_the_class():
     s = _seed()
     c, x = s.Child(dp=2.0, sp=True, dc=3.0, sc=True), jnp.array(1.0)
     lowered = s.Child.__call__.lower(c, x)
-    assert isinstance(lowered, jax.stages.Lowered)
+    assert isinstance(lowered, es.Lowered)
     assert "multiply" in lowered.as_text()
-    assert isinstance(lowered.compile(), jax.stages.Compiled)
-    assert c(x) == 6.0
+    compiled = lowered.compile()
+    assert isinstance(compiled, es.Compiled)
+    assert compiled(c, x) == c(x) == 6.0  # the wrapper's own arguments
+    assert c.__call__.lower(x).compile()(c, x) == 6.0
 
 
 def test_lower_from_a_bound_method():
@@ -948,10 +955,10 @@ def test_lower_from_a_bound_method():
 
     m, x = M(2.0), jnp.ones(3)
     lowered = m.predict.lower(x)
-    assert isinstance(lowered, jax.stages.Lowered)
+    assert isinstance(lowered, es.Lowered)
     assert "multiply" in lowered.as_text()
-    assert isinstance(lowered.compile(), jax.stages.Compiled)
-    assert isinstance(M.predict.lower(m, x), jax.stages.Lowered)
+    assert (lowered.compile()(m, x) == 2.0).all()
+    assert isinstance(M.predict.lower(m, x), es.Lowered)
 
 
 # --- outputs that are not arrays ----------------------------------------------------
@@ -1036,24 +1043,35 @@ def test_donate_all_except_first_keeps_self():
     assert not m.w.is_deleted()
 
 
-def test_donate_all_python_float_field_after_an_array_field():
-    """The device copy es.jit makes of a Python float is not the user's to lose.
-
-    The entry is compiled by a call whose field holds an array (so its buffer is
-    donated), then reused by a module whose field holds a Python float."""
+@pytest.mark.parametrize("donate", ["all", "warn"])
+def test_donate_all_donates_the_buffers_of_self(donate):
+    """As under `eqx.filter_jit`: a number stored in an `es.Module` is an array, so
+    `donate="all"` donates it with the rest of `self`."""
 
     class M(es.Module):
         w: Any
 
-    @es.jit(donate="all")
-    def f(m, x):
-        return x * m.w, m.w * 2
+        @es.jit(donate=donate)
+        def __call__(self, x):
+            return x * self.w, self.w * 2
 
-    f(M(jnp.array(2.0)), jnp.ones(3))
     m = M(3.0)
-    for _ in range(3):
-        y, w2 = f(m, jnp.ones(3))
-        assert (y == 3).all() and w2 == 6.0
+    y, w2 = m(jnp.ones(3))
+    assert (y == 3).all() and w2 == 6.0
+    assert m.w.is_deleted()
+
+
+def test_donate_all_except_first_keeps_the_first_argument_by_keyword():
+    class M(es.Module):
+        w: Any
+
+    @es.jit(donate="all-except-first")
+    def f(m, x):
+        return x * m.w
+
+    m, x = M(jnp.ones(3)), jnp.ones(3)
+    f(m=m, x=x)  # bound to positions first: `m` is the first argument
+    assert not m.w.is_deleted() and x.is_deleted()
 
 
 # Under the jaxtyping import hook (pyproject's `--jaxtyping-packages`), beartype

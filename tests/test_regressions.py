@@ -262,8 +262,9 @@ def test_tuple_subclass_static_reaches_the_trace_unchanged():
 # --- the per-instance memo ------------------------------------------------------------
 
 
-def test_memoised_scalars_follow_jax_enable_x64():
-    """A memoised instance computes as a fresh one under the current jax_enable_x64."""
+def test_results_follow_jax_enable_x64_as_eager_does():
+    """A stored number keeps the dtype it was stored with; the compiled call
+    computes what the eager call computes under the current jax_enable_x64."""
 
     class M(es.Module):
         dp: float
@@ -272,18 +273,17 @@ def test_memoised_scalars_follow_jax_enable_x64():
         def __call__(self, x):
             return self.dp * x
 
+    eager = M.__call__.__wrapped__
     m = M(dp=0.1)
     m(jnp.ones(()))
-    m(jnp.ones(()))  # the second call puts `dp` on the device (float32)
     with jax.enable_x64(True):
         x = jnp.ones((), jnp.float64)
-        fresh = M(dp=0.1)(x)
-        assert fresh.dtype == jnp.float64 and fresh.item() == 0.1
-        got = m(x)
-        assert got.dtype == jnp.float64 and got.item() == fresh.item()
-        m(x)  # memoised again under x64
+        got, want = m(x), eager(m, x)
+        assert got.dtype == want.dtype == jnp.float64 and got.item() == want.item()
+        fresh = M(dp=0.1)  # stored under x64: float64
+        assert fresh(x).item() == eager(fresh, x).item() == 0.1
     got = m(jnp.ones(()))
-    assert got.dtype == M(dp=0.1)(jnp.ones(())).dtype == jnp.float32
+    assert got.dtype == eager(m, jnp.ones(())).dtype == jnp.float32
 
 
 def test_a_module_holding_an_edited_module_is_not_memoised():

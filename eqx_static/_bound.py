@@ -1,0 +1,70 @@
+"""`module.f` for an `es.jit` method: a bound method that is a pytree."""
+
+import functools
+from typing import Any
+
+import jax.tree_util as jtu
+
+
+class BoundJit(functools.partial):
+    """An [`eqx_static.jit`][] method bound to a module instance.
+
+    A pytree, as Equinox's `BoundMethod` is: its leaves are the module's, so it can
+    be passed through `jax.jit`, `eqx.filter_grad` or stored in a module field. It is
+    a `functools.partial` made in C, so that reading `module.f` costs no walk of the
+    module (Equinox's `BoundMethod` construction visits every leaf)."""
+
+    __slots__ = ()
+
+    @property
+    def __self__(self) -> Any:
+        return self.args[0]
+
+    @property
+    def __func__(self) -> Any:
+        return self.func.es_jit  # pyright: ignore[reportFunctionMemberAccess]
+
+    @property
+    def __wrapped__(self) -> Any:
+        return self.__func__.fn
+
+    def cache_info(self) -> Any:
+        """See [`eqx_static.jit`][]."""
+        return self.__func__.cache_info()
+
+    def cache_clear(self) -> None:
+        """See [`eqx_static.jit`][]."""
+        self.__func__.cache_clear()
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        """Lower the call for these arguments ahead of time; see `es.jit`."""
+        return self.__func__.lower(self.__self__, *args, **kwargs)
+
+    def __reduce__(self) -> Any:
+        return (_rebind, (self.__func__, self.__self__))
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            type(other) is BoundJit
+            and other.func is self.func
+            and other.__self__ is self.__self__
+        )
+
+    def __hash__(self) -> int:
+        return hash((id(self.func), id(self.__self__)))
+
+    def __repr__(self) -> str:
+        name = self.__func__.qualname
+        return f"<bound es.jit {name} of {type(self.__self__).__qualname__}>"
+
+
+def _rebind(wrapper: Any, obj: Any) -> BoundJit:
+    return BoundJit(wrapper.method, obj)
+
+
+jtu.register_pytree_with_keys(
+    BoundJit,
+    lambda b: (((jtu.GetAttrKey("__self__"), b.args[0]),), b.func),
+    lambda func, children: BoundJit(func, *children),
+    lambda b: ((b.args[0],), b.func),
+)

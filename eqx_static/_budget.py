@@ -1,0 +1,110 @@
+"""Compile budgets: `es.jit(max_compiles=N)` and the warning on a compile storm."""
+
+import logging
+from typing import Any, Final
+
+from ._cache import Compile
+from ._explain import explain
+
+
+logger: Final = logging.getLogger("eqx_static")
+
+
+class RecompileError(RuntimeError):
+    """An [`eqx_static.jit`][] function would compile more often than its
+    `max_compiles` allows. The message says what changed, for this compile and
+    every earlier one.
+
+    !!! example
+
+        ```python
+        import equinox as eqx
+        import jax.numpy as jnp
+        import pytest
+        import eqx_static as es
+
+        class Model(es.Module):
+            n: int = eqx.field(static=True)
+
+            @es.jit(max_compiles=1)
+            def __call__(self, x):
+                return x * self.n
+
+        Model(n=2)(jnp.ones(2))
+        with pytest.raises(es.RecompileError, match="static field 'n' changed 2 -> 3"):
+            Model(n=3)(jnp.ones(2))
+        ```
+    """
+
+
+def check_budget(wrapper: Any, key: tuple, leaves: list, after: bool = False) -> None:
+    """Raise `RecompileError` if compiling for `key` would exceed `max_compiles`
+    (`after`: a compile that already happened, for a new signature of an entry)."""
+    limit = wrapper._max_compiles
+    cache = wrapper.cache
+    if limit is None or (cache.misses < limit if not after else cache.misses <= limit):
+        return
+    from ._jit import signature
+
+    known = wrapper._known()
+    reason = explain(known, key, signature(leaves), wrapper._argnames) if known else "?"
+    history = "".join(
+        f"\n  compile {i + 1}: {', '.join(c.changed) or 'first call'}"
+        for i, c in enumerate(cache.compiles)
+    )
+    raise RecompileError(
+        f"{wrapper.qualname}: compile {cache.misses + (0 if after else 1)} exceeds "
+        f"`max_compiles={limit}`: {reason}.\nEarlier compiles:{history}\nIf these "
+        "compiles are expected, raise `max_compiles`; otherwise make the value that "
+        "changes a dynamic field (an array), or keep it fixed."
+    )
+
+
+def storm_warning(
+    wrapper: Any, reason: str | None, seconds: float, args: tuple
+) -> None:
+    """Record a compile; after `warn_after` compiles in which one field or argument
+    changed every time, warn once, naming it."""
+    cache = wrapper.cache
+    changed = tuple(_names(reason)) if reason else ()
+    cache.compiles.append(Compile(changed, seconds))
+    n = wrapper._warn_after
+    if n is None or cache.warned or len(cache.compiles) < n:
+        return
+    recent = cache.compiles[-(n - 1) :]
+    common = set(recent[0].changed).intersection(*(c.changed for c in recent[1:]))
+    if not common:
+        return
+    cache.warned = True
+    name = sorted(common)[0]
+    total = sum(c.seconds for c in cache.compiles)
+    logger.warning(
+        "%s has compiled %d times, and %r changed every time (%.2f s spent "
+        "compiling). %s",
+        wrapper.name(args),
+        len(cache.compiles),
+        name,
+        total,
+        _advice(name),
+    )
+
+
+def _names(reason: str) -> list[str]:
+    """The fields or arguments named in an explanation."""
+    out = []
+    for phrase in reason.split("; "):
+        if "'" in phrase:
+            out.append(phrase.split("'")[1])
+        elif phrase.startswith("argument "):
+            out.append(phrase.split()[1])
+    return out
+
+
+def _advice(name: str) -> str:
+    return (
+        f"If {name!r} is only used as a value (arithmetic, not an `if`, a loop "
+        "length or a shape), make it dynamic: drop `static=True` from the field, or "
+        "pass it as an array, and it is traced instead, with no compile per value. "
+        "If it selects program structure it must stay static: reduce the number "
+        "of distinct values."
+    )

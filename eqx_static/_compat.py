@@ -1,0 +1,49 @@
+"""Every private name of Equinox and JAX that `eqx_static` uses, in one place.
+
+Each is checked on import, so that an unsupported release fails here, with the
+supported range, rather than somewhere deep in a call."""
+
+from collections.abc import Callable
+from typing import Any, Final
+
+import equinox as eqx
+
+
+SUPPORTED: Final = "equinox >=0.13.3,<0.14"
+
+try:
+    # The wrapper attributes that Equinox's flatten keeps (`eqx.module_update_wrapper`).
+    from equinox._module._flatten import (  # equinox 0.13.3
+        WRAPPER_FIELD_NAMES as WRAPPER_FIELD_NAMES,
+    )
+
+    # Equinox lets a module assign its own fields while it is in this set: that is
+    # how `__init__` works, and how `es.edit` makes its copies editable.
+    from equinox._module._module import (
+        _currently_initialising as currently_initialising,  # equinox 0.13
+    )
+except ImportError as e:  # pragma: no cover
+    raise ImportError(
+        f"eqx_static supports {SUPPORTED}; equinox {eqx.__version__} is installed, "
+        f"which lacks a name it needs ({e}). Install a supported equinox: "
+        f'`pip install "{SUPPORTED.replace(" ", "")}"`.'
+    ) from None
+
+module_eq: Final[Callable[..., Any]] = eqx.Module.__eq__
+
+
+def initialising() -> bool:
+    """Whether any module is being initialised (or edited) right now."""
+    return bool(currently_initialising._dict)  # pyright: ignore[reportAttributeAccessIssue]
+
+
+try:  # jax 0.10: a cheaper read of the same setting than `jax.config.jax_enable_x64`
+    from jax._src.config import enable_x64 as _enable_x64
+
+    def x64() -> bool:
+        return bool(_enable_x64.value)
+except ImportError:  # pragma: no cover
+    import jax
+
+    def x64() -> bool:
+        return bool(jax.config.jax_enable_x64)  # pyright: ignore
