@@ -29,117 +29,9 @@ from programs import (
 )
 
 
-_PY_FLOAT_TRACED = "es.jit traces a Python float in a field of a plain eqx.Module (filter_jit keeps it static)"
-_ES_FLOAT_KEPT = (
-    "es.Module stores the float as a Python float, not yet a 0-d weak array (§2.0), and "
-    "es.jit traces it"
-)
-
-
-def _results_and_traces(reason: str) -> dict[str, str]:
-    return {"results": reason, "traces": reason}
-
-
-# program -> aspect ("results" or "traces") -> the observed difference, on main
-# before the §2.0 rewrite landed. Strict: each turns into an XPASS once fixed.
-XFAIL: dict[str, dict[str, str]] = {
-    "regressor_sgd_eqx": {
-        "results": f"{_PY_FLOAT_TRACED}: the updated model's `scale` comes back as a 0-d "
-        "float32 weak_type=True array where eager and filter_jit return the Python float",
-    },
-    "regressor_sgd_es": {
-        "results": f"{_ES_FLOAT_KEPT}: the updated model's `scale` is a 0-d float32 "
-        "weak_type=True array under es.jit, a Python float eagerly and under filter_jit",
-    },
-    "regressor_adam_es": _results_and_traces(
-        f"{_ES_FLOAT_KEPT}: filter_grad gives `scale` a gradient that the optax state "
-        "(built eagerly, without `scale`) lacks: TypeError float * None in optax.adam"
-    ),
-    **{
-        f"ensemble_{k}": _results_and_traces(
-            f"{r}: the members' `scale` reaches the body as a 0-d array, so "
-            "eqx.filter_vmap maps it along axis 0: ValueError (rank 0)"
-        )
-        for k, r in [("eqx", _PY_FLOAT_TRACED), ("es", _ES_FLOAT_KEPT)]
-    },
-    **{
-        f"scan_layers_{k}": _results_and_traces(
-            f"{r}: `residual_scale` becomes a 0-d array, eqx.partition puts it in the "
-            "scanned part, and lax.scan raises IndexError (tuple index out of range)"
-        )
-        for k, r in [("eqx", _PY_FLOAT_TRACED), ("es", _ES_FLOAT_KEPT)]
-    },
-    "save_options_eqx": _results_and_traces(
-        "es.jit traces the undeclared bool option `t0` of a plain eqx.Module "
-        "(filter_jit: static): TracedFieldError at `if saveat.t0`"
-    ),
-    "diffrax_saveat": _results_and_traces(
-        "es.jit traces diffrax.SaveAt's bool fields (filter_jit: static): "
-        "TracerBoolConversionError inside diffrax.diffeqsolve"
-    ),
-    **{
-        f"dropout_subclass_{k}": _results_and_traces(
-            "es.jit traces `inference` of a user subclass of eqx.nn.Dropout (only "
-            "Equinox's own classes keep filter_jit's rule): TracedFieldError"
-        )
-        for k in ["eqx", "es"]
-    },
-    **{
-        f"custom_init_{k}": _results_and_traces(
-            "es.jit's key builder raises KeyError 'scale' (eqx_static/_key.py) for a "
-            "defaulted field that a custom __init__ left unset"
-        )
-        for k in ["eqx", "es"]
-    },
-    **{
-        f"returns_numpy_{k}": {
-            "results": "es.jit returns the NumPy array the trace produced (numpy.ndarray, "
-            "the same object on every hit) where filter_jit returns a jax.Array",
-        }
-        for k in ["eqx", "es"]
-    },
-    "returns_module_eqx": {
-        "results": f"{_PY_FLOAT_TRACED}: the returned module's `gain` is a 0-d float32 "
-        "weak_type=True array where eager and filter_jit return the Python float 1.5",
-    },
-    "returns_module_es": {
-        "results": f"{_ES_FLOAT_KEPT}: the returned module's `gain` is a 0-d float32 "
-        "weak_type=True array under es.jit, the Python float 1.5 eagerly and under filter_jit",
-    },
-    "filter_grad_temperature_eqx": {
-        "results": f"{_PY_FLOAT_TRACED}: eqx.filter_grad returns a 0-d float32 gradient "
-        "for `temperature` where eager and filter_jit return None (tree structure differs)",
-        "traces": "es.jit traces 2 times, filter_jit 3: a new `temperature` value retraces "
-        "under filter_jit (static float) but not under es.jit (traced)",
-    },
-    "filter_grad_temperature_es": {
-        "results": f"{_ES_FLOAT_KEPT}: eqx.filter_grad returns a 0-d float32 gradient for "
-        "`temperature` where eager and filter_jit return None (tree structure differs)",
-        "traces": "es.jit traces 2 times, filter_jit 3: `temperature` is a Python float "
-        "(static under filter_jit) in an es.Module",
-    },
-    "default_arguments": {
-        "traces": "es.jit traces 5 times, filter_jit 4: defaults are not bound, so f(x), "
-        "f(x, 2.0) and f(x, scale=2.0) are three entries (filter_jit binds: two)",
-    },
-    "big_int_unread": _results_and_traces(
-        "es.jit traces the unread int field `seed = 2**40` of a plain eqx.Module "
-        "(filter_jit: static): OverflowError parsing the argument _es_leaves[1]"
-    ),
-}
-
-
-def _xfail(reason: str):
-    return pytest.mark.xfail(strict=True, reason=f"issue 10: {reason}")
-
-
 def _params(aspect: str) -> list:
-    out = []
-    for p in PROGRAMS:
-        reason = XFAIL.get(p.name, {}).get(aspect)
-        marks = [_xfail(reason)] if reason else []
-        out.append(pytest.param(p, id=p.name, marks=marks))
-    return out
+    del aspect  # no difference is kept on purpose, for results or for traces
+    return [pytest.param(p, id=p.name) for p in PROGRAMS]
 
 
 _WRAPS = {"eager": None, "filter_jit": eqx.filter_jit, "es.jit": es.jit}
@@ -231,10 +123,6 @@ def _nonnone_grads(weights_cls):
     return [np.asarray(g) for g in jax.tree.leaves(grads)]
 
 
-@_xfail(
-    "`m.f` of an es.jit method is a functools.partial, not a pytree: eqx.filter_grad "
-    "through Holder(fn=m.f) finds no gradient leaf (filter_jit's BoundMethod: a grad for m.w)"
-)
 def test_bound_method_in_a_field_gets_gradients():
     """`Holder(fn=m.f)`: gradients reach `m.w` through an es.jit method as they
     do through an eqx.filter_jit method (a bound method of a module is a pytree)."""
@@ -248,10 +136,6 @@ def test_bound_method_in_a_field_gets_gradients():
     np.testing.assert_allclose(got[0], reference[0], rtol=1e-6)
 
 
-@_xfail(
-    "es.jit(f) retraces for every new instance behind Holder(fn=m.f) of an es.jit method "
-    "(3 traces in 3 calls; with a filter_jit method: 1): the bound method is a static leaf"
-)
 def test_bound_method_in_a_field_is_partitioned_like_an_argument():
     """New instances of the same shape behind `Holder(fn=m.f)`: one trace, as with
     an eqx.filter_jit method (whose bound method is a pytree)."""
@@ -271,9 +155,6 @@ def test_bound_method_in_a_field_is_partitioned_like_an_argument():
     assert counts == {"filter_jit": 1, "es.jit": 1}
 
 
-@_xfail(
-    "f(x), f(x, 2.0), f(x, scale=2.0) trace 3 times under es.jit: defaults not bound"
-)
 def test_default_arguments_are_bound_before_keying():
     """`f(x)`, `f(x, 2.0)` and `f(x, scale=2.0)` are one call (DESIGN §2.4)."""
     traces = 0
@@ -290,10 +171,6 @@ def test_default_arguments_are_bound_before_keying():
     assert traces == 1
 
 
-@_xfail(
-    "an es.jit method returning np.arange(...) returns the trace's numpy.ndarray, the same "
-    "object on every hit: mutating one result changes the next (filter_jit: a new jax.Array)"
-)
 @pytest.mark.parametrize("kind", ["eqx", "es"])
 def test_numpy_output_is_new_on_every_call(kind):
     """A NumPy array returned by an es.jit method comes out of the compiled program
@@ -307,21 +184,12 @@ def test_numpy_output_is_new_on_every_call(kind):
     assert isinstance(second, jax.Array), type(second)
 
 
-_ES_JIT_TWICE = pytest.param(
-    es.jit,
-    id="es.jit",
-    marks=_xfail(
-        "a second es.jit(f) of the same f retraces (2 traces; jax.jit, filter_jit: 1)"
-    ),
-)
-
-
 @pytest.mark.parametrize(
     "wrap",
     [
         pytest.param(jax.jit, id="jax.jit"),
         pytest.param(eqx.filter_jit, id="filter_jit"),
-        _ES_JIT_TWICE,
+        pytest.param(es.jit, id="es.jit"),
     ],
 )
 def test_wrapping_twice_shares_one_cache(wrap):
@@ -338,18 +206,9 @@ def test_wrapping_twice_shares_one_cache(wrap):
     assert traces == 1
 
 
-_ES_JIT_REWRAPPED = pytest.param(
-    es.jit,
-    id="es.jit",
-    marks=_xfail(
-        "es.jit(eqx.filter_grad(loss)) made anew for each call retraces every call "
-        "(3 traces in 3 calls; filter_jit: 1): the function is not partitioned as a pytree"
-    ),
-)
-
-
 @pytest.mark.parametrize(
-    "wrap", [pytest.param(eqx.filter_jit, id="filter_jit"), _ES_JIT_REWRAPPED]
+    "wrap",
+    [pytest.param(eqx.filter_jit, id="filter_jit"), pytest.param(es.jit, id="es.jit")],
 )
 @pytest.mark.parametrize("kind", ["eqx", "es"])
 def test_rewrapped_filter_grad_does_not_retrace(wrap, kind):
@@ -366,7 +225,6 @@ def test_rewrapped_filter_grad_does_not_retrace(wrap, kind):
     assert traces == 1
 
 
-@_xfail("es.Module accepts 2**40 in a dynamic int field without raising")
 def test_es_module_int_too_big_raises_naming_the_field():
     """§2.0: an int that does not fit the dtype of a dynamic field raises at once."""
 
