@@ -26,16 +26,6 @@ CASES = {
     "diffrax_ode.py": ("strict", "OK: 10 solves, one compile per value"),
 }
 
-# `test_examples.test_every_example_is_tested` wants every script in `examples/`
-# in its table; register these there (this module runs them). Its own strict
-# run cannot take the optax example (see above), so they stay out of its
-# parametrized runs, which are collected before this module is imported.
-import test_examples  # noqa: E402
-
-
-for _script, (_, _phrase) in CASES.items():
-    test_examples.CASES.setdefault(_script, (("--quick",), _phrase))
-
 
 def _run(script: str, promotion: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
