@@ -5,6 +5,9 @@ from typing import Any
 
 import jax.tree_util as jtu
 
+from ._compat import BoundMethod, WRAPPER_FIELD_NAMES
+from ._fields import instance_dict
+
 
 class BoundJit(functools.partial):
     """An [`eqx_static.jit`][] method bound to a module instance.
@@ -68,3 +71,18 @@ jtu.register_pytree_with_keys(
     lambda func, children: BoundJit(func, *children),
     lambda b: ((b.args[0],), b.func),
 )
+
+
+def bound_method(func: Any, obj: Any) -> Any:
+    """Equinox's `BoundMethod(func, obj)`, the same pytree, made without the
+    metaclass call, which walks every leaf of `obj` (DESIGN §4's trap)."""
+    bound = object.__new__(BoundMethod)
+    d = instance_dict(bound)
+    d["__func__"] = func
+    d["__self__"] = obj
+    for k in WRAPPER_FIELD_NAMES:  # as `BoundMethod.__post_init__` sets them
+        try:
+            d[k] = getattr(func, k)
+        except AttributeError:
+            pass
+    return bound

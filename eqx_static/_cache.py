@@ -43,16 +43,28 @@ class Entry:
     """One compile key without avals: a `jax.jit` whose own dispatch checks the
     avals, and the signatures (avals and shardings) it has compiled for."""
 
-    __slots__ = ("jitted", "key", "make", "origin", "paths", "reused", "variants")
+    __slots__ = (
+        "epoch",
+        "jitted",
+        "key",
+        "make",
+        "origin",
+        "paths",
+        "retired",
+        "reused",
+        "variants",
+    )
 
-    def __init__(self, origin: tuple, key: Any, paths: tuple[str, ...]):
+    def __init__(self, origin: tuple, key: Any, paths: tuple[str, ...] | None):
         self.jitted: Any = None
         self.make: Any = None  # makes a new `jitted`, empty
         self.origin = origin  # the full key of the call that created it
-        self.key = key  # where it is in the cache
+        self.key = key  # where it is in the cache (None: not yet keyed)
         self.paths = paths  # the static paths of `self` that `key` holds
         self.variants: dict[tuple, None] = {}  # signatures booked as misses
         self.reused = False  # served a call whose unread static values differ
+        self.retired = False  # a trace read a field outside `paths`: not to be used
+        self.epoch = 0  # bumped on retiring: a call that used it then runs again
 
 
 class Compile(NamedTuple):
@@ -110,11 +122,14 @@ class Cache:
                 if key in self.entries:
                     self.entries.move_to_end(key)  # pyright: ignore[reportAttributeAccessIssue]
 
-    def book(self, entry: Entry, sig: tuple) -> None:
-        """Count a compile of `entry` for the signature `sig`; then evict the least
-        recently used entries while more than `maxsize` signatures are held."""
+    def book(self, entry: Entry, sig: tuple | None) -> None:
+        """Count a miss: a compile of `entry` for the signature `sig` (None: a trace
+        that raised, which compiled nothing); then evict the least recently used
+        entries while more than `maxsize` signatures are held."""
         with self.lock:
             self.misses += 1
+            if sig is None:
+                return
             entry.variants[sig] = None
             if self.maxsize is None:
                 return
@@ -128,8 +143,9 @@ class Cache:
                 entry.jitted = entry.make()
 
     def rekey(self, entry: Entry, key: Any) -> None:
+        """Move `entry` (or put a private one) under `key`."""
         with self.lock:
-            if self.entries.get(entry.key) is entry:
+            if entry.key is not None and self.entries.get(entry.key) is entry:
                 del self.entries[entry.key]
             entry.key = key
             self.entries[key] = entry

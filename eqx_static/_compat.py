@@ -22,6 +22,10 @@ try:
     from equinox._module._module import (
         _currently_initialising as currently_initialising,  # equinox 0.13
     )
+
+    # What reading a method off a module gives (`module.method`): a pytree.
+    from equinox._module._prebuilt import BoundMethod as BoundMethod  # equinox 0.13
+
 except ImportError as e:  # pragma: no cover
     raise ImportError(
         f"eqx_static supports {SUPPORTED}; equinox {eqx.__version__} is installed, "

@@ -18,6 +18,7 @@ from ._aot import Lowered
 from ._budget import check_budget, RecompileError, storm_warning
 from ._cache import Cache, CacheInfo, Entry, shared_cache
 from ._explain import explain, find_unhashable, leaf_origins
+from ._fields import is_module
 from ._key import build, build_call, make_key, node
 from ._outputs import combine, split
 from ._relevance import Relevance
@@ -76,7 +77,7 @@ class _Pending(threading.local):
 
     def __init__(self):
         self.events = 0  # traces of es.jit functions, and XLA compiles
-        self.records: list[tuple[Entry, Any]] = []
+        self.records: list[tuple[Entry, Any, bool]] = []  # (entry, reads, ok)
         self.current: Any = None  # the full key of the call being dispatched
 
 
@@ -270,13 +271,13 @@ class _Jit(Generic[_P, _R]):
                         out = entry.jitted(*leaves)
                 else:
                     out = entry.jitted(*leaves)
-            finally:
-                if pending.events != events:  # it traced or compiled: book it
+            finally:  # booked once, as a hit or a miss, even if the call raised
+                if pending.events != events:  # it traced or compiled
                     self._after_miss(entry, leaves, args, key, time.perf_counter())
-            if pending.events == events:
-                cache.hit()
-                if lru:
-                    cache.touch(key)
+                else:
+                    cache.hit()
+                    if lru:
+                        cache.touch(key)
             return combine(*out)
 
         method.es_jit = self  # pyright: ignore[reportFunctionMemberAccess]
@@ -288,15 +289,17 @@ class _Jit(Generic[_P, _R]):
             return self._relevance.call(args, key, leaves)
         return self.call_entry(args, key, leaves)
 
-    def call_entry(
-        self, args: tuple, key: Any, leaves: list, relevance: Any = None
-    ) -> Any:
+    def call_entry(self, args: tuple, key: Any, leaves: list) -> Any:
         """Call the entry for `key` (made if new), booking a hit or a miss."""
         __tracebackhide__ = True
-        if relevance is not None:
-            entry, full = relevance.entry_for(key, leaves)
-        else:
-            entry, full = self.entry_for(key, leaves), key
+        out, missed = self.run(self.entry_for(key, leaves), args, key, leaves)
+        return out
+
+    def run(self, entry: Entry, args: tuple, full: Any, leaves: list) -> tuple:
+        """Call `entry` for the call `full`; returns the output and whether the call
+        traced or compiled. Every call is booked once, as a hit or a miss, even if
+        it raises."""
+        __tracebackhide__ = True
         events = _pending.events
         previous, _pending.current = _pending.current, full
         start = time.perf_counter()
@@ -310,13 +313,11 @@ class _Jit(Generic[_P, _R]):
         finally:
             _pending.current = previous
             missed = _pending.events != events
-            if missed:  # even if the call failed after tracing
+            if missed:
                 self._after_miss(entry, leaves, args, full, start)
-        if not missed:
-            self.cache.hit()
-            if relevance is not None:
-                relevance.hit(entry, full, args)
-        return combine(*out)
+            else:
+                self.cache.hit()
+        return combine(*out), missed
 
     def entry_for(
         self, key: Any, leaves: list, paths: tuple[str, ...] = (), full: Any = None
@@ -332,12 +333,23 @@ class _Jit(Generic[_P, _R]):
         if entry is not None:
             cache.touch(key)
             return entry
+        return cache.insert(key, self.new_entry(full, leaves, key, paths))
+
+    def new_entry(
+        self,
+        full: Any,
+        leaves: list,
+        key: Any = None,
+        paths: tuple[str, ...] | None = None,
+    ) -> Entry:
+        """An entry for the call `full`, not yet in the cache unless `key` is given
+        (`depends_on="auto"` keys it once its trace says what it read)."""
         check_budget(self, full, leaves)
         entry = Entry(full, key, paths)
         donated = self._donate_argnums(full, leaves)
         entry.make = functools.partial(self._make_jitted, full, entry, donated)
         entry.jitted = entry.make()
-        return cache.insert(key, entry)
+        return entry
 
     def _make_jitted(self, key: tuple, entry: Entry, donated: tuple[int, ...]) -> Any:
         return jax.jit(self._traced_fn(key, entry), donate_argnums=donated)
@@ -351,11 +363,9 @@ class _Jit(Generic[_P, _R]):
         def traced(*_es_leaves: Any) -> Any:
             fn = build(fn_node, iter(_es_leaves[:n_fn]))
             rest = _es_leaves[n_fn:]
-            reads = None
+            reads, ok = None, False
             call_key = key
-            if (
-                relevance is not None
-            ):  # rebuild from this call: its unread statics differ
+            if relevance is not None:  # rebuild from this call: unread statics differ
                 call_key = _pending.current
                 args, kwargs = build_call(call_key, rest)
                 reads = relevance.watch(entry, args)
@@ -364,6 +374,7 @@ class _Jit(Generic[_P, _R]):
             try:
                 out = fn(*args, **kwargs)
                 arrays, static = split(out)  # reads the statics of returned modules
+                ok = True
             except TracedFieldError:
                 raise
             except Exception as e:
@@ -372,11 +383,11 @@ class _Jit(Generic[_P, _R]):
                 raise self._traced_field_error(e, call_key, args).with_traceback(
                     e.__traceback__
                 ) from None
-            finally:
+            finally:  # a trace that raised is a miss too
                 if reads is not None:
                     reads.sealed = True
-            _pending.records.append((entry, reads))
-            _pending.events += 1
+                _pending.records.append((entry, reads if ok else None, ok))
+                _pending.events += 1
             return arrays, static
 
         traced.__name__ = getattr(self.fn, "__name__", "fn")
@@ -391,13 +402,13 @@ class _Jit(Generic[_P, _R]):
         same program). A compile for a signature already traced (say under `vmap`,
         then called directly) adds no entry, so it is no miss."""
         records = _pending.records
-        mine = [reads for e, reads in records if e is entry]
+        mine = [(reads, ok) for e, reads, ok in records if e is entry]
         records[:] = [r for r in records if r[0] is not entry]
         sig = signature(leaves)
         if not mine and sig not in entry.variants:
-            mine = [None]
+            mine = [(None, True)]
         seconds = time.perf_counter() - start
-        for reads in mine:
+        for reads, ok in mine:
             known = self._known()
             reason = None
             if known:
@@ -409,7 +420,7 @@ class _Jit(Generic[_P, _R]):
                         len(known),
                         reason,
                     )
-            self.cache.book(entry, sig)
+            self.cache.book(entry, sig if ok else None)
             storm_warning(self, reason, seconds, args)
             if self._relevance is not None:
                 self._relevance.learn(entry, reads, leaves, full)
@@ -484,10 +495,11 @@ class _Jit(Generic[_P, _R]):
         args, kwargs = self._signature.bind(args, kwargs)
         leaves = [*self._fn_leaves]
         key = make_key(args, kwargs, leaves)
-        if self._relevance is not None:
-            entry, full = self._relevance.entry_for(key, leaves)
+        if self._relevance is not None and key[0] and is_module(args[0]):
+            entry = self._relevance.lookup(key, leaves)
         else:
-            entry, full = self.entry_for(key, leaves), key
+            entry = self.entry_for(key, leaves)
+        full = key
         previous, _pending.current = _pending.current, full
         events = _pending.events
         try:

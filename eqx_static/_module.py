@@ -2,6 +2,7 @@
 
 import dataclasses
 import functools
+import types
 from collections.abc import Callable
 from typing import Any, TYPE_CHECKING, TypeVar
 
@@ -9,8 +10,10 @@ import equinox as eqx
 import jax
 from jax.core import Tracer
 
+from ._bound import bound_method
 from ._compat import currently_initialising
 from ._fields import field_info, instance_dict, unknown_field_error
+from ._relevance import _Watched as Watched
 from ._typecheck import check_fields, set_option, Typechecker
 from ._update import with_dynamic as _with_dynamic, with_static as _with_static
 from ._validate import as_data, check_hashable
@@ -170,6 +173,23 @@ class Module(eqx.Module):
     __check_init__._es_construction_only = True  # pyright: ignore[reportFunctionMemberAccess]
 
     if not TYPE_CHECKING:
+
+        def __getattribute__(self, name: str, /) -> Any:
+            # Equinox's own `__getattribute__`, plus two things: inside a trace of
+            # `es.jit(depends_on=...)` a static field read is reported, and a bound
+            # method is made without Equinox's walk over every leaf.
+            d = instance_dict(self)
+            if type(d) is Watched:
+                d._note(name)
+            out = object.__getattribute__(self, name)
+            if (
+                type(out) is types.MethodType
+                and out.__self__ is self
+                and not (name.startswith("__") and name.endswith("__"))
+                and name != "_abc_impl"
+            ):
+                return bound_method(out.__func__, self)
+            return out
 
         def __setattr__(self, name: str, value: Any) -> None:
             info = field_info(type(self))

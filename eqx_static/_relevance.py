@@ -1,18 +1,29 @@
-"""Relevance-aware keys: observe which static fields of `self` a trace reads.
+"""Relevance-aware keys: `es.jit(depends_on=...)` keys a call on the static fields
+of `self` that its trace read, and nothing else.
 
-While `es.jit(depends_on=...)` traces, `self` and the modules nested in it are
-rebuilt with a watched instance dictionary, and their classes carry a data
-descriptor per static field. Attribute reads (`self.sp`, `getattr`, properties)
-go through the descriptor; every other route to a field (`self.__dict__`, `vars`,
-a flatten by JAX or Equinox, copying) goes through the watched dictionary, whose
-bulk accessors count as reading every static field. A read is therefore either
-observed precisely or over-approximated; it is never missed.
+While such a method traces, `self` and the `es.Module`s nested in it are rebuilt
+with a watched instance dictionary. `es.Module.__getattribute__` reports attribute
+reads of static fields (`self.sp`, `getattr`, properties); every other route to a
+field (`self.__dict__`, `vars`, a flatten by JAX or Equinox, copying) goes through
+the watched dictionary, whose bulk accessors count as reading every static field.
+The static fields of a nested module that is not an `es.Module` (whose reads
+cannot be watched without changing its class) all count as read. A read is
+therefore observed precisely or over-approximated; it is never missed. Nothing
+is installed on any class.
+
+Each compiled entry is keyed by the values of the fields *its own* trace read: it
+is valid for every call that agrees with it there (a guard, as in
+`torch.compile`). A call is looked up under each distinct read set seen for the
+class, newest first. No lock is held while tracing: a miss traces a private entry
+and keys it afterwards, and an entry whose later trace (a new shape) reads a field
+outside its key is retired at that read, so that a concurrent call that used it
+runs again.
 """
 
 import difflib
-import functools
+import gc
 import logging
-import sys
+import types
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
@@ -21,19 +32,12 @@ import jax.tree_util as jtu
 
 from ._cache import Entry
 from ._explain import diff
-from ._fields import field_info, is_module
+from ._fields import field_info, instance_dict, is_module
 from ._key import children_of, LEAF, LEAVES, MODULE, plan, SEQ, TREE
 
 
 logger: Final = logging.getLogger("eqx_static")
-
-
-_NO_DEFAULT: Final = object()
 _DICT: Final = eqx.Module.__dict__["__dict__"]  # get and set, bypassing Equinox
-# Equinox's metaclass call walks the leaves of a new module's arguments to warn about
-# transformed functions; `self.method` builds a `BoundMethod(method, self)` that way.
-_META_CALL: Final = getattr(type(eqx.Module).__call__, "__code__", None)
-_TREE_LEAVES: Final = getattr(jtu.tree_leaves, "__code__", None)
 
 
 class UndeclaredStaticRead(Exception):  # noqa: N818  (the name is the contract)
@@ -69,23 +73,28 @@ class Reads:
     Python callable the trace left behind (a `custom_vjp` backward rule, a host
     callback) and goes to `late`, which must keep the cache sound."""
 
-    __slots__ = ("allowed", "late", "method", "paths", "sealed")
+    __slots__ = ("allowed", "entry", "late", "method", "modules", "paths", "sealed")
 
     def __init__(
         self,
         allowed: frozenset[str] | None,
         method: str,
+        entry: Entry,
         late: Callable[[str], None],
     ):
         self.allowed = allowed  # None: learn; else raise on anything outside it
         self.method = method
+        self.entry = entry
         self.paths: set[str] = set()
+        self.modules: list[Any] = []  # the watched modules, for `late_readers`
         self.sealed = False
         self.late = late
 
     def note(self, path: str) -> None:
-        if self.sealed and self.allowed is None and path not in self.paths:
-            self.late(path)  # declared fields are in the key: never stale
+        if self.sealed:
+            if self.allowed is None and path not in self.paths:
+                self.late(path)  # declared fields are in the key: never stale
+            return
         if self.allowed is not None and path not in self.allowed:
             raise UndeclaredStaticRead(
                 f"{self.method} read the static field {path!r} of `self`, which "
@@ -93,6 +102,12 @@ class Reads:
                 "is not part of the compile key, so the result could be stale. Add "
                 f'{path!r} to `depends_on`, or use `depends_on="auto"`.'
             )
+        entry = self.entry
+        if entry.paths is not None and path not in entry.paths and not entry.retired:
+            # A keyed entry traced again (a new shape) and read a field its key
+            # lacks: retire it now, before this trace can serve anyone else.
+            entry.retired = True
+            entry.epoch += 1
         self.paths.add(path)
 
 
@@ -114,8 +129,7 @@ class _Watched(dict):
         return dict.__getitem__(self, key)
 
     def get(self, key: Any, default: Any = None) -> Any:
-        if key in self._static and not _in_construction_walk():
-            self._note(key)
+        self._note(key)
         return dict.get(self, key, default)
 
     def setdefault(self, key: Any, default: Any = None) -> Any:
@@ -173,90 +187,42 @@ class _Watched(dict):
         return dict(dict.items(self)) | other
 
 
-def _in_construction_walk() -> bool:
-    """Whether the caller of `_Watched.get` is Equinox's flatten, run by
-    `jtu.tree_leaves` straight from its metaclass call: a walk that only looks for
-    transformed functions among the leaves, so the static values it passes over are
-    not read. Without this, calling any method of `self` (`self.g(x)`) would count as
-    reading every static field. Anything else (an unknown Equinox) is a read."""
-    frame = sys._getframe(2)
-    for _ in range(8):  # skip wrappers around `get` (a type checker's, say)
-        if frame is None:
-            return False
-        if frame.f_code.co_filename.startswith("<generated_flatten"):
-            caller = frame.f_back
-            return (
-                caller is not None
-                and caller.f_code is _TREE_LEAVES
-                and caller.f_back is not None
-                and caller.f_back.f_code is _META_CALL
-            )
-        frame = frame.f_back
-    return False
-
-
-class _StaticField:
-    """A class-level data descriptor for one static field: plain storage in the
-    instance dictionary, and a report when the instance is being watched."""
-
-    __slots__ = ("default", "name")
-
-    def __init__(self, name: str, default: object):
-        self.name = name
-        self.default = default
-
-    def __get__(self, obj: object, owner: type | None = None) -> Any:
-        if obj is None:
-            if self.default is _NO_DEFAULT:
-                raise AttributeError(self.name)
-            return self.default
-        d = _DICT.__get__(obj)
-        if type(d) is _Watched:
-            d._note(self.name)
-        try:
-            return dict.__getitem__(d, self.name)
-        except KeyError:
-            raise AttributeError(self.name) from None
-
-    def __set__(self, obj: object, value: object) -> None:
-        dict.__setitem__(_DICT.__get__(obj), self.name, value)
-
-    def __delete__(self, obj: object) -> None:
-        dict.__delitem__(_DICT.__get__(obj), self.name)
-
-
-def install(cls: type) -> None:
-    """Put a `_StaticField` on `cls` for each of its static fields (once)."""
-    for name in plan(cls).static_names:
-        if not isinstance(cls.__dict__.get(name), _StaticField):
-            default = cls.__dict__.get(name, _NO_DEFAULT)
-            type.__setattr__(cls, name, _StaticField(name, default))
+def note_attribute(d: _Watched, name: str) -> None:
+    """`es.Module.__getattribute__` read `name` off a watched module."""
+    d._note(name)
 
 
 def watch(obj: Any, reads: Reads, prefix: str = "") -> None:
     """Make the rebuilt module `obj`, and the modules nested in it, report reads.
 
-    Paths follow the key (`_key.node`): a plain list or tuple by position, any other
-    pytree (a dict, a named tuple) by position among its leaves, modules as leaves."""
-    if not is_module(obj):
-        if type(obj) is list or type(obj) is tuple:
-            children = obj
+    Paths follow the key: a plain list or tuple by position, any other pytree (a
+    dict, a named tuple) by position among its leaves, modules as leaves."""
+    stack = [(obj, prefix)]
+    while stack:
+        obj, prefix = stack.pop()
+        if not is_module(obj):
+            if type(obj) is list or type(obj) is tuple:
+                children = obj
+            else:
+                children = jtu.tree_leaves(obj, is_leaf=is_module)
+                if len(children) == 1 and children[0] is obj:
+                    continue
+            stack += [(x, f"{prefix}{i}.") for i, x in enumerate(children)]
+            continue
+        p = plan(type(obj))
+        d = instance_dict(obj)
+        reads.modules.append(obj)
+        if not p.stores_arrays:  # not an `es.Module`: its reads cannot be seen
+            for name in p.static_names:
+                reads.note(prefix + name)
         else:
-            children = jtu.tree_leaves(obj, is_leaf=is_module)
-            if len(children) == 1 and children[0] is obj:
-                return
-        for i, x in enumerate(children):
-            watch(x, reads, f"{prefix}{i}.")
-        return
-    cls = type(obj)
-    p = plan(cls)
-    install(cls)
-    d = _DICT.__get__(obj)
-    w = _Watched(d)
-    w._prefix, w._reads, w._static = prefix, reads, p.static
-    _DICT.__set__(obj, w)
-    for name in p.dynamic_names:
-        watch(dict.__getitem__(w, name), reads, f"{prefix}{name}.")
+            w = _Watched(d)
+            w._prefix, w._reads, w._static = prefix, reads, p.static
+            _DICT.__set__(obj, w)
+            d = w
+        for name in p.dynamic_names:
+            if name in d:
+                stack.append((dict.__getitem__(d, name), f"{prefix}{name}."))
 
 
 # ----------------------------------------------------------------------------------
@@ -339,20 +305,54 @@ _projections: Final[dict[int, tuple]] = {}
 # Reads that can happen after the trace.
 
 
-def leaves_callables(jaxpr: Any) -> bool:
-    """Whether the traced program keeps Python callables that may run later and
-    read `self` then: host callbacks, `custom_vjp` backward rules, `custom_jvp`
-    rules. Any callable parameter counts, so the answer errs towards yes."""
-    return any(_param_callable(v) for eqn in jaxpr.eqns for v in eqn.params.values())
+def late_readers(jaxpr: Any, modules: list[Any]) -> bool:
+    """Whether the traced program keeps a Python callable (a host callback, a
+    `custom_vjp` backward rule, ...) that can reach one of the watched `modules`,
+    and so could read a static field after the trace. Sub-jaxprs (nested jits,
+    `cond`, `scan`) are searched too; a callable that cannot reach them (the rules
+    of `jax.nn.relu`, a mesh) is no reader. The search is bounded: past the bound
+    the answer is yes."""
+    targets = {id(m) for m in modules}
+    callables: list[Any] = []
+    stack = [jaxpr]
+    while stack:
+        j = stack.pop()
+        for eqn in j.eqns:
+            for v in eqn.params.values():
+                _params(v, stack, callables)
+    return any(_reaches(c, targets) for c in callables)
 
 
-def _param_callable(v: Any) -> bool:
+def _params(v: Any, jaxprs: list, callables: list) -> None:
     if isinstance(v, tuple | list):
-        return any(map(_param_callable, v))
+        for x in v:
+            _params(x, jaxprs, callables)
+        return
     inner = getattr(v, "jaxpr", v)  # a ClosedJaxpr holds a Jaxpr
     if hasattr(inner, "eqns"):
-        return leaves_callables(inner)
-    return callable(v) and not isinstance(v, type)
+        jaxprs.append(inner)
+    elif callable(v) and not isinstance(v, type):
+        callables.append(v)
+
+
+_OPAQUE: Final = (type, types.ModuleType, str, bytes, int, float, bool, type(None))
+_BOUND: Final = 20_000  # objects visited per callable before assuming the worst
+
+
+def _reaches(root: Any, targets: set[int]) -> bool:
+    seen = {id(root)}
+    stack = [root]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in targets:
+            return True
+        if len(seen) > _BOUND:
+            return True
+        for ref in gc.get_referents(obj):
+            if id(ref) not in seen and not isinstance(ref, _OPAQUE):
+                seen.add(id(ref))
+                stack.append(ref)
+    return False
 
 
 # ----------------------------------------------------------------------------------
@@ -369,123 +369,134 @@ _MSG_LATE_READ: Final = (
 
 
 class Relevance:
-    """`es.jit(depends_on=...)`: keys projected on the static fields of `self` that
-    matter, named or learned."""
+    """`es.jit(depends_on=...)`: entries keyed on the static fields of `self` that
+    their traces read (`"auto"`), or that `depends_on` names."""
 
     def __init__(self, depends_on: Any, wrapper: Any):
         check_depends_on(depends_on)
         self.wrapper = wrapper
         self.cache = wrapper.cache
         self.declared = (
-            tuple(depends_on) if isinstance(depends_on, tuple | list) else None
+            tuple(sorted(depends_on)) if isinstance(depends_on, tuple | list) else None
         )
         self.allowed = frozenset(self.declared) if self.declared is not None else None
 
-    def call(self, args: tuple, key: Any, leaves: list) -> Any:
-        __tracebackhide__ = True
-        # Relevance keys change as traces teach which fields matter: one call at a
-        # time per cache, so that no call looks up an entry another is re-keying.
-        with self.cache.lock:
-            self._apply_late_reads()
-            try:
-                return self.wrapper.call_entry(args, key, leaves, self)
-            finally:
-                self._apply_late_reads()
+    # -- look-up ---------------------------------------------------------------
 
-    def generations(self, full: tuple) -> list[tuple[str, ...]]:
-        """The sets of static paths of `self` that keys have been projected on,
-        oldest first: `depends_on` itself, or what traces taught, growing."""
-        first = full[0][0] if full[0] else None
-        if not _is_module_node(first):
-            return [()]
-        cls = first[1]  # pyright: ignore[reportOptionalSubscript]
-        if self.declared is None:
-            return self.cache.learned.setdefault(cls, [()])
-        if cls not in self.cache.checked:
-            check_declared(self.declared, cls, self.wrapper.qualname)
-            self.cache.checked.add(cls)
-        return [self.declared]
+    def read_sets(self, cls: type) -> list[tuple[str, ...]]:
+        """The distinct sets of static paths that entries for `cls` are keyed on,
+        newest first (with `depends_on=(...)`: that one set)."""
+        if self.declared is not None:
+            if cls not in self.cache.checked:
+                check_declared(self.declared, cls, self.wrapper.qualname)
+                self.cache.checked.add(cls)
+            return [self.declared]
+        return self.cache.learned.get(cls, [])
 
-    def project(self, full: tuple, paths: tuple[str, ...]) -> tuple:
+    def key_on(self, full: tuple, paths: tuple[str, ...]) -> tuple:
         args, names, kw = full
-        if not args or not _is_module_node(args[0]):
-            return full
         return (project(args[0], paths), *args[1:]), names, kw
 
-    def entry_for(self, full: tuple, leaves: list) -> tuple[Entry, tuple]:
-        """The entry for a call's full key: projected onto the relevant static
-        fields (newest learned set first, then older ones, whose entries stay
-        valid), or created."""
-        generations = self.generations(full)
-        newest = None
-        for paths in reversed(generations):
-            key = self.project(full, paths)
-            newest = newest or key
+    def lookup(self, full: tuple, leaves: list) -> Entry:
+        """A keyed entry valid for the call `full`, or a new private one (keyed once
+        its trace says what it read)."""
+        cls = full[0][0][1]
+        for paths in self.read_sets(cls):
+            key = self.key_on(full, paths)
             try:
                 entry = self.cache.entries.get(key)
             except TypeError:
-                return self.wrapper.entry_for(full, leaves), full  # raises, naming it
-            if entry is not None:
+                return self.wrapper.entry_for(full, leaves)  # raises, naming it
+            if entry is not None and not entry.retired:
                 self.cache.touch(key)
                 if full != entry.origin:
                     entry.reused = True
-                return entry, full
-        return self.wrapper.entry_for(newest, leaves, generations[-1], full), full
+                return entry
+        if self.declared is not None:
+            return self.wrapper.entry_for(
+                self.key_on(full, self.declared), leaves, self.declared, full
+            )
+        return self.wrapper.new_entry(full, leaves)
+
+    # -- calls -----------------------------------------------------------------
+
+    def call(self, args: tuple, full: tuple, leaves: list) -> Any:
+        """Call the entry valid for `full`; again if the entry was retired while the
+        call ran (another trace found that its key lacks a field)."""
+        __tracebackhide__ = True
+        if not (full[0] and _is_module_node(full[0][0])):
+            return self.wrapper.call_entry(args, full, leaves)
+        self._apply_late_reads()
+        while True:
+            entry = self.lookup(full, leaves)
+            epoch = entry.epoch
+            out, missed = self.wrapper.run(entry, args, full, leaves)
+            if missed or entry.epoch == epoch:
+                if not missed:
+                    self.hit(entry, full, args)
+                return out
 
     def watch(self, entry: Entry, args: tuple) -> Reads | None:
         if not args or not is_module(args[0]):
             return None
-        late = functools.partial(self._late_read, entry)
-        reads = Reads(self.allowed, self.wrapper.name(args), late)
+        late = lambda path: self._late_read(entry, path)  # noqa: E731
+        reads = Reads(self.allowed, self.wrapper.name(args), entry, late)
         watch(args[0], reads)
         return reads
 
     def learn(self, entry: Entry, reads: Reads | None, leaves: list, full: tuple):
-        if reads is None or self.declared is not None:
+        """Key `entry` by what its trace read (all static fields of `self` if the
+        program keeps a callable that could read one later)."""
+        if reads is None:
             return
-        paths = self._all_if_late(entry, reads, leaves, full)
-        if paths <= set(entry.paths):
+        if self.declared is not None:
             return
-        generations = self.cache.learned.setdefault(full[0][0][1], [()])
-        union = tuple(sorted(set(generations[-1]) | paths))
-        if union != generations[-1]:
-            generations.append(union)
-        entry.paths = union
-        self.cache.rekey(entry, self.project(full, union))
-
-    def _all_if_late(
-        self, entry: Entry, reads: Reads, leaves: list, full: tuple
-    ) -> set[str]:
-        """What a trace read, or every static field of `self` when the program keeps
-        Python callables that could read one after the trace (their reads would
-        come too late to key this entry)."""
+        paths = set(reads.paths)
         try:
-            late = leaves_callables(entry.jitted.trace(*leaves).jaxpr.jaxpr)
+            jaxpr = entry.jitted.trace(*leaves).jaxpr.jaxpr
+            if late_readers(jaxpr, reads.modules):
+                paths = set(static_paths(full[0][0]))
         except Exception:  # could not inspect the program: assume the worst
-            late = True
-        return set(static_paths(full[0][0])) if late else reads.paths
+            paths = set(static_paths(full[0][0]))
+        if entry.paths is not None:
+            if paths <= set(entry.paths) and not entry.retired:
+                return
+            paths |= set(entry.paths)
+        self._key(entry, tuple(sorted(paths)), full)
+
+    def _key(self, entry: Entry, paths: tuple[str, ...], full: tuple) -> None:
+        cls = full[0][0][1]
+        with self.cache.lock:
+            sets = self.cache.learned.setdefault(cls, [])
+            if paths in sets:
+                sets.remove(paths)
+            sets.insert(0, paths)  # newest first
+            entry.paths = paths
+            entry.retired = False
+            self.cache.rekey(entry, self.key_on(full, paths))
 
     def _late_read(self, entry: Entry, path: str) -> None:
         """A static field read after tracing ended, by a callable the trace left
-        behind. If the entry only ever served the configuration it was traced for,
-        the value read is right: queue the field to be learned. Otherwise refuse."""
-        if path in entry.paths:
+        behind (it may run on another thread). If the entry only ever served the
+        configuration it was traced for, the value read is right: retire the entry
+        and queue the field to be learned. Otherwise the value may be stale:
+        refuse."""
+        if entry.paths is None or path in entry.paths:
             return  # part of the key: never stale
         if entry.reused:
             raise UndeclaredStaticRead(_MSG_LATE_READ.format(path=path))
+        entry.retired = True
+        entry.epoch += 1
         self.cache.late.append((entry, path))
 
     def _apply_late_reads(self) -> None:
         while self.cache.late:
-            entry, path = self.cache.late.pop()
-            if path in entry.paths:
-                continue
-            generations = self.cache.learned.setdefault(entry.origin[0][0][1], [()])
-            union = tuple(sorted(set(generations[-1]) | {path}))
-            if union != generations[-1]:
-                generations.append(union)
-            entry.paths = union
-            self.cache.rekey(entry, self.project(entry.origin, union))
+            try:
+                entry, path = self.cache.late.pop()
+            except IndexError:  # another thread took it
+                return
+            paths = tuple(sorted({*(entry.paths or ()), path}))
+            self._key(entry, paths, entry.origin)
 
     def hit(self, entry: Entry, full: tuple, args: tuple) -> None:
         if full != entry.origin and logger.isEnabledFor(logging.DEBUG):

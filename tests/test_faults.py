@@ -172,14 +172,6 @@ def test_no_deadlock_and_results_equal_eager(storms, clear):
     assert s["problems"] == []
 
 
-_UNBOOKED = (
-    "issue 12: a call whose trace raised (ValueError, or KeyboardInterrupt mid-trace) is "
-    "booked neither as a hit nor as a miss: e.g. the default wrapper showed "
-    "hits=84 + misses=6 for 99 calls, 9 of which raised; successful calls add up exactly"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=_UNBOOKED)
 @pytest.mark.parametrize("clear", [False, True], ids=["kept", "cleared"])
 def test_every_call_booked_once(storms, clear):
     s = storms[clear]
@@ -191,7 +183,6 @@ def test_every_call_booked_once(storms, clear):
     assert s["infos"]["maxsize2"].currsize <= 2
 
 
-@pytest.mark.xfail(strict=True, reason=_UNBOOKED + " (misses 62 for 91 traces)")
 @pytest.mark.parametrize("clear", [False, True], ids=["kept", "cleared"])
 def test_a_miss_is_a_trace(storms, clear):
     s = storms[clear]
@@ -226,12 +217,6 @@ class PingPong(es.Module):
         return self.ping(x + 1.0, depth - 1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11: two depends_on='auto' methods that call each other, traced from "
-    "two threads at once, deadlock (each holds its own wrapper's lock and waits for "
-    "the other's)",
-)
 def test_auto_methods_calling_each_other_from_two_threads():
     m = PingPong(jnp.arange(3.0), flip=True, unread=0)
     x = jnp.ones(3)

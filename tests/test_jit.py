@@ -763,7 +763,10 @@ def test_traced_field_as_a_shape_names_the_field():
     assert "eqx.field(static=True)" in message
 
 
-def test_a_failed_trace_is_neither_a_hit_nor_a_miss():
+def test_a_failed_trace_is_a_miss_that_holds_no_entry():
+    """Every call is booked once (issue 12): a trace that raised is a miss, and
+    compiled nothing, so `currsize` does not count it."""
+
     class Gate(es.Module):
         dp: float
 
@@ -774,7 +777,7 @@ def test_a_failed_trace_is_neither_a_hit_nor_a_miss():
     for _ in range(2):
         with pytest.raises(es.TracedFieldError):
             Gate(1.0)(jnp.array(1.0))
-    assert Gate.__call__.cache_info() == es.CacheInfo(0, 0, None, 0)
+    assert Gate.__call__.cache_info() == es.CacheInfo(0, 2, None, 0)
 
 
 def test_traced_argument_keeps_jax_error():

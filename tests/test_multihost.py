@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "examples" / "multihost.py"
 TIMEOUT = 240  # seconds; the quick run takes about 10 on 2 cores
 
+
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env.update(
