@@ -4,8 +4,9 @@ As in `test_examples.py`: a subprocess with JAX's strict rank promotion and ever
 warning an error; the script checks its own claims and prints a final "OK" line.
 Two differences: optax's own code mixes dtypes (`decay**count`, a Python float
 and an int32 step count), so the optax example runs with JAX's standard dtype
-promotion; and the diffrax example is skipped where diffrax is not installed (it
-is not a dependency), after checking that the script says so and exits 0.
+promotion; and the diffrax example is skipped where diffrax is not installed (a
+user's environment need not have it; the `test` extra does), after checking that
+the script says so and exits 0.
 """
 
 import importlib.util
