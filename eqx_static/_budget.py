@@ -37,37 +37,53 @@ class RecompileError(RuntimeError):
     """
 
 
-def check_budget(wrapper: Any, key: tuple, leaves: list, after: bool = False) -> None:
-    """Raise `RecompileError` if compiling for `key` would exceed `max_compiles`
-    (`after`: a compile that already happened, for a new signature of an entry)."""
-    limit = wrapper._max_compiles
-    cache = wrapper.cache
-    if limit is None or (cache.misses < limit if not after else cache.misses <= limit):
+def check_budget(wrapper: Any, key: tuple, leaves: list) -> None:
+    """Raise `RecompileError` if compiling for `key` would exceed `max_compiles`."""
+    limit, cache = wrapper._max_compiles, wrapper.cache
+    if limit is None or cache.misses < limit:
         return
     from ._jit import signature
 
     known = wrapper._known()
     reason = explain(known, key, signature(leaves), wrapper._argnames) if known else "?"
+    raise _budget_error(wrapper, cache.misses + 1, reason)
+
+
+def _budget_error(wrapper: Any, n: int, reason: str) -> RecompileError:
     history = "".join(
         f"\n  compile {i + 1}: {', '.join(c.changed) or 'first call'}"
-        for i, c in enumerate(cache.compiles)
+        for i, c in enumerate(wrapper.cache.compiles)
     )
-    raise RecompileError(
-        f"{wrapper.qualname}: compile {cache.misses + (0 if after else 1)} exceeds "
-        f"`max_compiles={limit}`: {reason}.\nEarlier compiles:{history}\nIf these "
-        "compiles are expected, raise `max_compiles`; otherwise make the value that "
-        "changes a dynamic field (an array), or keep it fixed."
+    return RecompileError(
+        f"{wrapper.qualname}: compile {n} exceeds `max_compiles="
+        f"{wrapper._max_compiles}`: {reason}.\nEarlier compiles (what changed from "
+        f"the one before):{history}\nIf these compiles are expected, raise "
+        "`max_compiles`; otherwise make the value that changes a dynamic field (an "
+        "array), or keep it fixed."
     )
 
 
-def storm_warning(
-    wrapper: Any, reason: str | None, seconds: float, args: tuple
+def record_compile(
+    wrapper: Any,
+    key: tuple,
+    sig: tuple,
+    reason: str | None,
+    seconds: float,
+    args: tuple,
 ) -> None:
-    """Record a compile; after `warn_after` compiles in which one field or argument
-    changed every time, warn once, naming it."""
+    """Record a compile (a miss already booked): raise `RecompileError` past
+    `max_compiles` (a new signature of an entry, which could not be refused before
+    it compiled); after `warn_after` compiles in which one field or argument
+    changed from each compile to the next, warn once, naming it."""
     cache = wrapper.cache
-    changed = tuple(_names(reason)) if reason else ()
+    last, cache.last = cache.last, (key, sig)
+    changed: tuple[str, ...] = ()
+    if last is not None:
+        changed = tuple(_names(explain([last], key, sig, wrapper._argnames)))
     cache.compiles.append(Compile(changed, seconds))
+    limit = wrapper._max_compiles
+    if limit is not None and cache.misses > limit:
+        raise _budget_error(wrapper, cache.misses, reason or "?")
     n = wrapper._warn_after
     if n is None or cache.warned or len(cache.compiles) < n:
         return

@@ -87,6 +87,7 @@ class Cache:
         self.checked: set[type] = set()  # classes whose `depends_on` paths exist
         self.late: list[tuple[Entry, str]] = []  # reads after tracing, to learn
         self.compiles: list[Compile] = []
+        self.last: tuple | None = None  # the key and signature of the last compile
         self.warned = False
 
     def hit(self) -> None:
@@ -103,6 +104,7 @@ class Cache:
             self.entries.clear()
             self.hits = self.misses = 0
             self.compiles.clear()
+            self.last = None
             self.late.clear()
             self.warned = False
 

@@ -15,13 +15,13 @@ from jax._src import traceback_util
 from jax.core import Tracer
 
 from ._aot import Lowered
-from ._budget import check_budget, RecompileError, storm_warning
+from ._budget import check_budget, RecompileError, record_compile
 from ._cache import Cache, CacheInfo, Entry, shared_cache
 from ._explain import explain, find_unhashable, leaf_origins
 from ._fields import is_module
-from ._key import build, build_call, make_key, node
+from ._key import build, build_call, make_key, node, watched
 from ._outputs import combine, split
-from ._relevance import Relevance
+from ._relevance import Handover, Relevance, rewatch
 
 
 traceback_util.register_exclusion(__file__)
@@ -79,6 +79,7 @@ class _Pending(threading.local):
         self.events = 0  # traces of es.jit functions, and XLA compiles
         self.records: list[tuple[Entry, Any, bool]] = []  # (entry, reads, ok)
         self.current: Any = None  # the full key of the call being dispatched
+        self.handover: Handover | None = None  # for the next trace to take
 
 
 _pending: Final = _Pending()
@@ -257,6 +258,8 @@ class _Jit(Generic[_P, _R]):
                 args, kwargs = signature.bind(args, kwargs)
             leaves = [*fn_leaves]
             key = make_key(args, kwargs, leaves)
+            if watched.seen:  # called from a `depends_on` trace, on its `self`
+                return self._handover(args, kwargs, key, leaves)
             try:
                 entry = entries.get(key)
             except TypeError:  # an unhashable static value: the slow path says which
@@ -282,6 +285,17 @@ class _Jit(Generic[_P, _R]):
 
         method.es_jit = self  # pyright: ignore[reportFunctionMemberAccess]
         return method, call
+
+    def _handover(self, args: tuple, kwargs: dict, key: Any, leaves: list) -> Any:
+        __tracebackhide__ = True
+        handover = Handover((*args, *kwargs.values()), watched.seen)
+        watched.seen = []
+        previous, _pending.handover = _pending.handover, handover
+        try:
+            return self._slow_call(args, kwargs, key, leaves)
+        finally:
+            _pending.handover = previous
+            handover.settle()
 
     def _slow_call(self, args: tuple, kwargs: dict, key: Any, leaves: list) -> Any:
         __tracebackhide__ = True
@@ -365,12 +379,15 @@ class _Jit(Generic[_P, _R]):
             rest = _es_leaves[n_fn:]
             reads, ok = None, False
             call_key = key
+            handover, _pending.handover = _pending.handover, None
             if relevance is not None:  # rebuild from this call: unread statics differ
                 call_key = _pending.current
                 args, kwargs = build_call(call_key, rest)
                 reads = relevance.watch(entry, args)
             else:
                 args, kwargs = build_call(key, rest)
+                if handover is not None:
+                    rewatch(handover, (*args, *kwargs.values()))
             try:
                 out = fn(*args, **kwargs)
                 arrays, static = split(out)  # reads the statics of returned modules
@@ -421,11 +438,10 @@ class _Jit(Generic[_P, _R]):
                         reason,
                     )
             self.cache.book(entry, sig if ok else None)
-            storm_warning(self, reason, seconds, args)
+            if ok:
+                record_compile(self, full, sig, reason, seconds, args)
             if self._relevance is not None:
                 self._relevance.learn(entry, reads, leaves, full)
-        if self._max_compiles is not None and self.cache.misses > self._max_compiles:
-            check_budget(self, full, leaves, after=True)
 
     def _known(self) -> list[tuple[tuple, tuple]]:
         with self.cache.lock:
@@ -495,6 +511,8 @@ class _Jit(Generic[_P, _R]):
         args, kwargs = self._signature.bind(args, kwargs)
         leaves = [*self._fn_leaves]
         key = make_key(args, kwargs, leaves)
+        Handover((), watched.seen).settle()  # lowering is no trace to watch
+        watched.seen = []
         if self._relevance is not None and key[0] and is_module(args[0]):
             entry = self._relevance.lookup(key, leaves)
         else:
@@ -514,7 +532,10 @@ class _Jit(Generic[_P, _R]):
         """The key and traced leaves of a call, as the hot path computes them."""
         args, kwargs = self._signature.bind(args, kwargs)
         leaves = [*self._fn_leaves]
-        return make_key(args, kwargs, leaves), leaves
+        key = make_key(args, kwargs, leaves)
+        Handover((), watched.seen).settle()  # no trace here: all count as read
+        watched.seen = []
+        return key, leaves
 
 
 from ._bound import BoundJit  # noqa: E402  (after `_Jit`, which it refers to)

@@ -17,6 +17,7 @@ hashable tuples mirroring the call's arguments:
 """
 
 import math
+import threading
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any, Final
@@ -219,6 +220,18 @@ def make_key(args: tuple, kwargs: dict[str, Any], leaves: list) -> tuple:
     return tuple(nodes), (), ()
 
 
+class _Watched(threading.local):
+    """Per thread: the watched instance dicts (of a `depends_on` trace's `self`)
+    that the key of the current call passed over without reporting reads. The
+    called wrapper reports them: precisely if it traces, all if it does not."""
+
+    def __init__(self):
+        self.seen: list = []
+
+
+watched: Final = _Watched()
+
+
 # A module is frozen, so its key and leaves are computed once per instance and kept
 # while the instance lives: `id` -> (weak reference, key, leaves). Instances whose
 # key could change (holding a list, a dict or another mutable pytree; made while a
@@ -264,6 +277,11 @@ def node(v: Any, leaves: list, mutable: list | None = None) -> Any:
     if kind is _MOD:
         p = _infos.get(t) or field_info(t)
         d = instance_dict(v)
+        if type(d) is not dict:  # watched by a `depends_on` trace: see `watched`
+            watched.seen.append(d)
+            d = dict(dict.items(d))  # read without reporting: the callee decides
+            if mutable is not None:
+                mutable.append(v)  # never memoised
         try:
             statics = p.get_static(d)
             dynamic = p.get_dynamic(d)

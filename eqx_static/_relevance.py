@@ -33,7 +33,7 @@ import jax.tree_util as jtu
 from ._cache import Entry
 from ._explain import diff
 from ._fields import field_info, instance_dict, is_module
-from ._key import children_of, LEAF, LEAVES, MODULE, plan, SEQ, TREE
+from ._key import ARRAY_TYPES, children_of, LEAF, LEAVES, MODULE, plan, SEQ, TREE
 
 
 logger: Final = logging.getLogger("eqx_static")
@@ -543,3 +543,57 @@ def check_depends_on(depends_on: Any) -> None:
         f"`self` (dotted paths into nested modules); got {depends_on!r}. For one "
         'field write `depends_on=("name",)`.'
     )
+
+
+# ----------------------------------------------------------------------------------
+# A `depends_on` trace that calls another `es.jit` function on `self`.
+
+
+class Handover:
+    """The watched modules a call received from a `depends_on` trace around it.
+
+    Building the call's key read them without reporting (`_key.watched`). If the
+    call traces, its rebuilt modules are watched in their place (`rewatch`), so the
+    outer trace learns exactly what the inner one read; if it does not trace (its
+    own cache was warm), every static field of those modules counts as read."""
+
+    __slots__ = ("args", "done", "seen")
+
+    def __init__(self, args: tuple, seen: list):
+        self.args = args
+        self.seen = seen
+        self.done = False
+
+    def settle(self) -> None:
+        if not self.done:
+            for d in self.seen:
+                d._note_all()
+
+
+def rewatch(handover: Handover, rebuilt: tuple) -> None:
+    """Watch the modules of `rebuilt` (the arguments a trace rebuilt) that stand
+    where `handover.args` held watched ones, reporting to the same collectors."""
+    stack = list(zip(handover.args, rebuilt))
+    while stack:
+        old, new = stack.pop()
+        if is_module(old):
+            if type(new) is not type(old):
+                continue
+            d, nd = instance_dict(old), instance_dict(new)
+            if type(d) is _Watched:
+                w = _Watched(nd)
+                w._prefix, w._reads, w._static = d._prefix, d._reads, d._static
+                _DICT.__set__(new, w)
+            for name in plan(type(old)).dynamic_names:
+                if name in d and name in nd:
+                    stack.append(
+                        (dict.__getitem__(d, name), dict.__getitem__(nd, name))
+                    )
+        elif type(old) in (list, tuple) and type(new) is type(old):
+            stack += zip(old, new)
+        elif not isinstance(old, ARRAY_TYPES) and old is not None:
+            a = jtu.tree_leaves(old, is_leaf=is_module)
+            b = jtu.tree_leaves(new, is_leaf=is_module)
+            if len(a) == len(b) and (len(a) != 1 or a[0] is not old):
+                stack += zip(a, b)
+    handover.done = True
