@@ -89,7 +89,8 @@ class Compiled:
                 "it again for them, or call the `es.jit` wrapper, which compiles as "
                 "needed."
             )
-        return combine(*self.compiled(*leaves))
+        out = self.compiled(*leaves)
+        return combine(*out) if type(out) is tuple else out
 
     def as_text(self, *args: Any, **kwargs: Any) -> str:
         """JAX's `Compiled.as_text`."""

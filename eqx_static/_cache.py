@@ -80,7 +80,8 @@ class Cache:
     def __init__(self, maxsize: int | None):
         self.maxsize = maxsize
         self.entries: dict[Any, Entry] = OrderedDict() if maxsize else {}
-        self.hits = 0
+        self.local = threading.local()  # `.hits`: this thread's count, a 1-list
+        self._hit_counts: list[list[int]] = []  # every thread's
         self.misses = 0
         self.lock = threading.RLock()
         self.learned: dict[type, list[tuple[str, ...]]] = {}  # depends_on="auto"
@@ -90,9 +91,19 @@ class Cache:
         self.last: tuple | None = None  # the key and signature of the last compile
         self.warned = False
 
-    def hit(self) -> None:
-        with self.lock:
-            self.hits += 1
+    def count_hit(self) -> None:
+        """Count a hit. Each thread counts in its own list, so that a hit takes no
+        lock and no increment is lost (the hot path inlines the common case)."""
+        try:
+            self.local.hits[0] += 1
+        except AttributeError:
+            counts = self.local.hits = [1]
+            with self.lock:
+                self._hit_counts.append(counts)
+
+    @property
+    def hits(self) -> int:
+        return sum(c[0] for c in list(self._hit_counts))
 
     def info(self) -> CacheInfo:
         with self.lock:
@@ -102,7 +113,9 @@ class Cache:
     def clear(self) -> None:
         with self.lock:
             self.entries.clear()
-            self.hits = self.misses = 0
+            for counts in self._hit_counts:
+                counts[0] = 0
+            self.misses = 0
             self.compiles.clear()
             self.last = None
             self.late.clear()

@@ -95,10 +95,15 @@ def _make_info(cls: type) -> FieldInfo:
         get_static=getter(static),
         get_dynamic=getter(dynamic),
         all_leaves=("·",) * len(dynamic),  # `_key.LEAF` each
-        stores_arrays=any(
-            k.__module__ == "eqx_static._module" and k.__name__ == "Module"
-            for k in cls.__mro__
-        ),
+        stores_arrays=is_es_module_class(cls),
+    )
+
+
+def is_es_module_class(cls: type) -> bool:
+    """Whether `cls` subclasses `es.Module` (safe while the class is being made)."""
+    return any(
+        k.__module__ == "eqx_static._module" and k.__name__ == "Module"
+        for k in cls.__mro__
     )
 
 

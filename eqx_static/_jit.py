@@ -18,8 +18,17 @@ from ._aot import Lowered
 from ._budget import check_budget, RecompileError, record_compile
 from ._cache import Cache, CacheInfo, Entry, shared_cache
 from ._explain import explain, find_unhashable, leaf_origins
-from ._fields import is_module
-from ._key import build, build_call, make_key, node, watched
+from ._fields import is_es_module_class, is_module
+from ._key import (
+    array_types,
+    build,
+    build_call,
+    LEAF,
+    make_key,
+    node,
+    top_node,
+    watched,
+)
 from ._outputs import combine, split
 from ._relevance import Handover, Relevance, rewatch
 
@@ -209,6 +218,26 @@ class _Jit(Generic[_P, _R]):
 
     def __set_name__(self, owner: type, name: str) -> None:
         self._owner, self._name = owner, name
+        if (
+            name.startswith("__")
+            and name.endswith("__")
+            and not self._is_static
+            and is_es_module_class(owner)
+        ):
+            # `m(x)` looks `__call__` up on the class and calls a plain function
+            # without binding anything: install one, saving the descriptor call.
+            # (`es.Module.__getattribute__` still gives `m.__call__` as `BoundJit`.)
+            setattr(owner, name, self._special_method())
+
+    def _special_method(self) -> Callable:
+        method = self.method
+        functools.update_wrapper(method, self.fn)
+        method.__qualname__ = f"{self._owner.__qualname__}.{self._name}"  # pyright: ignore[reportOptionalMemberAccess]
+        method.cache_info = self.cache_info  # pyright: ignore[reportFunctionMemberAccess]
+        method.cache_clear = self.cache_clear  # pyright: ignore[reportFunctionMemberAccess]
+        method.lower = self.lower  # pyright: ignore[reportFunctionMemberAccess]
+        method.fn = self.fn  # pyright: ignore[reportFunctionMemberAccess]
+        return method
 
     def __get__(self, obj: object, owner: type | None = None) -> Any:
         if obj is None or self._is_static:
@@ -240,24 +269,38 @@ class _Jit(Generic[_P, _R]):
         """The call paths as closures: no attribute look-ups on a cache hit.
         `method(obj, *args)` is the path of `obj.f(*args)`."""
         cache, pending, slow = self.cache, _pending, self._slow_call
-        entries = cache.entries
+        entries, local = cache.entries, cache.local
         signature = self._signature
         n = signature.n
         fn_leaves = self._fn_leaves
         always_slow = self._relevance is not None
         lru = cache.maxsize is not None
         donating = self._donate in ("all", "all-except-first")
+        arrays = array_types  # the concrete array types seen so far
 
         def method(obj: Any, /, *args: Any, **kwargs: Any) -> Any:
             __tracebackhide__ = True
-            return call((obj, *args), kwargs)
+            if kwargs or len(args) != n - 1:
+                return call((obj, *args), kwargs)
+            leaves = [*fn_leaves]
+            nodes = [top_node(obj, leaves)]
+            for a in args:
+                if type(a) in arrays:
+                    leaves.append(a)
+                    nodes.append(LEAF)
+                else:
+                    nodes.append(node(a, leaves))
+            return dispatch((tuple(nodes), (), ()), leaves, (obj, *args), kwargs)
 
         def call(args: tuple, kwargs: dict[str, Any]) -> Any:
             __tracebackhide__ = True
             if kwargs or len(args) != n:
                 args, kwargs = signature.bind(args, kwargs)
             leaves = [*fn_leaves]
-            key = make_key(args, kwargs, leaves)
+            return dispatch(make_key(args, kwargs, leaves), leaves, args, kwargs)
+
+        def dispatch(key: tuple, leaves: list, args: tuple, kwargs: dict) -> Any:
+            __tracebackhide__ = True
             if watched.seen:  # called from a `depends_on` trace, on its `self`
                 return self._handover(args, kwargs, key, leaves)
             try:
@@ -278,10 +321,13 @@ class _Jit(Generic[_P, _R]):
                 if pending.events != events:  # it traced or compiled
                     self._after_miss(entry, leaves, args, key, time.perf_counter())
                 else:
-                    cache.hit()
+                    try:
+                        local.hits[0] += 1
+                    except AttributeError:
+                        cache.count_hit()
                     if lru:
                         cache.touch(key)
-            return combine(*out)
+            return combine(*out) if type(out) is tuple else out
 
         method.es_jit = self  # pyright: ignore[reportFunctionMemberAccess]
         return method, call
@@ -330,8 +376,8 @@ class _Jit(Generic[_P, _R]):
             if missed:
                 self._after_miss(entry, leaves, args, full, start)
             else:
-                self.cache.hit()
-        return combine(*out), missed
+                self.cache.count_hit()
+        return (combine(*out) if type(out) is tuple else out), missed
 
     def entry_for(
         self, key: Any, leaves: list, paths: tuple[str, ...] = (), full: Any = None
@@ -405,7 +451,7 @@ class _Jit(Generic[_P, _R]):
                     reads.sealed = True
                 _pending.records.append((entry, reads if ok else None, ok))
                 _pending.events += 1
-            return arrays, static
+            return arrays[0] if static.mask is None else (arrays, static)
 
         traced.__name__ = getattr(self.fn, "__name__", "fn")
         traced.__qualname__ = self.qualname

@@ -27,7 +27,7 @@ import jax.tree_util as jtu
 import numpy as np
 from jax.core import Tracer
 
-from ._compat import initialising, WRAPPER_FIELD_NAMES
+from ._compat import currently_initialising as _initialising, WRAPPER_FIELD_NAMES
 from ._fields import _infos, field_info, FieldInfo, instance_dict
 
 
@@ -171,6 +171,7 @@ def _dataclass_eq(t: type) -> bool:
 
 _ARR, _MOD, _SEQ, _NONE, _OTHER = range(1, 6)
 _kinds: Final[dict[type, int]] = {}
+array_types: Final[set[type]] = set()  # the concrete array types seen so far
 
 
 def kind_of(t: type) -> int:
@@ -184,6 +185,7 @@ def kind_of(t: type) -> int:
         k = _MOD
     elif issubclass(t, ARRAY_TYPES):
         k = _ARR
+        array_types.add(t)
     elif t is tuple or t is list:
         k = _SEQ
     elif t is type(None):
@@ -194,9 +196,11 @@ def kind_of(t: type) -> int:
     return k
 
 
-def array_types_only(types: Any) -> bool:
-    """Whether every type in the iterable `types` is an array type."""
-    for t in types:
+def array_types_only(values: Any) -> bool:
+    """Whether every value in `values` is an array (in C when the types are known)."""
+    if array_types.issuperset(map(type, values)):
+        return True
+    for t in map(type, values):
         if (_kinds.get(t) or kind_of(t)) is not _ARR:
             return False
     return True
@@ -248,16 +252,21 @@ def top_node(v: Any, leaves: list) -> Any:
     start = len(leaves)
     mutable: list = []
     n = node(v, leaves, mutable)
-    if not mutable and not initialising():
-        i = id(v)
-        _memo[i] = (weakref.ref(v, lambda r: _forget(i, r)), n, leaves[start:])
+    if not mutable and not _initialising._dict:  # pyright: ignore[reportAttributeAccessIssue]
+        ref = _Ref(v, _forget)
+        ref.i = id(v)
+        _memo[ref.i] = (ref, n, leaves[start:])
     return n
 
 
-def _forget(i: int, ref: weakref.ref) -> None:
-    e = _memo.get(i)
+class _Ref(weakref.ref):
+    __slots__ = ("i",)
+
+
+def _forget(ref: _Ref) -> None:
+    e = _memo.get(ref.i)
     if e is not None and e[0] is ref:
-        del _memo[i]
+        del _memo[ref.i]
 
 
 def forget_all() -> None:
@@ -291,7 +300,7 @@ def node(v: Any, leaves: list, mutable: list | None = None) -> Any:
         types = tuple(map(type, statics))
         if not SIMPLE.issuperset(types):
             statics = tuple(map(typed, statics))
-        if array_types_only(map(type, dynamic)):
+        if array_types_only(dynamic):
             leaves += dynamic
             children = p.all_leaves
         else:
@@ -301,7 +310,7 @@ def node(v: Any, leaves: list, mutable: list | None = None) -> Any:
     if kind is _SEQ:
         if t is list and mutable is not None:
             mutable.append(v)
-        if array_types_only(map(type, v)):
+        if array_types_only(v):
             leaves += v
             return (LEAVES, t, len(v))
         return (SEQ, t, tuple([node(x, leaves, mutable) for x in v]))

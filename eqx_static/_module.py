@@ -10,7 +10,7 @@ import equinox as eqx
 import jax
 from jax.core import Tracer
 
-from ._bound import bound_method
+from ._bound import bound_method, BoundJit
 from ._compat import currently_initialising
 from ._fields import field_info, instance_dict, unknown_field_error
 from ._relevance import _Watched as Watched
@@ -179,16 +179,18 @@ class Module(eqx.Module):
             # `es.jit(depends_on=...)` a static field read is reported, and a bound
             # method is made without Equinox's walk over every leaf.
             d = instance_dict(self)
+            if name == "__dict__":  # Equinox's flatten, on every `jax.tree.map`
+                return d
             if type(d) is Watched:
                 d._note(name)
             out = object.__getattribute__(self, name)
-            if (
-                type(out) is types.MethodType
-                and out.__self__ is self
-                and not (name.startswith("__") and name.endswith("__"))
-                and name != "_abc_impl"
-            ):
-                return bound_method(out.__func__, self)
+            if type(out) is types.MethodType and out.__self__ is self:
+                func = out.__func__
+                if not (name.startswith("__") and name.endswith("__")):
+                    if name != "_abc_impl":
+                        return bound_method(func, self)
+                elif hasattr(func, "es_jit"):  # an installed `es.jit` special method
+                    return BoundJit(func, self)
             return out
 
         def __setattr__(self, name: str, value: Any) -> None:
