@@ -117,39 +117,33 @@ def _copy_tree(obj: Any, copies: list[_Copy]) -> Any:
 
 
 def _copy_child(value: Any, copies: list[_Copy], parent: _Copy) -> Any:
+    """`value` with every module in it copied (editable) and every list and dict in
+    it copied, at any depth: an edit never shares a mutable object with the
+    original. Tuples holding none of those are shared."""
     if is_module(value):
         n = len(copies)
         copy = _copy_tree(value, copies)
         parent.children.append(copies[n])
         return copy
     t = type(value)
-    if t not in _CONTAINERS or not (t is not tuple or _holds_module(value)):
+    if t not in _CONTAINERS or (t is tuple and not _holds_mutable(value)):
         return value
     if not _holds_mutable(value):  # a plain list or dict of leaves: one C-level copy
-        return value.copy() if t is not tuple else value
+        return value.copy()
     if t is dict:
         return {k: _copy_child(v, copies, parent) for k, v in value.items()}
     return t(_copy_child(v, copies, parent) for v in value)
 
 
 def _holds_mutable(value: Any) -> bool:
-    """Whether a container holds modules, lists or dicts (which need copies too)."""
+    """Whether a container holds modules, lists or dicts at any depth (which need
+    copies too). The distinct item types are looked at first: a tuple of 10,000
+    arrays is one type."""
     items = value.values() if type(value) is dict else value
     kinds = set(map(type, items))
-    return any(k in _CONTAINERS or is_module_type(k) for k in kinds)
-
-
-def _holds_module(value: Any) -> bool:
-    t = type(value)
-    if t is dict:
-        value, t = list(value.values()), list
-    if t is not list and t is not tuple:
-        return is_module(value)
-    # Look at the distinct item types first: a tuple of 10,000 arrays is one type.
-    kinds = set(map(type, value))
-    if not any(k in _CONTAINERS or is_module_type(k) for k in kinds):
-        return False
-    return any(map(_holds_module, value))
+    if any(is_module_type(k) or k is list or k is dict for k in kinds):
+        return True
+    return tuple in kinds and any(_holds_mutable(x) for x in items if type(x) is tuple)
 
 
 _CONTAINERS: Final = frozenset({list, tuple, dict})
@@ -169,8 +163,14 @@ def _freeze(record: _Copy) -> bool:
     for k in start.keys() - assigned:
         d[k] = _restore(start[k], originals, before.get(k))
     info = field_info(type(record.copy))
-    new = {k: d[k] for k in assigned if k in info.names}
-    d.update(convert_and_check(info, new, new, before))
+    # Assigned fields, and containers changed in place (their numbers are stored as
+    # arrays and checked too; converters run on assigned values only).
+    new = {
+        k: d[k]
+        for k in info.names
+        if k in d and (k in assigned or d[k] is not before.get(k))
+    }
+    d.update(convert_and_check(info, new, assigned, before))
     changed = d.keys() != before.keys() or any(d[k] is not before[k] for k in d)
     if changed:
         drop_cached(d, info)

@@ -374,3 +374,36 @@ def test_assigning_an_unknown_field_names_the_closest_one():
         with es.edit(small) as s2:
             s2.dq = 2.0  # pyright: ignore[reportAttributeAccessIssue]
     assert "dq" not in vars(small)
+
+
+def test_edit_never_shares_a_mutable_object_with_the_original():
+    """A list inside a tuple, a list inside a dict, a list in a tuple in a tuple:
+    editing them in place changes the copy only (issue 15's finding)."""
+
+    class Holder(es.Module):
+        pair: tuple
+        table: dict
+
+    h = Holder(pair=([1.0, 2.0], (3.0, [4.0])), table={"a": [5.0]})
+    before = jax.tree.map(lambda x: x, h)
+    with es.edit(h) as h2:
+        h2.pair[0][0] = 99.0
+        h2.pair[1][1][0] = 77.0
+        h2.table["a"].append(6.0)
+    assert jax.tree.all(jax.tree.map(lambda a, b: a is b, h, before))
+    assert [float(v) for v in h2.pair[0]] == [99.0, 2.0]
+    assert float(h2.pair[1][1][0]) == 77.0 and len(h2.table["a"]) == 2
+    # Numbers put in place are stored as arrays, as assigned ones are (DESIGN §2.0).
+    for v in (h2.pair[0][0], h2.pair[1][1][0], h2.table["a"][1]):
+        assert isinstance(v, jax.Array) and v.weak_type
+
+
+def test_edit_shares_a_tuple_that_holds_nothing_mutable():
+    class Holder(es.Module):
+        pair: tuple
+        other: float
+
+    h = Holder(pair=(1.0, (2.0, 3.0)), other=0.0)
+    with es.edit(h) as h2:
+        h2.other = 1.0
+    assert h2.pair is h.pair
