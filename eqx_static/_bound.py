@@ -62,7 +62,9 @@ class BoundJit(functools.partial):
 
 
 def _rebind(wrapper: Any, obj: Any) -> BoundJit:
-    return BoundJit(wrapper.method, obj)
+    # A special method of an `es.Module` class is found by name as the function
+    # installed on the class (see `_Jit.__set_name__`), not as the wrapper.
+    return BoundJit(getattr(wrapper, "method", wrapper), obj)
 
 
 jtu.register_pytree_with_keys(

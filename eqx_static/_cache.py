@@ -111,6 +111,9 @@ class Cache:
             return CacheInfo(self.hits, self.misses, self.maxsize, currsize)
 
     def clear(self) -> None:
+        from ._key import forget_all
+
+        forget_all()  # the per-instance memo too: it may hold static values
         with self.lock:
             self.entries.clear()
             for counts in self._hit_counts:

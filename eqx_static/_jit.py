@@ -23,8 +23,9 @@ from ._key import (
     array_types,
     build,
     build_call,
+    deep,
+    key_and_leaves,
     LEAF,
-    make_key,
     node,
     top_node,
     watched,
@@ -196,6 +197,7 @@ class _Jit(Generic[_P, _R]):
         fn_leaves: list = []
         self._fn_node = node(fn, fn_leaves)
         self._fn_leaves = tuple(fn_leaves)
+        self._options = (donate, maxsize, depends_on, max_compiles, warn_after)
         options = (donate, repr(depends_on), maxsize, max_compiles, warn_after)
         self.cache: Cache = shared_cache((self._fn_node, options), maxsize)
         self._relevance = (
@@ -223,10 +225,13 @@ class _Jit(Generic[_P, _R]):
             and name.endswith("__")
             and not self._is_static
             and is_es_module_class(owner)
+            and owner.__module__ != "__main__"
         ):
             # `m(x)` looks `__call__` up on the class and calls a plain function
             # without binding anything: install one, saving the descriptor call.
             # (`es.Module.__getattribute__` still gives `m.__call__` as `BoundJit`.)
+            # Not in `__main__`, whose classes cloudpickle copies by value: the
+            # wrapper pickles, its closures do not.
             setattr(owner, name, self._special_method())
 
     def _special_method(self) -> Callable:
@@ -250,9 +255,13 @@ class _Jit(Generic[_P, _R]):
 
     def __reduce__(self) -> Any:
         # By reference, as functions pickle: the wrapper holds a lock and a cache.
-        if self._owner is not None:
-            return (getattr, (self._owner, self._name))
-        return self.qualname
+        # A wrapper that cannot be found by name (in a class or function defined in
+        # `__main__` or a function body, copied by value by cloudpickle) is made
+        # again from its function and options, and shares the cache here.
+        owner, where = self._owner, getattr(self.fn, "__module__", None)
+        if "<locals>" not in self.qualname and where != "__main__":
+            return (getattr, (owner, self._name)) if owner else self.qualname
+        return (_remake, (self.fn, *self._options))
 
     def __copy__(self) -> "_Jit[_P, _R]":
         return self
@@ -283,21 +292,24 @@ class _Jit(Generic[_P, _R]):
             if kwargs or len(args) != n - 1:
                 return call((obj, *args), kwargs)
             leaves = [*fn_leaves]
-            nodes = [top_node(obj, leaves)]
-            for a in args:
-                if type(a) in arrays:
-                    leaves.append(a)
-                    nodes.append(LEAF)
-                else:
-                    nodes.append(node(a, leaves))
+            try:
+                nodes = [top_node(obj, leaves)]
+                for a in args:
+                    if type(a) in arrays:
+                        leaves.append(a)
+                        nodes.append(LEAF)
+                    else:
+                        nodes.append(node(a, leaves))
+            except RecursionError:  # deeply nested: the general path copes
+                return call((obj, *args), kwargs)
             return dispatch((tuple(nodes), (), ()), leaves, (obj, *args), kwargs)
 
         def call(args: tuple, kwargs: dict[str, Any]) -> Any:
             __tracebackhide__ = True
             if kwargs or len(args) != n:
                 args, kwargs = signature.bind(args, kwargs)
-            leaves = [*fn_leaves]
-            return dispatch(make_key(args, kwargs, leaves), leaves, args, kwargs)
+            key, leaves = key_and_leaves(args, kwargs, fn_leaves)
+            return dispatch(key, leaves, args, kwargs)
 
         def dispatch(key: tuple, leaves: list, args: tuple, kwargs: dict) -> Any:
             __tracebackhide__ = True
@@ -421,17 +433,17 @@ class _Jit(Generic[_P, _R]):
         n_fn = len(self._fn_leaves)
 
         def traced(*_es_leaves: Any) -> Any:
-            fn = build(fn_node, iter(_es_leaves[:n_fn]))
+            fn = deep(build, fn_node, iter(_es_leaves[:n_fn]))
             rest = _es_leaves[n_fn:]
             reads, ok = None, False
             call_key = key
             handover, _pending.handover = _pending.handover, None
             if relevance is not None:  # rebuild from this call: unread statics differ
                 call_key = _pending.current
-                args, kwargs = build_call(call_key, rest)
+                args, kwargs = deep(build_call, call_key, rest)
                 reads = relevance.watch(entry, args)
             else:
-                args, kwargs = build_call(key, rest)
+                args, kwargs = deep(build_call, key, rest)
                 if handover is not None:
                     rewatch(handover, (*args, *kwargs.values()))
             try:
@@ -555,8 +567,7 @@ class _Jit(Generic[_P, _R]):
         `compile()` gives a callable that takes the same arguments as the wrapper.
         """
         args, kwargs = self._signature.bind(args, kwargs)
-        leaves = [*self._fn_leaves]
-        key = make_key(args, kwargs, leaves)
+        key, leaves = key_and_leaves(args, kwargs, self._fn_leaves)
         Handover((), watched.seen).settle()  # lowering is no trace to watch
         watched.seen = []
         if self._relevance is not None and key[0] and is_module(args[0]):
@@ -577,8 +588,7 @@ class _Jit(Generic[_P, _R]):
     def leaves_of(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, list]:
         """The key and traced leaves of a call, as the hot path computes them."""
         args, kwargs = self._signature.bind(args, kwargs)
-        leaves = [*self._fn_leaves]
-        key = make_key(args, kwargs, leaves)
+        key, leaves = key_and_leaves(args, kwargs, self._fn_leaves)
         Handover((), watched.seen).settle()  # no trace here: all count as read
         watched.seen = []
         return key, leaves
@@ -604,6 +614,10 @@ def _aval_key(x: Any) -> tuple:
         getattr(a, "weak_type", False),
         x.sharding if committed else None,
     )
+
+
+def _remake(fn: Any, *options: Any) -> "_Jit":
+    return _Jit(fn, *options)
 
 
 def _count_leaves(n: Any) -> int:

@@ -17,9 +17,10 @@ hashable tuples mirroring the call's arguments:
 """
 
 import math
+import sys
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
 
 import jax
@@ -41,6 +42,21 @@ LEAVES: Final = 4
 # What `eqx.is_array` accepts: these leaves are traced, everything else is static.
 # (A tracer is a `jax.Array` to `isinstance`, not to `issubclass`.)
 ARRAY_TYPES: Final = (jax.Array, np.ndarray, np.generic, Tracer)
+
+
+def deep(f: Callable[..., Any], *args: Any) -> Any:
+    """`f(*args)`, again with a higher recursion limit if it ran out: the walks of
+    a key recurse once per level of nesting, and JAX's own flatten, in C++, has no
+    such limit. (Python 3.11+ calls between Python functions use no C stack.)"""
+    try:
+        return f(*args)
+    except RecursionError:
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(limit, 100_000))
+        try:
+            return f(*args)
+        finally:
+            sys.setrecursionlimit(limit)
 
 
 def plan(cls: type) -> FieldInfo:
@@ -236,11 +252,26 @@ class _Watched(threading.local):
 watched: Final = _Watched()
 
 
+def key_and_leaves(args: tuple, kwargs: dict[str, Any], first: tuple) -> tuple:
+    """The key of a call and its traced leaves, after the leaves `first`; at any
+    depth of nesting (see `deep`)."""
+
+    def attempt() -> tuple:
+        leaves = [*first]
+        return make_key(args, kwargs, leaves), leaves
+
+    return deep(attempt)
+
+
 # A module is frozen, so its key and leaves are computed once per instance and kept
 # while the instance lives: `id` -> (weak reference, key, leaves). Instances whose
 # key could change (holding a list, a dict or another mutable pytree; made while a
-# module is being initialised or edited) are never memoised.
+# module is being initialised or edited) are never memoised. A key holds the
+# module's static values; one that refers back to the module (a callable field)
+# keeps it alive until the memo is emptied: at `_MEMO_MAX` entries, or by
+# `cache_clear()`.
 _memo: Final[dict[int, tuple]] = {}
+_MEMO_MAX: Final = 4096
 
 
 def top_node(v: Any, leaves: list) -> Any:
@@ -253,6 +284,8 @@ def top_node(v: Any, leaves: list) -> Any:
     mutable: list = []
     n = node(v, leaves, mutable)
     if not mutable and not _initialising._dict:  # pyright: ignore[reportAttributeAccessIssue]
+        if len(_memo) >= _MEMO_MAX:  # bounds what a module referring to itself keeps
+            _memo.clear()
         ref = _Ref(v, _forget)
         ref.i = id(v)
         _memo[ref.i] = (ref, n, leaves[start:])

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._fields import FieldInfo
+from ._key import deep
 from ._typecheck import check_fields
 
 
@@ -52,6 +53,12 @@ def as_data(cls: type, name: str, value: Any) -> Any:
     at any depth of plain tuples, lists and dicts, become 0-d JAX arrays with the
     dtype and weak type `jax.jit` gives them (DESIGN §2.0). Anything else, modules
     included, is returned as is; so is a container in which nothing changed."""
+    if type(value) not in _CONTAINERS:
+        return _as_data(cls, name, value)
+    return deep(_as_data, cls, name, value)
+
+
+def _as_data(cls: type, name: str, value: Any) -> Any:
     t = type(value)
     if t in _NUMBERS:
         try:
@@ -66,7 +73,7 @@ def as_data(cls: type, name: str, value: Any) -> Any:
     if t not in _CONTAINERS:
         return value
     items = value.values() if t is dict else value
-    new = [as_data(cls, name, x) for x in items]
+    new = [_as_data(cls, name, x) for x in items]
     if all(a is b for a, b in zip(new, items)):
         return value
     return dict(zip(value, new)) if t is dict else t(new)
