@@ -9,6 +9,7 @@ import equinox as eqx
 # assign their own fields, for the duration of the block.
 from ._compat import currently_initialising as _currently_initialising
 from ._fields import (
+    Defunct,
     drop_cached,
     field_info,
     instance_dict,
@@ -19,6 +20,7 @@ from ._validate import convert_and_check, run_check_inits
 
 
 _M = TypeVar("_M", bound=eqx.Module)
+_DICT: Final = eqx.Module.__dict__["__dict__"]  # set, bypassing Equinox
 
 
 class _Copy:
@@ -98,7 +100,9 @@ class edit(Generic[_M]):  # noqa: N801  (used like a function: `with es.edit(m)`
             for c in self._copies:
                 _currently_initialising.remove(c.copy)
                 if not ok:  # nothing is produced: make any use of the copy fail
-                    instance_dict(c.copy).clear()
+                    defunct = Defunct()
+                    defunct.cls = type(c.copy).__qualname__
+                    _DICT.__set__(c.copy, defunct)
 
 
 def _copy_tree(obj: Any, copies: list[_Copy]) -> Any:

@@ -177,3 +177,31 @@ def is_module_type(t: type) -> bool:
     except KeyError:
         r = _module_types[t] = issubclass(t, eqx.Module)
         return r
+
+
+_MSG_DEFUNCT: Final = (
+    "This `{cls}` is the copy made by an `es.edit` block that raised: it was "
+    "discarded, and any use of it is an error. The module you edited is unchanged; "
+    "edit it again."
+)
+
+
+class Defunct(dict):
+    """The instance dictionary of a copy discarded by a failed `es.edit`: every
+    read raises, naming the cause (through `es.Module.__getattribute__`, and
+    through Equinox's flatten, which reads `__dict__.get`)."""
+
+    __slots__ = ("cls",)
+
+    def on_read(self, name: str) -> None:
+        raise RuntimeError(_MSG_DEFUNCT.format(cls=self.cls))
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self.on_read(key)
+
+    def __getitem__(self, key: Any) -> Any:
+        self.on_read(key)
+
+    def __len__(self) -> int:
+        self.on_read("")
+        return 0

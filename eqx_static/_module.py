@@ -13,7 +13,6 @@ from jax.core import Tracer
 from ._bound import bound_method, BoundJit
 from ._compat import currently_initialising
 from ._fields import field_info, instance_dict, unknown_field_error
-from ._relevance import _Watched as Watched
 from ._typecheck import check_fields, set_option, Typechecker
 from ._update import with_dynamic as _with_dynamic, with_static as _with_static
 from ._validate import as_data, check_hashable
@@ -179,10 +178,10 @@ class Module(eqx.Module):
             # `es.jit(depends_on=...)` a static field read is reported, and a bound
             # method is made without Equinox's walk over every leaf.
             d = instance_dict(self)
+            if type(d) is not dict:  # watched by `depends_on`, or a failed edit's
+                d.on_read(name)  # pyright: ignore[reportAttributeAccessIssue]
             if name == "__dict__":  # Equinox's flatten, on every `jax.tree.map`
                 return d
-            if type(d) is Watched:
-                d._note(name)
             out = object.__getattribute__(self, name)
             if type(out) is types.MethodType and out.__self__ is self:
                 func = out.__func__

@@ -120,6 +120,11 @@ class _Watched(dict):
         if key in self._static:
             self._reads.note(self._prefix + str(key))
 
+    def on_read(self, name: str) -> None:
+        """`es.Module.__getattribute__` read `name` off the watched module."""
+        if name in self._static:
+            self._reads.note(self._prefix + name)
+
     def _note_all(self) -> None:
         for name in sorted(self._static):
             self._reads.note(self._prefix + name)
@@ -185,11 +190,6 @@ class _Watched(dict):
     def __or__(self, other: Any) -> Any:
         self._note_all()
         return dict(dict.items(self)) | other
-
-
-def note_attribute(d: _Watched, name: str) -> None:
-    """`es.Module.__getattribute__` read `name` off a watched module."""
-    d._note(name)
 
 
 def watch(obj: Any, reads: Reads, prefix: str = "") -> None:

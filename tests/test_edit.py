@@ -191,9 +191,31 @@ def test_exception_in_block_leaves_original_untouched():
     assert c.layers[0].scale == 3.0
     with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field"):
         c2.dp = 4.0  # pyright: ignore[reportAttributeAccessIssue]
-    # Nothing was produced: the half-edited copy cannot be used by mistake.
-    with pytest.raises(AttributeError, match="encoder"):
-        c2.encoder  # noqa: B018
+    # Nothing was produced: every use of the half-edited copy says so.
+    defunct = "copy made by an `es.edit` block that raised"
+    uses = [
+        lambda: c2.encoder,
+        lambda: c2.dp,  # a field with a value in the original
+        lambda: jax.tree.leaves(c2),  # Equinox's flatten
+        lambda: c2.with_dynamic(dp=1.0),
+        lambda: repr(c2),
+    ]
+    for use in uses:
+        with pytest.raises(RuntimeError, match=defunct):
+            use()
+
+
+def test_a_failed_edit_of_a_plain_equinox_module_is_unusable_too():
+    class Plain(eqx.Module):
+        w: float
+
+    p = Plain(1.0)
+    with pytest.raises(RuntimeError, match="user error"), es.edit(p) as p2:
+        p2.w = 2.0
+        raise RuntimeError("user error")
+    assert p.w == 1.0
+    with pytest.raises(RuntimeError, match="copy made by an `es.edit` block"):
+        jax.tree.leaves(p2)
 
 
 def test_edit_copies_plain_lists_and_dicts_so_the_original_is_untouched():

@@ -709,6 +709,32 @@ def test_traced_field_in_if_names_the_field():
     assert "eqx.field(static=True)" in message
 
 
+def test_traced_field_error_names_the_field_used_among_several():
+    """The field JAX complained about, not the first dynamic field, and the error
+    keeps the user's line and is also the JAX error it replaces."""
+    import traceback
+
+    class Gate(es.Module):
+        a: float
+        b: float
+        c: float
+
+        @es.jit
+        def __call__(self, x):
+            y = self.a * x + self.c
+            if self.b > 0:  # the offending line
+                return y
+            return -y
+
+    with pytest.raises(es.TracedFieldError) as info:
+        Gate(1.0, 2.0, 3.0)(jnp.array(1.0))
+    message = str(info.value)
+    assert "traced field 'b'" in message and "'a'" not in message
+    assert isinstance(info.value, jax.errors.TracerBoolConversionError)
+    lines = traceback.format_tb(info.value.__traceback__)
+    assert any("if self.b > 0:  # the offending line" in line for line in lines)
+
+
 def test_traced_nested_field_names_the_path():
     class Enc(es.Module):
         scale: float
