@@ -306,6 +306,7 @@ def forget_all() -> None:
     """Drop every memoised key (they hold static values, never instances)."""
     _memo.clear()
     _typed_memo.clear()
+    _big_tuples.clear()
 
 
 def node(v: Any, leaves: list, mutable: list | None = None) -> Any:
@@ -343,9 +344,14 @@ def node(v: Any, leaves: list, mutable: list | None = None) -> Any:
     if kind is _SEQ:
         if t is list and mutable is not None:
             mutable.append(v)
+        if t is tuple and len(v) >= _BIG and (hit := _big_tuples.get(id(v))):
+            if hit[0] is v:
+                return hit[1]
         if array_types_only(v):
             leaves += v
             return (LEAVES, t, len(v))
+        if t is tuple and len(v) >= _BIG:
+            return _big_tuple(v, leaves, mutable)
         return (SEQ, t, tuple([node(x, leaves, mutable) for x in v]))
     if kind is _NONE:
         return None
@@ -355,6 +361,35 @@ def node(v: Any, leaves: list, mutable: list | None = None) -> Any:
     if mutable is not None:
         mutable.append(v)
     return (TREE, treedef, tuple([node(x, leaves, mutable) for x in flat]))
+
+
+# A large tuple of static values (a lookup table passed as an argument) is keyed
+# once per object: its key holds no traced leaf and nothing mutable, so it is the
+# same on every call while the tuple lives (kept here, so its id is not reused).
+_BIG: Final = 64
+_big_tuples: Final[dict[int, tuple]] = {}
+
+
+class _HashOnce(tuple):
+    """The children of a large key node: hashed once, not on every look-up."""
+
+    def __hash__(self) -> int:
+        h = self.__dict__.get("hash")
+        if h is None:
+            h = self.__dict__["hash"] = tuple.__hash__(self)
+        return h
+
+
+def _big_tuple(v: tuple, leaves: list, mutable: list | None) -> Any:
+    start, inner = len(leaves), []
+    n = (SEQ, tuple, _HashOnce([node(x, leaves, inner) for x in v]))
+    if mutable is not None:
+        mutable += inner
+    if len(leaves) == start and not inner:
+        if len(_big_tuples) >= 64:
+            _big_tuples.clear()
+        _big_tuples[id(v)] = (v, n)
+    return n
 
 
 def _is_module_value(x: Any) -> bool:

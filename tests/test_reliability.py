@@ -295,3 +295,31 @@ def test_a_module_referring_to_itself_is_freed_by_cache_clear():
     SelfReferring.__call__.cache_clear()
     gc.collect()
     assert ref() is None
+
+
+def test_a_large_static_tuple_argument_is_keyed_once_per_object(monkeypatch):
+    """A lookup table passed as a plain argument: its key is made on the first
+    call and reused while the same tuple object is passed again."""
+    from eqx_static import _key
+
+    table = tuple(range(1000))
+    calls = [0]
+    walk = _key.node
+
+    def counting(*args: Any) -> Any:
+        calls[0] += 1
+        return walk(*args)
+
+    monkeypatch.setattr(_key, "node", counting)
+
+    @es.jit
+    def f(x, t):
+        return x + t[3]
+
+    assert float(f(jnp.ones(()), table)) == 4.0
+    first = calls[0]
+    assert first > 1000  # walked element by element once
+    assert float(f(jnp.ones(()), table)) == 4.0
+    assert calls[0] - first == 1  # the tuple itself only
+    assert float(f(jnp.ones(()), tuple(range(1000)))) == 4.0  # another object
+    assert f.cache_info().misses == 1
