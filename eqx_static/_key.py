@@ -272,6 +272,9 @@ def key_and_leaves(args: tuple, kwargs: dict[str, Any], first: tuple) -> tuple:
 # `cache_clear()`.
 _memo: Final[dict[int, tuple]] = {}
 _MEMO_MAX: Final = 4096
+# Equinox's modules being initialised (and `es.edit`'s copies), by id. (Copying or
+# unpickling a module adds it and never removes it: so test membership, not size.)
+_being_made: Final[dict[int, Any]] = _initialising._dict  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def top_node(v: Any, leaves: list) -> Any:
@@ -283,7 +286,7 @@ def top_node(v: Any, leaves: list) -> Any:
     start = len(leaves)
     mutable: list = []
     n = node(v, leaves, mutable)
-    if not mutable and not _initialising._dict:  # pyright: ignore[reportAttributeAccessIssue]
+    if not mutable:
         if len(_memo) >= _MEMO_MAX:  # bounds what a module referring to itself keeps
             _memo.clear()
         ref = _Ref(v, _forget)
@@ -320,6 +323,8 @@ def node(v: Any, leaves: list, mutable: list | None = None) -> Any:
     if kind is _MOD:
         p = _infos.get(t) or field_info(t)
         d = instance_dict(v)
+        if _being_made and id(v) in _being_made and mutable is not None:
+            mutable.append(v)  # still being initialised or edited: never memoised
         if type(d) is not dict:  # watched by a `depends_on` trace: see `watched`
             watched.seen.append(d)
             d = dict(dict.items(d))  # read without reporting: the callee decides
