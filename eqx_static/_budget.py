@@ -101,8 +101,73 @@ def record_compile(
         len(cache.compiles),
         name,
         total,
-        _advice(name),
+        _advice(wrapper, name, args),
     )
+
+
+def _advice(wrapper: Any, name: str, args: tuple) -> str:
+    """What to do about `name`, from a trial trace with it traced: a field or
+    argument only used as a value can be dynamic; one that picks program
+    structure (an `if`, a loop length, a shape) cannot."""
+    verdict = _trial(wrapper, name, args)
+    if verdict is None:
+        return (
+            f"If {name!r} is only used as a value (arithmetic, not an `if`, a loop "
+            "length or a shape), make it dynamic (an array), and it is traced "
+            "instead, with no compile per value; if it picks program structure, "
+            "it must stay static: reduce the number of distinct values."
+        )
+    if verdict == "value":
+        return (
+            f"A trial trace with {name!r} traced succeeded: it is only used as a "
+            "value. Make it dynamic (drop `static=True`, or pass an array), and it "
+            "is traced instead, with no compile per value."
+        )
+    return (
+        f"{name!r} picks program structure (a trial trace with it traced failed: "
+        f"{verdict}), so it must stay static: reduce the number of distinct values."
+    )
+
+
+def _trial(wrapper: Any, name: str, args: tuple) -> str | None:
+    """`"value"` if the call traces with `name` (a number: a static field of
+    `self`, or an argument) as a traced value; JAX's complaint if it does not;
+    None if that cannot be tried."""
+    import jax
+    import jax.numpy as jnp
+
+    from ._fields import field_info, instance_dict, is_module
+
+    names = wrapper._argnames
+    if args and is_module(args[0]) and name in field_info(type(args[0])).static:
+        self, value = args[0], instance_dict(args[0])[name]
+
+        def call(v: Any) -> Any:
+            copy = object.__new__(type(self))
+            instance_dict(copy).update(instance_dict(self))
+            instance_dict(copy)[name] = v
+            return wrapper.fn(copy, *args[1:])
+    elif name in names and names.index(name) < len(args):
+        i = names.index(name)
+        value = args[i]
+
+        def call(v: Any) -> Any:
+            return wrapper.fn(*args[:i], v, *args[i + 1 :])
+    else:
+        return None
+    if type(value) not in (bool, int, float, complex):
+        return None
+    try:
+        jax.eval_shape(call, jnp.asarray(value))
+    except (
+        jax.errors.ConcretizationTypeError,
+        jax.errors.TracerIntegerConversionError,
+        jax.errors.TracerArrayConversionError,
+    ) as e:
+        return str(e).splitlines()[0]
+    except Exception:
+        return None
+    return "value"
 
 
 def _names(reason: str) -> list[str]:
@@ -114,13 +179,3 @@ def _names(reason: str) -> list[str]:
         elif phrase.startswith("argument "):
             out.append(phrase.split()[1])
     return out
-
-
-def _advice(name: str) -> str:
-    return (
-        f"If {name!r} is only used as a value (arithmetic, not an `if`, a loop "
-        "length or a shape), make it dynamic: drop `static=True` from the field, or "
-        "pass it as an array, and it is traced instead, with no compile per value. "
-        "If it selects program structure it must stay static: reduce the number "
-        "of distinct values."
-    )

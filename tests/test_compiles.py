@@ -259,7 +259,42 @@ def test_storm_warning_names_the_field_once(caplog):
     assert len(warnings) == 1
     message = warnings[0].getMessage()
     assert "has compiled 8 times" in message and "'scale' changed every time" in message
-    assert "s spent compiling" in message and "make it dynamic" in message
+    assert "s spent compiling" in message
+    assert "trial trace with 'scale' traced succeeded" in message
+    assert "Make it dynamic" in message
+
+
+def test_storm_warning_says_why_a_structural_field_must_stay_static(caplog):
+    class Looped(es.Module):
+        w: jax.Array
+        n: int = eqx.field(static=True)
+
+        @es.jit
+        def __call__(self, x):
+            for _ in range(self.n):  # a loop length: program structure
+                x = self.w * x
+            return x
+
+    with caplog.at_level(logging.WARNING, logger="eqx_static"):
+        for n in range(9):
+            Looped(w=jnp.ones(3), n=n)(X)
+    (record,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    message = record.getMessage()
+    assert "'n' picks program structure" in message and "must stay static" in message
+
+
+def test_storm_warning_for_a_python_number_argument(caplog):
+    @es.jit
+    def scaled(x, factor):
+        return x * factor
+
+    with caplog.at_level(logging.WARNING, logger="eqx_static"):
+        for i in range(9):
+            scaled(X, float(i))
+    (record,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    message = record.getMessage()
+    assert "'factor' changed every time" in message
+    assert "trial trace with 'factor' traced succeeded" in message
 
 
 def test_storm_warning_can_be_switched_off_or_brought_forward(caplog):
