@@ -1,9 +1,13 @@
 """Ahead-of-time compilation: `wrapper.lower(*args).compile()`, as `eqx.filter_jit`
 offers it, with a compiled callable that takes the wrapper's own arguments."""
 
+import time
 from typing import Any
 
+from ._fields import is_module
+from ._key import key_and_leaves, watched
 from ._outputs import combine
+from ._relevance import Handover
 
 
 class Lowered:
@@ -99,3 +103,28 @@ class Compiled:
     def cost_analysis(self) -> Any:
         """JAX's `Compiled.cost_analysis`."""
         return self.compiled.cost_analysis()
+
+
+def lower(self: Any, args: tuple, kwargs: dict[str, Any]) -> "Lowered":
+    """`wrapper.lower(*args, **kwargs)`: the call's entry (made if new), lowered,
+    and the lowering booked as a miss if it traced."""
+    args, kwargs = self._signature.bind(args, kwargs)
+    key, leaves = key_and_leaves(args, kwargs, self._fn_leaves)
+    Handover((), watched.seen).settle()  # lowering is no trace to watch
+    watched.seen = []
+    if self._relevance is not None and key[0] and is_module(args[0]):
+        entry = self._relevance.lookup(key, leaves)
+    else:
+        entry = self.entry_for(key, leaves)
+    full = key
+    from ._trace import _pending, after_miss
+
+    previous, _pending.current = _pending.current, full
+    events = _pending.events
+    try:
+        lowered = entry.jitted.lower(*leaves)
+    finally:
+        _pending.current = previous
+        if _pending.events != events:
+            after_miss(self, entry, leaves, args, full, time.perf_counter())
+    return Lowered(lowered, self, key)

@@ -1,6 +1,7 @@
 """`module.f` for an `es.jit` method: a bound method that is a pytree."""
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax.tree_util as jtu
@@ -88,3 +89,16 @@ def bound_method(func: Any, obj: Any) -> Any:
         except AttributeError:
             pass
     return bound
+
+
+def special_method(self: Any) -> Callable:
+    """The plain function installed on an `es.Module` class for a special method:
+    the wrapper's method path, carrying the wrapper's attributes."""
+    method = self.method
+    functools.update_wrapper(method, self.fn)
+    method.__qualname__ = f"{self._owner.__qualname__}.{self._name}"  # pyright: ignore[reportOptionalMemberAccess]
+    method.cache_info = self.cache_info  # pyright: ignore[reportFunctionMemberAccess]
+    method.cache_clear = self.cache_clear  # pyright: ignore[reportFunctionMemberAccess]
+    method.lower = self.lower  # pyright: ignore[reportFunctionMemberAccess]
+    method.fn = self.fn  # pyright: ignore[reportFunctionMemberAccess]
+    return method

@@ -42,9 +42,9 @@ def check_budget(wrapper: Any, key: tuple, leaves: list) -> None:
     limit, cache = wrapper._max_compiles, wrapper.cache
     if limit is None or cache.misses < limit:
         return
-    from ._jit import signature
+    from ._trace import known_keys, signature
 
-    known = wrapper._known()
+    known = known_keys(wrapper)
     reason = explain(known, key, signature(leaves), wrapper._argnames) if known else "?"
     raise _budget_error(wrapper, cache.misses + 1, reason)
 

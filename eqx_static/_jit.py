@@ -3,8 +3,6 @@
 import functools
 import inspect
 import logging
-import re
-import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -12,26 +10,23 @@ from typing import Any, Final, Generic, Literal, overload, ParamSpec, TypeVar
 
 import jax
 from jax._src import traceback_util
-from jax.core import Tracer
 
-from ._aot import Lowered
-from ._budget import check_budget, RecompileError, record_compile
+from ._aot import lower, Lowered
+from ._budget import check_budget, RecompileError
 from ._cache import Cache, CacheInfo, Entry, shared_cache
-from ._explain import explain, find_unhashable, leaf_origins
-from ._fields import is_es_module_class, is_module
+from ._explain import find_unhashable, leaf_origins
+from ._fields import is_es_module_class
 from ._key import (
     array_types,
-    build,
-    build_call,
-    deep,
     key_and_leaves,
     LEAF,
     node,
     top_node,
     watched,
 )
-from ._outputs import combine, split
-from ._relevance import Handover, Relevance, rewatch
+from ._outputs import combine
+from ._relevance import Handover, Relevance
+from ._trace import _pending, after_miss, traced_fn, TracedFieldError
 
 
 traceback_util.register_exclusion(__file__)
@@ -43,66 +38,6 @@ _R = TypeVar("_R")
 Donate = Literal["none", "all", "all-except-first", "warn", "warn-except-first"]
 _DONATE: Final = ("none", "all", "all-except-first", "warn", "warn-except-first")
 
-
-class TracedFieldError(jax.errors.ConcretizationTypeError):
-    """A traced (dynamic) field was used where Python needs a concrete value.
-
-    The message names the field and its class, and suggests declaring the field
-    static if it selects program structure. The error is also an instance of the
-    JAX error it replaces (`jax.errors.TracerBoolConversionError`, ...), and its
-    traceback ends at the offending line.
-
-    !!! example
-
-        ```python
-        import jax.numpy as jnp
-        import pytest
-        import eqx_static as es
-
-        class Model(es.Module):
-            scale: float
-
-            @es.jit
-            def __call__(self, x):
-                return x if self.scale > 0 else -x   # Python `if` on a traced value
-
-        with pytest.raises(es.TracedFieldError, match="'scale'"):
-            Model(scale=1.0)(jnp.ones(2))
-        ```
-    """
-
-    def __init__(self, message: str):  # pyright: ignore[reportMissingSuperCall]
-        TypeError.__init__(self, message)
-
-
-@functools.cache
-def _traced_field_error_type(jax_error: type) -> type:
-    if issubclass(jax_error, TracedFieldError):
-        return jax_error
-    return type("TracedFieldError", (TracedFieldError, jax_error), {})
-
-
-class _Pending(threading.local):
-    """Per thread: traces and compiles seen, read back by the call that caused them."""
-
-    def __init__(self):
-        self.events = 0  # traces of es.jit functions, and XLA compiles
-        self.records: list[tuple[Entry, Any, bool]] = []  # (entry, reads, ok)
-        self.current: Any = None  # the full key of the call being dispatched
-        self.handover: Handover | None = None  # for the next trace to take
-
-
-_pending: Final = _Pending()
-
-
-def _on_duration_event(event: str, duration_secs: float, **kwargs: Any) -> None:
-    # A change of layout (sharding) alone makes `jax.jit` compile again without
-    # tracing again: count XLA compiles too, so that such a call is a miss.
-    if event == "/jax/core/compile/backend_compile_duration":
-        _pending.events += 1
-
-
-jax.monitoring.register_event_duration_secs_listener(_on_duration_event)
 
 _MSG_DECORATOR_ORDER: Final = """`@jaxtyped` must go below `@es.jit`, not above it.
 
@@ -232,17 +167,7 @@ class _Jit(Generic[_P, _R]):
             # (`es.Module.__getattribute__` still gives `m.__call__` as `BoundJit`.)
             # Not in `__main__`, whose classes cloudpickle copies by value: the
             # wrapper pickles, its closures do not.
-            setattr(owner, name, self._special_method())
-
-    def _special_method(self) -> Callable:
-        method = self.method
-        functools.update_wrapper(method, self.fn)
-        method.__qualname__ = f"{self._owner.__qualname__}.{self._name}"  # pyright: ignore[reportOptionalMemberAccess]
-        method.cache_info = self.cache_info  # pyright: ignore[reportFunctionMemberAccess]
-        method.cache_clear = self.cache_clear  # pyright: ignore[reportFunctionMemberAccess]
-        method.lower = self.lower  # pyright: ignore[reportFunctionMemberAccess]
-        method.fn = self.fn  # pyright: ignore[reportFunctionMemberAccess]
-        return method
+            setattr(owner, name, special_method(self))
 
     def __get__(self, obj: object, owner: type | None = None) -> Any:
         if obj is None or self._is_static:
@@ -331,7 +256,7 @@ class _Jit(Generic[_P, _R]):
                     out = entry.jitted(*leaves)
             finally:  # booked once, as a hit or a miss, even if the call raised
                 if pending.events != events:  # it traced or compiled
-                    self._after_miss(entry, leaves, args, key, time.perf_counter())
+                    after_miss(self, entry, leaves, args, key, time.perf_counter())
                 else:
                     try:
                         local.hits[0] += 1
@@ -386,7 +311,7 @@ class _Jit(Generic[_P, _R]):
             _pending.current = previous
             missed = _pending.events != events
             if missed:
-                self._after_miss(entry, leaves, args, full, start)
+                after_miss(self, entry, leaves, args, full, start)
             else:
                 self.cache.count_hit()
         return (combine(*out) if type(out) is tuple else out), missed
@@ -418,94 +343,13 @@ class _Jit(Generic[_P, _R]):
         (`depends_on="auto"` keys it once its trace says what it read)."""
         check_budget(self, full, leaves)
         entry = Entry(full, key, paths)
-        donated = self._donate_argnums(full, leaves)
+        donated = _donated(self, full, leaves)
         entry.make = functools.partial(self._make_jitted, full, entry, donated)
         entry.jitted = entry.make()
         return entry
 
     def _make_jitted(self, key: tuple, entry: Entry, donated: tuple[int, ...]) -> Any:
-        return jax.jit(self._traced_fn(key, entry), donate_argnums=donated)
-
-    # -- misses ----------------------------------------------------------------
-
-    def _traced_fn(self, key: tuple, entry: Entry) -> Callable:
-        fn_node, relevance = self._fn_node, self._relevance
-        n_fn = len(self._fn_leaves)
-
-        def traced(*_es_leaves: Any) -> Any:
-            fn = deep(build, fn_node, iter(_es_leaves[:n_fn]))
-            rest = _es_leaves[n_fn:]
-            reads, ok = None, False
-            call_key = key
-            handover, _pending.handover = _pending.handover, None
-            if relevance is not None:  # rebuild from this call: unread statics differ
-                call_key = _pending.current
-                args, kwargs = deep(build_call, call_key, rest)
-                reads = relevance.watch(entry, args)
-            else:
-                args, kwargs = deep(build_call, key, rest)
-                if handover is not None:
-                    rewatch(handover, (*args, *kwargs.values()))
-            try:
-                out = fn(*args, **kwargs)
-                arrays, static = split(out)  # reads the statics of returned modules
-                ok = True
-            except TracedFieldError:
-                raise
-            except Exception as e:
-                if "_es_leaves[" not in str(e):
-                    raise
-                raise self._traced_field_error(e, call_key, args).with_traceback(
-                    e.__traceback__
-                ) from None
-            finally:  # a trace that raised is a miss too
-                if reads is not None:
-                    reads.sealed = True
-                _pending.records.append((entry, reads if ok else None, ok))
-                _pending.events += 1
-            return arrays[0] if static.mask is None else (arrays, static)
-
-        traced.__name__ = getattr(self.fn, "__name__", "fn")
-        traced.__qualname__ = self.qualname
-        return traced
-
-    def _after_miss(
-        self, entry: Entry, leaves: list, args: tuple, full: tuple, start: float
-    ) -> None:
-        """Book a call that traced or compiled: one miss per trace, or one for a
-        compile without a trace for a signature not seen before (a new layout of the
-        same program). A compile for a signature already traced (say under `vmap`,
-        then called directly) adds no entry, so it is no miss."""
-        records = _pending.records
-        mine = [(reads, ok) for e, reads, ok in records if e is entry]
-        records[:] = [r for r in records if r[0] is not entry]
-        sig = signature(leaves)
-        if not mine and sig not in entry.variants:
-            mine = [(None, True)]
-        seconds = time.perf_counter() - start
-        for reads, ok in mine:
-            known = self._known()
-            reason = None
-            if known:
-                reason = explain(known, full, sig, self._argnames)
-                if logger.isEnabledFor(logging.INFO):
-                    logger.info(
-                        "%s: compiling (%d cached): %s",
-                        self.name(args),
-                        len(known),
-                        reason,
-                    )
-            self.cache.book(entry, sig if ok else None)
-            if ok:
-                record_compile(self, full, sig, reason, seconds, args)
-            if self._relevance is not None:
-                self._relevance.learn(entry, reads, leaves, full)
-
-    def _known(self) -> list[tuple[tuple, tuple]]:
-        with self.cache.lock:
-            return [
-                (e.origin, s) for e in self.cache.entries.values() for s in e.variants
-            ]
+        return jax.jit(traced_fn(self, key, entry), donate_argnums=donated)
 
     def name(self, args: tuple) -> str:
         """`Class.method` for a method called on a module, else the qualname."""
@@ -518,47 +362,7 @@ class _Jit(Generic[_P, _R]):
             return f"{type(args[0]).__qualname__}.{short}"
         return self.qualname
 
-    def _traced_field_error(self, e: Exception, key: tuple, args: tuple) -> Exception:
-        n_fn = len(self._fn_leaves)
-        indices = [int(i) - n_fn for i in re.findall(r"_es_leaves\[(\d+)\]", str(e))]
-        origins = leaf_origins(key, self._argnames)
-        fields = [origins[i] for i in indices if 0 <= i < len(origins)]
-        fields = [o for o in fields if o.field is not None]
-        if not fields:
-            return e
-        o = fields[0]
-        cls = o.cls.__qualname__ if o.cls else "?"
-        return _traced_field_error_type(type(e))(
-            f"{self.name(args)} used the traced field {o.field!r} of `{cls}` "
-            f"(at {o.path}) where Python needs a concrete value (`if`, `bool()`, "
-            "`int()`, a shape, ...). Dynamic fields are traced, so their values are "
-            f"unknown while compiling. If {o.field!r} selects program structure, "
-            f"declare it static: `{o.field}: ... = eqx.field(static=True)` (each "
-            "new value then compiles once). Otherwise keep it dynamic and use "
-            "`jnp.where` or `jax.lax.cond`.\n\nJAX said: " + str(e)
-        )
-
-    def _donate_argnums(self, key: tuple, leaves: list) -> tuple[int, ...]:
-        if self._donate == "none":
-            return ()
-        skip = 0
-        if self._donate.endswith("except-first") and key[0]:
-            skip = len(self._fn_leaves) + _count_leaves(key[0][0])
-        return tuple(
-            i
-            for i, x in enumerate(leaves)
-            if (i >= skip or i < len(self._fn_leaves)) and isinstance(x, jax.Array)
-        )
-
     # -- introspection ---------------------------------------------------------
-
-    def cache_info(self) -> CacheInfo:
-        """Hits, misses (traces and compiles), `maxsize` and entries held."""
-        return self.cache.info()
-
-    def cache_clear(self) -> None:
-        """Drop every compiled entry and reset the statistics."""
-        self.cache.clear()
 
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         """Lower the call for these arguments ahead of time.
@@ -566,24 +370,7 @@ class _Jit(Generic[_P, _R]):
         Returns an object with JAX's `as_text()` and `cost_analysis()`, whose
         `compile()` gives a callable that takes the same arguments as the wrapper.
         """
-        args, kwargs = self._signature.bind(args, kwargs)
-        key, leaves = key_and_leaves(args, kwargs, self._fn_leaves)
-        Handover((), watched.seen).settle()  # lowering is no trace to watch
-        watched.seen = []
-        if self._relevance is not None and key[0] and is_module(args[0]):
-            entry = self._relevance.lookup(key, leaves)
-        else:
-            entry = self.entry_for(key, leaves)
-        full = key
-        previous, _pending.current = _pending.current, full
-        events = _pending.events
-        try:
-            lowered = entry.jitted.lower(*leaves)
-        finally:
-            _pending.current = previous
-            if _pending.events != events:
-                self._after_miss(entry, leaves, args, full, time.perf_counter())
-        return Lowered(lowered, self, key)
+        return lower(self, args, kwargs)
 
     def leaves_of(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, list]:
         """The key and traced leaves of a call, as the hot path computes them."""
@@ -593,31 +380,37 @@ class _Jit(Generic[_P, _R]):
         watched.seen = []
         return key, leaves
 
+    def cache_info(self) -> CacheInfo:
+        """Hits, misses (traces and compiles), `maxsize` and entries held."""
+        return self.cache.info()
 
-from ._bound import BoundJit  # noqa: E402  (after `_Jit`, which it refers to)
+    def cache_clear(self) -> None:
+        """Drop every compiled entry and reset the statistics."""
+        self.cache.clear()
+
+
+from ._bound import BoundJit, special_method  # noqa: E402  (after `_Jit`, which it refers to)
 
 
 _UNUSABLE_DONATION: Final = "Some donated buffers were not usable"
 
 
-def signature(leaves: list) -> tuple:
-    """Each leaf's shape, dtype, weak type and (if placed explicitly) sharding."""
-    return tuple(map(_aval_key, leaves))
-
-
-def _aval_key(x: Any) -> tuple:
-    a = jax.typeof(x)
-    committed = not isinstance(x, Tracer) and getattr(x, "committed", False)
-    return (
-        a.shape,
-        a.dtype,
-        getattr(a, "weak_type", False),
-        x.sharding if committed else None,
-    )
-
-
 def _remake(fn: Any, *options: Any) -> "_Jit":
     return _Jit(fn, *options)
+
+
+def _donated(self: Any, key: tuple, leaves: list) -> tuple[int, ...]:
+    """The positions of the leaves whose buffers `donate` gives to XLA."""
+    if self._donate == "none":
+        return ()
+    skip = 0
+    if self._donate.endswith("except-first") and key[0]:
+        skip = len(self._fn_leaves) + _count_leaves(key[0][0])
+    return tuple(
+        i
+        for i, x in enumerate(leaves)
+        if (i >= skip or i < len(self._fn_leaves)) and isinstance(x, jax.Array)
+    )
 
 
 def _count_leaves(n: Any) -> int:
