@@ -4,7 +4,7 @@ traced leaf came from, and the messages built from that."""
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from ._key import children_of, LEAF, LEAVES, MODULE, plan, STATIC, value_of
+from ._key import children_of, hashable, LEAF, LEAVES, MODULE, plan, STATIC, value_of
 
 
 def find_unhashable(key: tuple) -> str | None:
@@ -27,25 +27,17 @@ def _find_unhashable(n: Any, path: str) -> str | None:
         if n[0] == MODULE:
             p = plan(n[1])
             for name, s in zip(p.static_names, n[2]):
-                if not _hashable(s):
+                if not hashable(s):
                     kind = type(value_of(s)).__name__
                     cls = n[1].__qualname__
                     return f"the static field {name!r} of `{cls}` holding a {kind}"
             stack += [(c, f"{path}.{k}") for k, c in zip(p.dynamic_names, n[3])]
         elif n[0] == STATIC:
-            if not _hashable(n[2]):
+            if not hashable(n[2]):
                 return f"{path}, a {n[1].__name__}"
         elif n[0] != LEAVES:
             stack += [(c, f"{path}[{i}]") for i, c in enumerate(n[2])]
     return None
-
-
-def _hashable(v: object) -> bool:
-    try:
-        hash(v)
-    except TypeError:
-        return False
-    return True
 
 
 class Origin(NamedTuple):

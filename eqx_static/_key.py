@@ -405,7 +405,7 @@ def _extras(d: dict, p: FieldInfo) -> tuple | None:
     # As in Equinox's flatten: the wrapper attributes of `eqx.module_update_wrapper`
     # are part of the structure; anything else (a cached property) is not.
     out = tuple(
-        (k, typed(d[k]) if _hashable(d[k]) else _ById(d[k]))
+        (k, typed(d[k]) if hashable(d[k]) else _ById(d[k]))
         for k in WRAPPER_FIELD_NAMES
         if k in d
     )
@@ -427,7 +427,7 @@ class _ById:
         return id(self.value)
 
 
-def _hashable(v: object) -> bool:
+def hashable(v: object) -> bool:
     try:
         hash(v)
     except TypeError:
