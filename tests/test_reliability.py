@@ -323,3 +323,18 @@ def test_a_large_static_tuple_argument_is_keyed_once_per_object(monkeypatch):
     assert calls[0] - first == 1  # the tuple itself only
     assert float(f(jnp.ones(()), tuple(range(1000)))) == 4.0  # another object
     assert f.cache_info().misses == 1
+
+
+def test_a_static_output_follows_jax_enable_x64():
+    """A static output is whatever the trace for the current settings produced
+    (`jax.jit` keys its traces on `jax_enable_x64`)."""
+
+    @es.jit
+    def dtype_name(x):
+        return jnp.asarray(1.0).dtype.name, x
+
+    x = jnp.ones(())
+    assert dtype_name(x)[0] == "float32"
+    with jax.enable_x64(True):
+        assert dtype_name(x)[0] == "float64"
+    assert dtype_name(x)[0] == "float32"
