@@ -247,3 +247,133 @@ def test_a_field_named_module_can_be_updated():
     h = Holder(1.0)
     assert h.with_dynamic(module=2.0).module == 2.0
     assert es.with_dynamic(h, module=3.0).module == 3.0
+
+
+# --- the library's own argument checks ------------------------------------------------
+#
+# Under the jaxtyping import hook, beartype rejects a wrongly-typed argument before
+# the library's check runs. These inputs satisfy the annotations (a `Mock` with a
+# module `spec` is an instance of the module class to `isinstance`; a staticmethod
+# is callable), or switch jaxtyping's run-time checks off, so that the message seen
+# is the library's own.
+
+
+class _Spec(es.Module):
+    a: float
+
+
+@pytest.mark.parametrize(
+    "helper, name",
+    [(es.with_static, "with_static"), (es.with_dynamic, "with_dynamic")],
+)
+def test_update_functions_reject_a_non_module_with_their_own_message(helper, name):
+    from unittest import mock
+
+    fake = mock.NonCallableMock(spec=_Spec)
+    assert isinstance(fake, _Spec)  # what an annotation check looks at
+    with pytest.raises(TypeError) as info:
+        helper(fake, a=2.0)
+    assert str(info.value) == f"`{name}` takes an `eqx.Module`, got NonCallableMock."
+
+
+def test_edit_rejects_a_non_module_with_its_own_message():
+    from unittest import mock
+
+    with pytest.raises(TypeError) as info:
+        es.edit(mock.NonCallableMock(spec=_Spec))
+    assert str(info.value) == (
+        "`es.edit` takes an `eqx.Module`, got <class 'unittest.mock.NonCallableMock'>."
+    )
+
+
+def test_jit_rejects_a_non_callable_with_its_own_message():
+    with pytest.raises(TypeError) as info:
+        es.jit(staticmethod(3))  # pyright: ignore[reportArgumentType]
+    assert str(info.value) == "`es.jit` takes a function or method, got int."
+
+
+@pytest.fixture
+def _no_runtime_typechecks(monkeypatch):
+    import jaxtyping
+
+    monkeypatch.setattr(jaxtyping.config, "jaxtyping_disable", True)
+
+
+@pytest.mark.usefixtures("_no_runtime_typechecks")
+@pytest.mark.parametrize("donate", ["some", "None", None, True])
+def test_jit_rejects_an_unknown_donate_with_its_own_message(donate):
+    with pytest.raises(ValueError) as info:
+        es.jit(donate=donate)(lambda x: x)
+    assert str(info.value) == (
+        "`es.jit(donate=...)` must be one of 'none', 'all', 'all-except-first', "
+        f"'warn', 'warn-except-first'; got {donate!r}."
+    )
+
+
+@pytest.mark.usefixtures("_no_runtime_typechecks")
+@pytest.mark.parametrize("name", ["maxsize", "max_compiles", "warn_after"])
+@pytest.mark.parametrize("value", [0, -1, 1.5, "2", True])
+def test_jit_rejects_a_bad_count_with_its_own_message(name, value):
+    with pytest.raises(ValueError) as info:
+        es.jit(**{name: value})(lambda x: x)
+    assert str(info.value) == (
+        f"`{name}` must be None or a positive int, got {value!r}: "
+        f"`es.jit({name}=...)` counts compiled entries."
+    )
+
+
+@pytest.mark.parametrize("name", ["maxsize", "max_compiles", "warn_after"])
+def test_jit_accepts_good_counts(name):
+    for value in (None, 1, 5):
+        f = es.jit(**{name: value})(lambda x: x + 1)
+        assert f(jnp.array(1.0, jnp.float32)) == 2.0
+
+
+# --- donation ----------------------------------------------------------------------------
+
+
+class _Donor(es.Module):
+    w: jax.Array
+
+    @es.jit(donate="all")
+    def all(self, x):
+        return self.w + x, self.w * x  # two outputs: both buffers are usable
+
+    @es.jit(donate="all-except-first")
+    def except_first(self, x):
+        return self.w + x, self.w * x
+
+    @es.jit(donate="none")
+    def none(self, x):
+        return self.w + x, self.w * x
+
+
+@pytest.mark.parametrize(
+    "method, w_deleted, x_deleted",
+    [("all", True, True), ("except_first", False, True), ("none", False, False)],
+)
+def test_donation_deletes_exactly_the_donated_buffers(method, w_deleted, x_deleted):
+    m = _Donor(jnp.arange(3.0))
+    x = jnp.ones(3)
+    total, product = getattr(m, method)(x)
+    np.testing.assert_array_equal(total, np.arange(3.0) + 1)
+    np.testing.assert_array_equal(product, np.arange(3.0))
+    assert m.w.is_deleted() is w_deleted
+    assert x.is_deleted() is x_deleted
+
+
+@pytest.mark.parametrize("donate", ["all", "all-except-first"])
+def test_donation_of_plain_function_arguments(donate):
+    @es.jit(donate=donate)
+    def f(a, b):
+        return a * 2 + b, a - b  # two outputs: both buffers are usable
+
+    a, b = jnp.ones(4), jnp.arange(4.0)
+    total, difference = f(a, b)
+    np.testing.assert_array_equal(total, 2 + np.arange(4.0))
+    np.testing.assert_array_equal(difference, 1 - np.arange(4.0))
+    assert a.is_deleted() is (donate == "all")
+    assert b.is_deleted()
+    c = jnp.ones(4)
+    f(c, jnp.ones(4))  # a second call hits the entry and donates again
+    assert c.is_deleted() is (donate == "all")

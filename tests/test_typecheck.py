@@ -96,7 +96,9 @@ def test_typecheck_option_is_inherited_and_can_be_switched_off():
 
 def test_bad_typecheck_option():
     # Our own check, or (under the jaxtyping import hook) beartype's on `typecheck`.
-    with pytest.raises(TypeError, match="`typecheck=` on `Bad` takes True|'typecheck'"):
+    with pytest.raises(
+        TypeError, match=r"`typecheck=` on `\S*Bad` takes True|'typecheck'"
+    ):
 
         class Bad(es.Module, typecheck="yes"):  # pyright: ignore[reportArgumentType]
             x: float
@@ -187,3 +189,19 @@ def test_jaxtyped_above_es_jit_fails_at_decoration_with_the_right_order():
             @es.jit
             def f(self, x: Float[Array, " m"]) -> Float[Array, " n"]:
                 return self.w @ x
+
+
+def test_dimension_clash_message_gives_each_field_its_own_shape():
+    """Each field's size and shape are its own, not the other field's."""
+    with pytest.raises(TypeError) as info:
+        Layer(jnp.ones((2, 3)), jnp.zeros(4), "relu")
+    assert str(info.value) == (
+        "Fields 'w' and 'b' of `Layer` disagree on dimension 'm': 'w' has m=3 "
+        "(shape (2, 3)), 'b' has m=4 (shape (4,)). Give them matching shapes."
+    )
+    with pytest.raises(TypeError) as info:
+        _layer(2, 5).with_dynamic(b=jnp.zeros(7))
+    assert str(info.value) == (
+        "Fields 'w' and 'b' of `Layer` disagree on dimension 'm': 'w' has m=5 "
+        "(shape (2, 5)), 'b' has m=7 (shape (7,)). Give them matching shapes."
+    )

@@ -1,0 +1,261 @@
+"""Explanations (`_explain.py`): the INFO line logged on `"eqx_static"` for each
+compile after the first names what changed, in field terms, old -> new; and the
+error for an unhashable static value names where it is.
+
+Each case makes a fresh wrapper (a new function, so a new cache), calls it with
+the first arguments, then with the second, and checks the exact line.
+"""
+
+import logging
+from typing import Any
+
+import equinox as eqx
+import eqx_static as es
+import jax
+import jax.numpy as jnp
+import pytest
+
+
+X = jnp.ones(2, jnp.float32)
+
+
+class P(eqx.Module):
+    w: jax.Array
+    xs: Any = eqx.field(static=True)
+
+
+class Q(eqx.Module):
+    w: jax.Array
+
+
+def _fresh() -> Any:
+    def f(x, y=None, *rest, z=None):
+        return x
+
+    return es.jit(f)
+
+
+def _explanations(caplog: Any, *calls: tuple[tuple, dict]) -> list[str]:
+    f = _fresh()
+    with caplog.at_level(logging.INFO, logger="eqx_static"):
+        for args, kwargs in calls:
+            f(*args, **kwargs)
+    prefix = f"{f.qualname}: "
+    got = [r.getMessage() for r in caplog.records if r.name == "eqx_static"]
+    assert all(line.startswith(prefix) for line in got)
+    return [line.removeprefix(prefix) for line in got]
+
+
+CASES = {
+    "static argument, old -> new": (
+        ((X, "tanh"), {}),
+        ((X, "relu"), {}),
+        "compiling (1 cached): argument y changed 'tanh' -> 'relu'",
+    ),
+    "typed static argument": (
+        ((X, 1), {}),
+        ((X, True), {}),
+        "compiling (1 cached): argument y changed 1 -> True",
+    ),
+    "keyword argument": (
+        ((X,), {"z": 1}),
+        ((X,), {"z": 2.0}),
+        "compiling (1 cached): argument z changed 1 -> 2.0",
+    ),
+    "static field of a module argument": (
+        ((X, P(X, (1,))), {}),
+        ((X, P(X, (2,))), {}),
+        "compiling (1 cached): static field 'y.xs' changed (1,) -> (2,)",
+    ),
+    "class of a module argument": (
+        ((X, P(X, 1)), {}),
+        ((X, Q(X)), {}),
+        "compiling (1 cached): argument y class P -> Q",
+    ),
+    "item of a tuple": (
+        ((X, (X, 1)), {}),
+        ((X, (X, 2)), {}),
+        "compiling (1 cached): field 'y[1]' changed 1 -> 2",
+    ),
+    "module inside a tuple": (
+        ((X, (Q(X), P(X, "a"))), {}),
+        ((X, (Q(X), P(X, "b"))), {}),
+        "compiling (1 cached): static field 'y[1].xs' changed 'a' -> 'b'",
+    ),
+    "tuple length": (
+        ((X, (X, 2)), {}),
+        ((X, (X, 2, 3)), {}),
+        "compiling (1 cached): argument y structure changed",
+    ),
+    "tuple -> list": (
+        ((X, (X, 2)), {}),
+        ((X, [X, 2]), {}),
+        "compiling (1 cached): argument y structure changed",
+    ),
+    "dict keys": (
+        ((X, {"a": X}), {}),
+        ((X, {"a": X, "b": 1}), {}),
+        "compiling (1 cached): argument y structure changed",
+    ),
+    "traced -> static": (
+        ((X, X), {}),
+        ((X, 3.0), {}),
+        "compiling (1 cached): argument y changed kind: traced -> static",
+    ),
+    "None -> module": (
+        ((X, None), {}),
+        ((X, Q(X)), {}),
+        "compiling (1 cached): argument y changed kind: None -> module",
+    ),
+    "static -> sequence": (
+        ((X, 1), {}),
+        ((X, (X, X)), {}),
+        "compiling (1 cached): argument y changed kind: static -> sequence",
+    ),
+    "static -> tuple with a static": (
+        ((X, 1), {}),
+        ((X, (X, 1)), {}),
+        "compiling (1 cached): argument y changed kind: static -> sequence",
+    ),
+    "static -> pytree": (
+        ((X, 1), {}),
+        ((X, {"a": X}), {}),
+        "compiling (1 cached): argument y changed kind: static -> pytree",
+    ),
+    "shape": (
+        ((X,), {}),
+        ((jnp.ones(3),), {}),
+        "compiling (1 cached): argument x shape (2,) -> (3,)",
+    ),
+    "dtype of a leaf in a dict": (
+        ((X, {"a": X}), {}),
+        ((X, {"a": X.astype(jnp.int32)}), {}),
+        "compiling (1 cached): argument y[0] dtype float32 -> int32",
+    ),
+    "weak type": (
+        ((jnp.asarray(1.0),), {}),
+        ((jnp.asarray(1.0, jnp.float32),), {}),
+        "compiling (1 cached): argument x weak type True -> False",
+    ),
+    "number of positional arguments": (
+        ((X, 1), {}),
+        ((X, 1, 2), {}),
+        "compiling (1 cached): call signature changed: 2 -> 3 positional, "
+        "keywords ['z'] -> ['z']",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_compile_line_names_the_change_old_to_new(caplog, case):
+    first, second, line = CASES[case]
+    assert _explanations(caplog, first, second) == [line]
+
+
+class Inner(es.Module):
+    s: int = eqx.field(static=True)
+
+
+def _classes() -> tuple[type, type]:
+    """A model class with its own compiled method (so its own cache), and a
+    subclass of it."""
+
+    class Model(es.Module):
+        w: jax.Array
+        inner: Inner
+        act: str = eqx.field(static=True)
+
+        @es.jit
+        def __call__(self, x):
+            return self.w * x
+
+    class Sub(Model):
+        pass
+
+    return Model, Sub
+
+
+@pytest.mark.parametrize(
+    "second, line",
+    [
+        (
+            lambda m, sub: m.with_static(act="relu"),
+            "static field 'act' changed 'tanh' -> 'relu'",
+        ),
+        (
+            lambda m, sub: m.with_static(**{"inner.s": 2}),
+            "static field 'inner.s' changed 1 -> 2",
+        ),
+        (lambda m, sub: m.with_dynamic(w=jnp.ones(2)), "field 'w' shape () -> (2,)"),
+        (
+            lambda m, sub: sub(m.w, m.inner, m.act),
+            "class _classes.<locals>.Model -> _classes.<locals>.Sub",
+        ),
+    ],
+)
+def test_the_compile_line_of_a_method_names_fields_of_self(caplog, second, line):
+    model, sub = _classes()
+    m = model(jnp.array(1.0, jnp.float32), Inner(1), "tanh")
+    n = second(m, sub)
+    with caplog.at_level(logging.INFO, logger="eqx_static"):
+        m(X)
+        n(X)
+    got = [r.getMessage() for r in caplog.records if r.name == "eqx_static"]
+    name = f"{type(n).__qualname__}.__call__"
+    assert got == [f"{name}: compiling (1 cached): {line}"]
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, culprit",
+    [
+        ((X, {1, 2}), {}, "args[1], a set"),
+        ((X,), {"z": {1}}, "z, a set"),
+        ((X, (1, [2, {3}])), {}, "args[1][1][1], a set"),
+        ((X, P(X, [1])), {}, "the static field 'xs' of `P` holding a list"),
+        ((X, {"a": (X, P(X, [1]))}), {}, "the static field 'xs' of `P` holding a list"),
+    ],
+)
+def test_an_unhashable_static_value_is_named(args, kwargs, culprit):
+    f = _fresh()
+    message = (
+        f"`{f.qualname}` got {culprit}, which is not hashable. Static field values "
+        "and non-array arguments key the compilation cache"
+    )
+    with pytest.raises(TypeError) as info:
+        f(*args, **kwargs)
+    assert str(info.value).startswith(message)
+
+
+class Gated(es.Module):
+    a: jax.Array
+    b: jax.Array
+    c: jax.Array
+
+
+class Scale(eqx.Module):
+    """A callable pytree: its own leaves are traced before the arguments'."""
+
+    s: jax.Array
+    t: jax.Array
+
+    def __call__(self, m, x):
+        y = self.s * m.a * x + self.t * m.c
+        if m.b > 0:  # a traced field where Python needs a bool
+            return y
+        return -y
+
+
+@pytest.mark.parametrize("how", ["wrapped pytree", "module argument"])
+def test_traced_field_error_names_the_field_behind_the_leaf(how):
+    m = Gated(jnp.array(1.0), jnp.array(2.0), jnp.array(3.0))
+    scale = Scale(jnp.array(2.0), jnp.array(1.0))
+    if how == "wrapped pytree":
+        f, args, path = es.jit(scale), (m, X), "m.b"
+    else:
+        f = es.jit(lambda scale, m, x: scale(m, x))
+        args, path = (scale, m, X), "m.b"
+    with pytest.raises(es.TracedFieldError) as info:
+        f(*args)
+    message = str(info.value)
+    assert f"used the traced field 'b' of `Gated` (at {path})" in message
+    assert isinstance(info.value, jax.errors.TracerBoolConversionError)

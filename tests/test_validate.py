@@ -1,0 +1,234 @@
+"""The checks every new field value goes through (`_validate.py`): at
+construction, in `with_static`/`with_dynamic` and in `es.edit`. Each error is
+checked by its full message, so that the advice it gives is the right one."""
+
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import eqx_static as es
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jaxtyping import Array, Float, Int
+
+
+class S(es.Module):
+    v: Any = eqx.field(static=True)
+
+
+def _edit_static(m: Any, **changes: Any) -> Any:
+    with es.edit(m) as m2:
+        for k, v in changes.items():
+            setattr(m2, k, v)
+    return m2
+
+
+ROUTES: dict[str, Callable[[Any], Any]] = {
+    "construction": lambda v: S(v),
+    "with_static": lambda v: S(1).with_static(v=v),
+    "es.with_static": lambda v: es.with_static(S(1), v=v),
+    "es.edit": lambda v: _edit_static(S(1), v=v),
+}
+
+UNHASHABLE = {
+    "jax array": (
+        jnp.ones(2),
+        "ArrayImpl. Arrays are data, not program structure: make it a dynamic "
+        "field (drop `static=True`), so that changing it never recompiles.",
+    ),
+    "numpy array": (
+        np.ones(2),
+        "ndarray. Arrays are data, not program structure: make it a dynamic "
+        "field (drop `static=True`), so that changing it never recompiles.",
+    ),
+    "list": ([1], "list. Store a tuple instead: `v=tuple(...)`."),
+    "dict": (
+        {"a": 1},
+        "dict. Store a hashable mapping instead, e.g. `v=tuple(d.items())`.",
+    ),
+    "set": ({1}, "set. Store a frozenset instead: `v=frozenset(...)`."),
+    "other": (
+        bytearray(b"x"),
+        "bytearray. Static values key the compilation cache, so they must be "
+        "hashable: use a hashable value, or make it a dynamic field.",
+    ),
+}
+
+
+@pytest.mark.filterwarnings("ignore:A JAX array is being set as static")
+@pytest.mark.parametrize("route", sorted(ROUTES))
+@pytest.mark.parametrize("kind", sorted(UNHASHABLE))
+def test_an_unhashable_static_value_gets_advice_for_its_type(route, kind):
+    value, advice = UNHASHABLE[kind]
+    with pytest.raises(TypeError) as info:
+        ROUTES[route](value)
+    assert str(info.value) == f"Static field 'v' of `S` holds an unhashable {advice}"
+
+
+class D(es.Module):
+    a: Any
+    b: Float[Array, "3"]
+    c: Float[Array, "2"] | None = None
+    d: Int[Array, ""] | Float[Array, "2 2"] | None = None
+
+
+def _d() -> D:
+    return D(1.0, jnp.ones(3))
+
+
+@pytest.mark.parametrize(
+    "value, want",
+    [
+        (True, (jnp.bool_, False)),
+        (3, (jnp.int32, True)),
+        (1.5, (jnp.float32, True)),
+        (1 + 2j, (jnp.complex64, True)),
+    ],
+)
+def test_a_number_in_a_dynamic_field_is_stored_as_jit_would_make_it(value, want):
+    for m in (D(value, jnp.ones(3)), _d().with_dynamic(a=value)):
+        assert isinstance(m.a, jnp.ndarray) and m.a.shape == ()
+        assert (m.a.dtype, m.a.weak_type) == want
+        assert m.a.item() == value
+
+
+def test_numbers_inside_containers_are_stored_as_arrays_and_the_rest_is_kept():
+    m = _d().with_dynamic(a=(1, [2.0, {"k": True}], "s", None))
+    one, (two, inner), s, none = m.a
+    assert type(m.a) is tuple and type(m.a[1]) is list and type(inner) is dict
+    assert (one.dtype, two.dtype, inner["k"].dtype) == (
+        jnp.int32,
+        jnp.float32,
+        jnp.bool_,
+    )
+    assert (one.item(), two.item(), inner["k"].item()) == (1, 2.0, True)
+    assert s == "s" and none is None
+
+
+def test_a_container_without_numbers_is_kept_as_is():
+    arrays = (jnp.ones(2), [jnp.zeros(1)], {"k": "s"})
+    assert _d().with_dynamic(a=arrays).a is arrays
+
+
+OVERFLOW = (
+    "Field 'a' of `D` got the Python int 1099511627776, which does not fit in a "
+    "JAX integer (Python int 1099511627776 too large to convert to int32). Dynamic "
+    "fields store numbers as arrays: pass a float, enable `jax_enable_x64`, or "
+    "declare 'a' static with `eqx.field(static=True)`."
+)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: D(2**40, jnp.ones(3)),
+        lambda: _d().with_dynamic(a=2**40),
+        lambda: _d().with_dynamic(a=(1, [2**40])),
+        lambda: _edit_static(_d(), a={"k": 2**40}),
+    ],
+)
+def test_an_int_too_large_names_the_field(make):
+    with pytest.raises(OverflowError) as info:
+        make()
+    assert str(info.value) == OVERFLOW
+
+
+ARR = "jaxlib._jax.Array"
+
+
+@pytest.mark.parametrize(
+    "name, value, ann, got",
+    [
+        ("b", jnp.ones(4), f"Float[{ARR}, '3']", "float32[4]"),
+        ("b", jnp.ones(3, jnp.int32), f"Float[{ARR}, '3']", "int32[3]"),
+        ("b", np.ones(4, np.float32), f"Float[{ARR}, '3']", "float32[4]"),
+        ("b", "x", f"Float[{ARR}, '3']", "str"),
+        ("c", jnp.ones(3), f"Float[{ARR}, '2'] | None", "float32[3]"),
+        (
+            "d",
+            jnp.ones(2, jnp.int32),
+            f"Int[{ARR}, ''] | Float[{ARR}, '2 2'] | None",
+            "int32[2]",
+        ),
+    ],
+)
+def test_a_value_against_its_array_annotation(name, value, ann, got):
+    message = (
+        f"Field {name!r} of `D` is annotated `{ann}`, but the new value is {got}. "
+        "Pass a value of that dtype and shape."
+    )
+    for update in (
+        lambda: _d().with_dynamic(**{name: value}),
+        lambda: _edit_static(_d(), **{name: value}),
+    ):
+        with pytest.raises(TypeError) as info:
+            update()
+        assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("c", jnp.ones(2)),
+        ("c", None),
+        ("d", jnp.array(3, jnp.int32)),
+        ("d", jnp.ones((2, 2))),
+        ("d", None),
+    ],
+)
+def test_every_member_of_a_union_annotation_is_accepted(name, value):
+    m = _d().with_dynamic(**{name: value})
+    assert getattr(m, name) is value
+
+
+def test_a_stacked_module_takes_values_of_the_stacked_layout():
+    stacked = eqx.filter_vmap(lambda b: D(1.0, b))(jnp.ones((5, 3)))
+    new = jnp.zeros((5, 3))
+    assert stacked.with_dynamic(b=new).b is new
+    for bad, got in [
+        (jnp.zeros((4, 3)), "float32[4, 3]"),
+        (jnp.zeros((5, 3), jnp.int32), "int32[5, 3]"),
+    ]:
+        with pytest.raises(TypeError) as info:
+            stacked.with_dynamic(b=bad)
+        assert str(info.value) == (
+            "Field 'b' of `D` holds a stacked value float32[5, 3] (a module batched "
+            "by `eqx.filter_vmap`), so the new value must have the same shape and "
+            f"dtype; got {got}."
+        )
+
+
+def test_the_converter_runs_on_assigned_values_only_and_before_the_checks():
+    calls = []
+
+    def to_tuple(v):
+        calls.append(v)
+        return tuple(v)
+
+    class C(es.Module):
+        w: Any
+        xs: tuple = eqx.field(static=True, converter=to_tuple)
+
+    m = C(1.0, [1, 2])
+    assert m.xs == (1, 2) and calls == [[1, 2]]
+    m2 = m.with_static(xs=[3])  # a list: hashable only after the converter
+    assert m2.xs == (3,) and calls == [[1, 2], [3]]
+    m3 = m2.with_dynamic(w=2.0)
+    assert m3.xs is m2.xs and calls == [[1, 2], [3]]
+
+
+def test_check_init_runs_on_the_result():
+    class Positive(es.Module):
+        w: Any
+
+        def __check_init__(self):
+            if not self.w > 0:
+                raise ValueError(f"w must be positive, got {self.w}")
+
+    m = Positive(1.0)
+    with pytest.raises(ValueError, match="^w must be positive, got -1.0$"):
+        m.with_dynamic(w=-1.0)
+    with pytest.raises(ValueError, match="^w must be positive, got -2.0$"):
+        _edit_static(m, w=-2.0)
+    assert m.with_dynamic(w=3.0).w == 3.0
