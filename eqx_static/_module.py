@@ -12,6 +12,7 @@ from jax.core import Tracer
 
 from ._bound import bound_method, BoundJit
 from ._compat import currently_initialising
+from ._edit import _lazy as edited, materialise
 from ._fields import field_info, instance_dict, unknown_field_error
 from ._typecheck import check_fields, set_option, Typechecker
 from ._update import with_dynamic as _with_dynamic, with_static as _with_static
@@ -180,6 +181,8 @@ class Module(eqx.Module):
             d = instance_dict(self)
             if type(d) is not dict:  # watched by `depends_on`, or a failed edit's
                 d.on_read(name)  # pyright: ignore[reportAttributeAccessIssue]
+            if edited and id(self) in edited:  # an `es.edit` copy: copy on write
+                materialise(self, name)
             if name == "__dict__":  # Equinox's flatten, on every `jax.tree.map`
                 return d
             out = object.__getattribute__(self, name)

@@ -73,6 +73,9 @@ def _as_data(cls: type, name: str, value: Any) -> Any:
     if t not in _CONTAINERS:
         return value
     items = value.values() if t is dict else value
+    kinds = set(map(type, items))  # in C: a tuple of 10,000 arrays is one type
+    if kinds.isdisjoint(_NUMBERS) and kinds.isdisjoint(_CONTAINERS):
+        return value
     new = [_as_data(cls, name, x) for x in items]
     if all(a is b for a, b in zip(new, items)):
         return value

@@ -2,6 +2,7 @@
 
 import abc
 import dataclasses
+from typing import Any
 
 import equinox as eqx
 import eqx_static as es
@@ -429,3 +430,72 @@ def test_edit_shares_a_tuple_that_holds_nothing_mutable():
     with es.edit(h) as h2:
         h2.other = 1.0
     assert h2.pair is h.pair
+
+
+# --- copy on write ------------------------------------------------------------------
+
+
+class _Leaf(es.Module):
+    w: Any
+    k: int = eqx.field(static=True)
+
+
+class _Stack(es.Module):
+    layers: tuple
+    extra: list
+    head: _Leaf
+
+
+def _stack(n: int = 5) -> _Stack:
+    return _Stack(
+        layers=tuple(_Leaf(float(i), i) for i in range(n)),
+        extra=[_Leaf(10.0, 0), [1.0, _Leaf(11.0, 1)]],
+        head=_Leaf(20.0, 2),
+    )
+
+
+def test_edit_copies_only_what_is_read(monkeypatch):
+    """Entering copies nothing; reading `m2.layers[3]` copies that one layer."""
+    from eqx_static import _edit
+
+    made = []
+    copy_module = _edit._copy_module
+    monkeypatch.setattr(
+        _edit, "_copy_module", lambda obj, c: made.append(obj) or copy_module(obj, c)
+    )
+    s = _stack(1000)
+    with es.edit(s) as s2:
+        assert made == [s]  # the root only
+        s2.layers[3].w = 5.0
+        assert s2.layers[3] is s2.layers[3]  # one copy, handed out again
+    assert made == [s, s.layers[3]]
+    assert float(s2.layers[3].w) == 5.0 and float(s.layers[3].w) == 3.0
+    assert all(a is b for a, b in zip(s2.layers[:3], s.layers[:3]))
+    assert s2.extra is s.extra and s2.head is s.head  # never read: shared
+
+
+def test_edit_through_iteration_slices_lists_and_tree_maps():
+    s = _stack()
+    with es.edit(s) as s2:
+        for layer in s2.layers[1:3]:  # a slice hands out copies too
+            layer.w = -1.0
+        for layer in s2.layers:
+            assert isinstance(layer, _Leaf)
+        s2.extra[1][1].w = 12.0  # a module in a list in a list
+        popped = s2.extra.pop(0)
+        popped.w = 99.0  # a copy: the original is not touched
+        assert len(jax.tree.leaves(s2)) == len(jax.tree.leaves(s)) - 1
+    assert [float(x.w) for x in s2.layers] == [0.0, -1.0, -1.0, 3.0, 4.0]
+    assert float(s2.extra[0][1].w) == 12.0 and len(s2.extra) == 1
+    assert float(s.extra[0].w) == 10.0 and float(s.extra[1][1].w) == 11.0
+    assert type(s2.layers) is tuple and type(s2.extra) is list
+    assert [float(x.w) for x in s.layers] == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+def test_an_edit_that_reads_but_changes_nothing_shares_everything():
+    s = _stack()
+    with es.edit(s) as s2:
+        _ = [layer.w for layer in s2.layers]
+        _ = s2.extra[1][1].w
+    # Unchanged: the result shares the original's objects, as `with_dynamic` does.
+    assert s2.layers is s.layers and s2.extra is s.extra and s2.head is s.head
