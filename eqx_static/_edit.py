@@ -65,40 +65,42 @@ def materialise(copy: Any, name: str) -> None:
 class edit(Generic[_M]):  # noqa: N801  (used like a function: `with es.edit(m)`)
     """Edit a module as if it were mutable; get a frozen, validated module back.
 
-        Inside the block, assign fields of the yielded copy, static or dynamic, and
-        fields of modules nested in it (those are editable copies too, as are the lists
-        that hold them). On exit, the new values go through the same checks as
-        [`eqx_static.with_static`][] and [`eqx_static.with_dynamic`][] (converters,
-        hashable static values, jaxtyping annotations, `__check_init__`), and the copy
-        becomes an ordinary frozen module. Unchanged nested modules are the original
-        objects, shared, not copies. If the block raises, or a check fails, the
-        original module is untouched.
+    Inside the block, assign fields of the yielded copy, static or dynamic, and
+    fields of modules nested in it (those are editable copies too, as are the lists
+    that hold them). Copies are made on write: entering copies the module itself
+    only, and a nested module is copied when it is first reached, so an edit of one
+    leaf costs the modules on its path, not the whole tree. On exit, the new values go through the same checks as
+    [`eqx_static.with_static`][] and [`eqx_static.with_dynamic`][] (converters,
+    hashable static values, jaxtyping annotations, `__check_init__`), and the copy
+    becomes an ordinary frozen module. Unchanged nested modules are the original
+    objects, shared, not copies. If the block raises, or a check fails, the
+    original module is untouched.
 
-        **Arguments:**
+    **Arguments:**
 
-        - `module`: any `eqx.Module`.
+    - `module`: any `eqx.Module`.
 
-        !!! example
+    !!! example
 
-            ```python
-            import equinox as eqx
-            import eqx_static as es
+        ```python
+        import equinox as eqx
+        import eqx_static as es
 
-            class Inner(es.Module):
-                scale: float
+        class Inner(es.Module):
+            scale: float
 
-            class Outer(es.Module):
-                inner: Inner
-                bias: float
-                square: bool = eqx.field(static=True)
+        class Outer(es.Module):
+            inner: Inner
+            bias: float
+            square: bool = eqx.field(static=True)
 
-            m = Outer(inner=Inner(scale=1.0), bias=0.0, square=False)
-            with es.edit(m) as m2:
-                m2.square = True
-                m2.inner.scale = 0.5
-            assert m2.square and m2.inner.scale == 0.5
-            assert not m.square and m.inner.scale == 1.0
-            ```
+        m = Outer(inner=Inner(scale=1.0), bias=0.0, square=False)
+        with es.edit(m) as m2:
+            m2.square = True
+            m2.inner.scale = 0.5
+        assert m2.square and m2.inner.scale == 0.5
+        assert not m.square and m.inner.scale == 1.0
+        ```
     """
 
     def __init__(self, module: _M, /):
