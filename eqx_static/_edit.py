@@ -69,8 +69,9 @@ class edit(Generic[_M]):  # noqa: N801  (used like a function: `with es.edit(m)`
     fields of modules nested in it (those are editable copies too, as are the lists
     that hold them). Copies are made on write: entering copies the module itself
     only, and a nested module is copied when it is first reached, so an edit of one
-    leaf costs the modules on its path, not the whole tree. On exit, the new values go through the same checks as
-    [`eqx_static.with_static`][] and [`eqx_static.with_dynamic`][] (converters,
+    leaf costs the modules on its path, not the whole tree. On exit, the new values
+    go through the same checks as [`eqx_static.with_static`][] and
+    [`eqx_static.with_dynamic`][] (converters,
     hashable static values, jaxtyping annotations, `__check_init__`), and the copy
     becomes an ordinary frozen module. Unchanged nested modules are the original
     objects, shared, not copies. If the block raises, or a check fails, the
