@@ -143,7 +143,9 @@ def _form(v: Any) -> Any:
     if t in SIMPLE:
         return v
     if t is float:
-        return v.hex() if not math.isnan(v) else "nan"
+        if math.isnan(v):  # every nan is one key; its sign is kept (copysign)
+            return "-nan" if math.copysign(1.0, v) < 0 else "nan"
+        return v.hex()
     if t is complex:
         return (_form(v.real), _form(v.imag))
     if isinstance(v, np.generic):
