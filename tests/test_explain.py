@@ -211,6 +211,8 @@ def test_the_compile_line_of_a_method_names_fields_of_self(caplog, second, line)
         ((X, {1, 2}), {}, "args[1], a set"),
         ((X,), {"z": {1}}, "z, a set"),
         ((X, (1, [2, {3}])), {}, "args[1][1][1], a set"),
+        ((X, ({3}, 1)), {}, "args[1][0], a set"),  # not the hashable 1
+        ((X, (1, "a", {3}, 2.0)), {}, "args[1][2], a set"),
         ((X, P(X, [1])), {}, "the static field 'xs' of `P` holding a list"),
         ((X, {"a": (X, P(X, [1]))}), {}, "the static field 'xs' of `P` holding a list"),
     ],

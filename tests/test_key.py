@@ -162,13 +162,161 @@ def test_nan_shares_one_entry_with_itself():
     assert M.f.cache_info().misses == 2  # one for the float, one for the tuple
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: `_form` keys every nan as 'nan', so -nan shares +nan's "
-    "entry and the sign of the result differs from the eager call",
-)
 def test_minus_nan_keeps_its_sign():
     x = jnp.array(2.0, jnp.float32)
     for s in (NAN, -NAN):
         got, want = _call("argument", s, x)
         _assert_same(got, want)
+
+
+# --- large static tuples (keyed once per object) ------------------------------------
+
+
+def _mixed(n: int, arrays: list) -> tuple:
+    """A tuple of `n` items (more than the 64 that are keyed once per object),
+    with `arrays` among the static ints."""
+    return (*arrays, *range(n - len(arrays)))
+
+
+@es.jit
+def _sum_table(table, x):
+    total = x
+    for t in table:
+        total = total + (t if isinstance(t, jax.Array) else jnp.float32(t))
+    return total
+
+
+def _sum_eager(table, x):
+    return _sum_table.fn(table, x)  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def test_a_large_tuple_with_arrays_traces_them_on_every_call():
+    x = jnp.array(0.5, jnp.float32)
+    table = _mixed(70, [jnp.array(1.0, jnp.float32), jnp.array(2.0, jnp.float32)])
+    for _ in range(2):  # the same object twice: its leaves are passed both times
+        np.testing.assert_array_equal(_sum_table(table, x), _sum_eager(table, x))
+    other = _mixed(70, [jnp.array(5.0, jnp.float32), jnp.array(7.0, jnp.float32)])
+    np.testing.assert_array_equal(_sum_table(other, x), _sum_eager(other, x))
+    assert float(_sum_table(other, x)) == 0.5 + 5 + 7 + sum(range(68))
+
+
+def test_a_large_static_tuple_is_keyed_by_its_values():
+    x = jnp.array(0.5, jnp.float32)
+    a, b = _mixed(80, []), (1.0, *_mixed(79, []))
+    for t in (a, b, a, b):
+        got, want = _sum_table(t, x), _sum_eager(t, x)
+        np.testing.assert_array_equal(got, want)
+
+
+class _Table(eqx.Module):  # an Equinox module: its numbers stay Python ints
+    table: Any
+
+
+@es.jit
+def _table_total(m, x):
+    return x + sum(v[0] if type(v) is list else v for v in m.table)
+
+
+def test_a_list_inside_a_large_tuple_is_read_again_after_it_changes():
+    """The list makes the module's key mutable: it is never memoised."""
+    box = [1]
+    m = _Table((box, *range(70)))
+    x = jnp.array(0.0, jnp.float32)
+    assert float(_table_total(m, x)) == 1 + sum(range(70))
+    box[0] = 100  # changed in place: a new static value, a new key
+    assert float(_table_total(m, x)) == 100 + sum(range(70))
+    assert _table_total.cache_info().misses == 2
+
+
+# --- types with their own equality --------------------------------------------------
+
+
+@es.jit
+def _count(s, x):
+    return x + 1
+
+
+def test_a_dataclass_without_eq_is_compared_by_identity():
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True, eq=False)
+    class Opt:
+        a: int
+
+    f = es.jit(lambda s, x: x * s.a)
+    x = jnp.array(2.0, jnp.float32)
+    one, other = Opt(1), Opt(1)
+    for s in (one, other, one):
+        assert float(f(s, x)) == 2.0
+    assert f.cache_info().misses == 2  # two objects, equal fields: two entries
+
+
+def test_a_dataclass_with_a_hand_written_eq_is_compared_by_it():
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Opt:
+        a: Any
+        note: str
+
+        def __eq__(self, other):  # the note does not take part
+            return type(other) is Opt and self.a == other.a
+
+        def __hash__(self):
+            return hash(self.a)
+
+    f = es.jit(lambda s, x: x * s.a)
+    x = jnp.array(2.0, jnp.float32)
+    for s in (Opt(1, "x"), Opt(1, "y")):
+        assert float(f(s, x)) == 2.0
+    assert f.cache_info().misses == 1  # equal by its own `__eq__`: one entry
+
+
+def test_a_generated_dataclass_eq_is_compared_typed():
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Opt:
+        a: Any
+
+    f = es.jit(lambda s, x: (jnp.asarray(s.a), x))
+    x = jnp.array(2.0, jnp.float32)
+    for s in (Opt(1), Opt(True), Opt(1.0)):
+        assert f(s, x)[0].dtype == jnp.asarray(s.a).dtype
+    assert f.cache_info().misses == 3
+
+
+def test_a_tuple_subclass_with_its_own_eq_is_compared_by_it():
+    class Loose(tuple):
+        __hash__ = tuple.__hash__
+
+        def __eq__(self, other):  # its own equality, the same as tuple's here
+            return tuple.__eq__(self, other)
+
+    f = es.jit(lambda s, x: x * 2)
+    x = jnp.array(2.0, jnp.float32)
+    for s in (Loose((1,)), Loose((1.0,)), Loose((True,))):
+        assert float(f(s, x)) == 4.0
+    assert f.cache_info().misses == 1  # equal by its own `__eq__`: one entry
+
+
+# --- Equinox's wrapper attributes --------------------------------------------------
+
+
+def _square(x: jax.Array) -> jax.Array:
+    """Squares."""
+    return x * x
+
+
+@es.jit
+def _call_wrapped(g, x):
+    return g(x), g.__name__, g.__doc__, g.__annotations__
+
+
+def test_the_wrapper_attributes_of_a_module_argument_are_kept():
+    g = eqx.filter_grad(_square)
+    x = jnp.array(3.0, jnp.float32)
+    got = _call_wrapped(g, x)
+    want = _call_wrapped.fn(g, x)  # pyright: ignore[reportAttributeAccessIssue]
+    assert float(got[0]) == float(want[0]) == 6.0
+    assert got[1:] == want[1:] == ("_square", "Squares.", _square.__annotations__)

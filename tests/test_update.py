@@ -694,3 +694,132 @@ def test_updates_drop_cached_property_values_of_the_old_instance():
     with es.edit(c) as c2:
         c2.flag = False
     assert c2.doubled == 3.0
+
+
+# --- containers on a dotted path: exact messages and container types kept ------------
+
+
+class _Tag:
+    """A dict key whose `str` is shared with another key."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __str__(self) -> str:
+        return "t"
+
+    def __repr__(self) -> str:
+        return f"_Tag({self.n})"
+
+    def __lt__(self, other: "_Tag") -> bool:  # pytree dict keys are sorted
+        return self.n < other.n
+
+
+class _MyList(list):
+    pass
+
+
+class _Holder(es.Module):
+    layers: list
+    nested: Any
+    table: dict
+    by_id: dict
+    ordered: Any
+    mine: Any
+    shape: tuple = eqx.field(static=True)
+
+
+def _holder() -> _Holder:
+    import collections
+
+    return _Holder(
+        layers=[jnp.zeros(1), jnp.ones(1)],
+        nested=[(jnp.zeros(1), jnp.ones(1)), [jnp.zeros(2)]],
+        table={"a": jnp.zeros(1)},
+        by_id={0: jnp.zeros(1), 1: jnp.ones(1)},
+        ordered=collections.OrderedDict(a=jnp.zeros(1), b=jnp.ones(1)),
+        mine=_MyList([jnp.zeros(1), jnp.ones(1)]),
+        shape=((1, 2), (3,)),
+    )
+
+
+@pytest.mark.parametrize(
+    "changes, where, first, second",
+    [
+        ({"layers.0": 1.0, "layers.-2": 2.0}, "layers", "0", "-2"),
+        ({"layers.-1": 1.0, "layers.1": 2.0}, "layers", "-1", "1"),
+        ({"nested.0.1": 1.0, "nested.0.-1": 2.0}, "nested.0", "1", "-1"),
+    ],
+)
+def test_two_segments_naming_one_item_are_refused_by_name(
+    changes, where, first, second
+):
+    with pytest.raises(ValueError) as info:
+        _holder().with_dynamic(**changes)
+    assert str(info.value) == (
+        f"Conflicting updates: segments {first!r} and {second!r} both name the same "
+        f"item of {where!r}. Name each item once."
+    )
+
+
+def test_a_conflict_of_a_whole_and_a_part_is_refused_by_name():
+    with pytest.raises(ValueError) as info:
+        _holder().with_dynamic(**{"nested.0": (1.0, 2.0), "nested.0.1": 3.0})
+    assert str(info.value) == (
+        "Conflicting updates: 'nested.0.1' changes inside 'nested.0', which is also "
+        "replaced as a whole. Name either the whole value or the parts inside it."
+    )
+
+
+def test_items_of_nested_containers_take_the_kind_of_their_field():
+    h = _holder()
+    new = jnp.full(1, 7.0)
+    h2 = h.with_dynamic(**{"nested.0.1": new, "nested.1.0": new})
+    assert h2.nested[0][1] is new and h2.nested[1][0] is new
+    assert type(h2.nested[0]) is tuple and type(h2.nested[1]) is list
+    assert h2.nested[0][0] is h.nested[0][0]
+    with pytest.raises(TypeError) as info:
+        h.with_static(**{"nested.0.1": new})
+    assert str(info.value) == (
+        "`with_static` got 'nested.0.1', which lies inside a dynamic field. Use "
+        "`with_dynamic` for it instead (or `es.edit`, which takes both kinds)."
+    )
+    with pytest.raises(TypeError) as info:
+        h.with_dynamic(**{"shape.0.1": 5})
+    assert str(info.value) == (
+        "`with_dynamic` got 'shape.0.1', which lies inside a static field. Use "
+        "`with_static` for it instead (or `es.edit`, which takes both kinds)."
+    )
+    assert h.with_static(**{"shape.0.1": 5}).shape == ((1, 5), (3,))
+
+
+def test_container_types_are_kept_on_a_path():
+    import collections
+
+    h = _holder()
+    new = jnp.full(1, 7.0)
+    h2 = h.with_dynamic(**{"ordered.b": new, "mine.0": new, "table.a": new})
+    assert type(h2.ordered) is collections.OrderedDict
+    assert list(h2.ordered) == ["a", "b"] and h2.ordered["b"] is new
+    assert type(h2.mine) is _MyList and h2.mine[0] is new
+    assert h2.mine[1] is h.mine[1]
+    assert type(h2.table) is dict and h2.table == {"a": new}
+    assert type(h2.layers) is list and h2.layers is h.layers
+
+
+def test_dict_keys_are_found_by_their_string():
+    h = _holder()
+    new = jnp.full(1, 7.0)
+    h2 = h.with_dynamic(**{"by_id.0": new})
+    assert h2.by_id[0] is new and list(h2.by_id) == [0, 1]
+    assert h2.by_id[1] is h.by_id[1]
+    assert h2.with_dynamic(**{"table.a": new}).table["a"] is new
+    tags = {_Tag(1): jnp.zeros(1), _Tag(2): jnp.ones(1)}
+    with pytest.raises(KeyError) as info:
+        h.with_dynamic(by_id=tags).with_dynamic(**{"by_id.t": new})
+    assert info.value.args[0] == (
+        "Path segment 't' at 'by_id.t' names several keys: [_Tag(1), _Tag(2)]."
+    )
+    with pytest.raises(KeyError) as info:
+        h.with_dynamic(**{"by_id.5": new})
+    assert info.value.args[0] == "No key '5' at 'by_id.5'; the keys are [0, 1]."
