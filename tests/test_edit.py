@@ -499,3 +499,57 @@ def test_an_edit_that_reads_but_changes_nothing_shares_everything():
         _ = s2.extra[1][1].w
     # Unchanged: the result shares the original's objects, as `with_dynamic` does.
     assert s2.layers is s.layers and s2.extra is s.extra and s2.head is s.head
+
+
+# --- lists and dicts at depth: copied, restored, never shared ------------------------
+
+
+class _Deep(es.Module):
+    nested: Any
+    layers: Any
+    table: Any
+
+
+def _deep() -> _Deep:
+    return _Deep(
+        nested=((jnp.zeros(1), [jnp.ones(1)]),),
+        layers=[[jnp.zeros(1)], [jnp.ones(1)]],
+        table={"a": jnp.zeros(1)},
+    )
+
+
+def test_a_list_inside_a_tuple_inside_a_tuple_is_not_shared():
+    m = _deep()
+    before = m.nested[0][1][0]
+    new = jnp.full(1, 5.0)
+    with es.edit(m) as m2:
+        m2.nested[0][1][0] = new
+    assert m.nested[0][1][0] is before  # the original is untouched
+    assert m2.nested[0][1][0] is new
+
+
+def test_a_nested_list_grown_in_place_is_kept_and_the_original_untouched():
+    m = _deep()
+    extra = [jnp.full(1, 2.0)]
+    with es.edit(m) as m2:
+        m2.layers.append(extra)
+    assert len(m.layers) == 2
+    assert len(m2.layers) == 3 and m2.layers[2][0] is extra[0]
+    assert m2.layers[0][0] is m.layers[0][0]
+
+
+def test_a_dict_key_renamed_in_place_is_kept():
+    m = _deep()
+    with es.edit(m) as m2:
+        value = m2.table.pop("a")
+        m2.table["b"] = value
+    assert list(m2.table) == ["b"] and m2.table["b"] is m.table["a"]
+    assert list(m.table) == ["a"]
+
+
+def test_unchanged_containers_are_the_originals():
+    m = _deep()
+    with es.edit(m) as m2:
+        m2.table["a"] = jnp.full(1, 3.0)
+    assert m2.nested is m.nested and m2.layers is m.layers
+    assert m2.table is not m.table and float(m2.table["a"][0]) == 3.0

@@ -823,3 +823,55 @@ def test_dict_keys_are_found_by_their_string():
     with pytest.raises(KeyError) as info:
         h.with_dynamic(**{"by_id.5": new})
     assert info.value.args[0] == "No key '5' at 'by_id.5'; the keys are [0, 1]."
+
+
+def test_a_conflict_names_the_value_replaced_as_a_whole():
+    with pytest.raises(ValueError) as info:
+        _holder().with_dynamic(**{"nested": (), "nested.0.1": 3.0})
+    assert str(info.value) == (
+        "Conflicting updates: 'nested.0.1' changes inside 'nested', which is also "
+        "replaced as a whole. Name either the whole value or the parts inside it."
+    )
+
+
+class _Leafy(es.Module):
+    w: Any
+    odd: Any
+    name: str = eqx.field(static=True)
+
+
+@pytest.mark.parametrize(
+    "path, value, what",
+    [
+        ("name.x", "with_static", "a str"),
+        ("odd.x", "with_dynamic", "a SimpleNamespace"),
+        ("w.x", "with_dynamic", "a float32[2] array"),
+    ],
+)
+def test_a_path_through_a_leaf_names_what_is_there(path, value, what):
+    import types
+
+    m = _Leafy(jnp.ones(2), types.SimpleNamespace(shape=(2,)), "n")
+    with pytest.raises(TypeError) as info:
+        getattr(m, value)(**{path: 1})
+    head = path.split(".")[0]
+    assert str(info.value) == (
+        f"Cannot follow path segment 'x' at {head!r}: the value there is {what}, "
+        "not a module, list, tuple or dict."
+    )
+
+
+class _Conv(es.Module):
+    xs: tuple = eqx.field(static=True, converter=tuple)
+
+
+class _HoldsConv(es.Module):
+    inner: _Conv
+    w: Any
+
+
+def test_a_nested_field_named_on_a_path_goes_through_its_converter():
+    m = _HoldsConv(_Conv([1]), 1.0)
+    m2 = m.with_static(**{"inner.xs": [2, 3]})  # a list: hashable once converted
+    assert m2.inner.xs == (2, 3) and type(m2.inner.xs) is tuple
+    assert m2.w is m.w and m.inner.xs == (1,)
