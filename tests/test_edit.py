@@ -553,3 +553,66 @@ def test_unchanged_containers_are_the_originals():
         m2.table["a"] = jnp.full(1, 3.0)
     assert m2.nested is m.nested and m2.layers is m.layers
     assert m2.table is not m.table and float(m2.table["a"][0]) == 3.0
+
+
+def test_a_discarded_copy_names_its_class_and_nested_copies_theirs():
+    class Inner(es.Module):
+        scale: Any
+
+    class Outer(es.Module):
+        inner: Inner
+        w: Any
+
+    m = Outer(Inner(1.0), 2.0)
+    with pytest.raises(KeyError, match="user error"), es.edit(m) as m2:
+        inner = m2.inner
+        inner.scale = 3.0
+        raise KeyError("user error")
+    for use, cls in [(lambda: m2.w, Outer), (lambda: inner.scale, Inner)]:
+        with pytest.raises(RuntimeError) as info:
+            use()
+        assert str(info.value) == (
+            f"This `{cls.__qualname__}` is the copy made by an `es.edit` block that "
+            "raised: it was discarded, and any use of it is an error. The module you "
+            "edited is unchanged; edit it again."
+        )
+
+
+def test_entering_twice_says_so():
+    class M(es.Module):
+        w: Any
+
+    editor = es.edit(M(1.0))
+    with editor:
+        pass
+    with pytest.raises(RuntimeError) as info, editor:
+        pass
+    assert str(info.value) == "An `es.edit` context cannot be entered twice."
+
+
+def test_a_field_left_unset_by_init_stays_unset():
+    class M(es.Module):
+        w: Any
+        b: Any = None
+
+        def __init__(self, w):
+            self.w = w  # `b` is left unset
+
+    m = M(1.0)
+    with es.edit(m) as m2:
+        m2.w = 2.0
+    assert float(m2.w) == 2.0 and "b" not in vars(m2) and m2.b is None
+
+
+def test_an_edit_of_a_stacked_module_takes_stacked_values():
+    class Layer(es.Module):
+        w: Float[Array, "3"]
+
+    stacked = eqx.filter_vmap(Layer)(jnp.ones((4, 3)))
+    new = jnp.zeros((4, 3))
+    with es.edit(stacked) as s2:
+        s2.w = new
+    assert s2.w is new
+    with pytest.raises(TypeError, match=r"holds a stacked value float32\[4, 3\]"):
+        with es.edit(stacked) as s3:
+            s3.w = jnp.zeros((5, 3))
