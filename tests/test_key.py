@@ -22,7 +22,7 @@ import pytest
 NAN = float("nan")
 
 # Values that are `==` to one another across types, or equal with another sign.
-ATOMS = [0, 1, True, False, 0.0, -0.0, 1.0, -1.0, -1, NAN, 1 + 0j, 1 - 0j, 0j]
+ATOMS = [0, 1, True, False, 0.0, -0.0, 1.0, -1.0, -1, NAN, -NAN, 1 + 0j, 1 - 0j, 0j]
 
 
 def _leaves(s: Any) -> list:
