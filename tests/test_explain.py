@@ -67,6 +67,21 @@ CASES = {
         ((X, P(X, (2,))), {}),
         "compiling (1 cached): static field 'y.xs' changed (1,) -> (2,)",
     ),
+    "static field changes type": (
+        ((X, P(X, 1.0)), {}),
+        ((X, P(X, "a")), {}),
+        "compiling (1 cached): static field 'y.xs' changed 1.0 -> 'a'",
+    ),
+    "dtype of an array in a tuple of arrays": (
+        ((X, (X, X)), {}),
+        ((X, (X, X.astype(jnp.int32))), {}),
+        "compiling (1 cached): argument y[1] dtype float32 -> int32",
+    ),
+    "length of a tuple of arrays": (
+        ((X, (X, X)), {}),
+        ((X, (X, X, X)), {}),
+        "compiling (1 cached): argument y structure changed",
+    ),
     "class of a module argument": (
         ((X, P(X, 1)), {}),
         ((X, Q(X)), {}),

@@ -320,3 +320,15 @@ def test_the_wrapper_attributes_of_a_module_argument_are_kept():
     want = _call_wrapped.fn(g, x)  # pyright: ignore[reportAttributeAccessIssue]
     assert float(got[0]) == float(want[0]) == 6.0
     assert got[1:] == want[1:] == ("_square", "Squares.", _square.__annotations__)
+
+
+def test_arrays_passed_to_keyword_only_parameters_are_traced():
+    @es.jit
+    def f(x, *, scale, shift=None):
+        return x * scale if shift is None else x * scale + shift
+
+    x = jnp.array(2.0, jnp.float32)
+    for scale in (jnp.array(3.0, jnp.float32), jnp.array(4.0, jnp.float32)):
+        assert float(f(x, scale=scale)) == 2.0 * float(scale)
+        assert float(f(x, scale=scale, shift=x)) == 2.0 * float(scale) + 2.0
+    assert f.cache_info().misses == 2  # new values of traced keywords: no compile

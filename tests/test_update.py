@@ -875,3 +875,20 @@ def test_a_nested_field_named_on_a_path_goes_through_its_converter():
     m2 = m.with_static(**{"inner.xs": [2, 3]})  # a list: hashable once converted
     assert m2.inner.xs == (2, 3) and type(m2.inner.xs) is tuple
     assert m2.w is m.w and m.inner.xs == (1,)
+
+
+def test_the_wrong_helper_for_a_field_names_the_right_one():
+    h = _HoldsConv(_Conv([1]), 1.0)
+    with pytest.raises(TypeError) as info:
+        h.with_static(w=2.0)
+    assert str(info.value) == (
+        "`with_static` got 'w', but 'w' is a dynamic field of `_HoldsConv`. Use "
+        "`with_dynamic(w=...)` instead (or `es.edit`, which takes both kinds)."
+    )
+    with pytest.raises(TypeError) as info:
+        h.with_dynamic(**{"inner.xs": (2,)})
+    assert str(info.value) == (
+        "`with_dynamic` got 'inner.xs', but 'xs' is a static field of `_Conv`. Use "
+        "`with_static(**{'inner.xs': ...})` instead (or `es.edit`, which takes both "
+        "kinds)."
+    )

@@ -108,3 +108,30 @@ def test_a_read_through_the_watched_dict_keys_the_entry(route):
     assert cls.auto.cache_info().misses == 2
     # The instance dicts were left as they were (pop and popitem put `flag` back).
     assert list(vars(cls(w, 1, True))) == ["w", "k", "flag"]
+
+
+def test_a_compiled_method_called_on_self_inside_an_auto_trace():
+    """The inner call keys `self`, whose dict is watched: the reads it passes
+    over are reported, and every result equals the eager one."""
+
+    class M(es.Module):
+        w: jax.Array
+        flag: bool = eqx.field(static=True)
+        k: int = eqx.field(static=True)
+
+        def eager_inner(self, x):
+            return self.w * x * (2.0 if self.flag else 3.0)
+
+        @es.jit
+        def inner(self, x):
+            return self.eager_inner(x)
+
+        @es.jit(depends_on="auto")
+        def outer(self, x):
+            return self.inner(x) + 1.0
+
+    x = jnp.array(1.5, jnp.float32)
+    w = jnp.array(2.0, jnp.float32)
+    for flag, k in [(True, 1), (False, 1), (True, 2), (False, 2)]:
+        m = M(w, flag, k)
+        np.testing.assert_array_equal(m.outer(x), m.eager_inner(x) + 1.0)
