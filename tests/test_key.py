@@ -332,3 +332,15 @@ def test_arrays_passed_to_keyword_only_parameters_are_traced():
         assert float(f(x, scale=scale)) == 2.0 * float(scale)
         assert float(f(x, scale=scale, shift=x)) == 2.0 * float(scale) + 2.0
     assert f.cache_info().misses == 2  # new values of traced keywords: no compile
+
+
+def test_static_tuples_whose_hashes_collide_keep_their_entries():
+    """`hash(-1) == hash(-2)` in CPython, so `(-1,)` and `(-2,)` hash alike: the
+    key must still compare their values."""
+    assert hash((-1,)) == hash((-2,))
+    x = jnp.array(1.0, jnp.float32)
+    for s in ((-1,), (-2,), (-1,), (-2,)):
+        got, want = _call("argument", s, x)
+        _assert_same(got, want)
+        got, want = _call("module", s, x)
+        _assert_same(got, want)

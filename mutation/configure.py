@@ -1,0 +1,56 @@
+"""Prepare the throwaway copy made by `run.sh` for mutmut (never run it in the
+working tree): point `[tool.mutmut]` at the chosen modules and tests, and drop the
+jaxtyping import hook, which cannot be installed twice in one process (mutmut runs
+pytest repeatedly in forked workers; the hook's own tests are not mutated here)."""
+
+import pathlib
+import re
+import sys
+
+
+# Fast test files run against every mutant (the slow suites stay out: multihost,
+# examples, docs site, benchmarks table, differential).
+TESTS = [
+    "tests/test_key.py",
+    "tests/test_watch.py",
+    "tests/test_update.py",
+    "tests/test_edit.py",
+    "tests/test_module.py",
+    "tests/test_validate.py",
+    "tests/test_explain.py",
+    "tests/test_typecheck.py",
+    "tests/test_jit.py",
+    "tests/test_reliability.py",
+]
+# Added when one of these modules is mutated (`test_relevance.py` alone is ~35 s).
+EXTRA = {
+    "_relevance": ["tests/test_relevance.py", "tests/test_watch.py"],
+    "_cache": ["tests/test_cache.py", "tests/test_compiles.py"],
+    "_budget": ["tests/test_compiles.py"],
+}
+
+modules = [m.removesuffix(".py") for m in sys.argv[1:]]
+tests = TESTS + [t for m in modules for t in EXTRA.get(m, []) if t not in TESTS]
+tests = [t for t in dict.fromkeys(tests) if pathlib.Path(t).exists()]
+
+path = pathlib.Path("pyproject.toml")
+text = path.read_text()
+text = re.sub(r"^addopts = .*$", 'addopts = "-p no:cacheprovider"', text, flags=re.M)
+section = re.search(r"^\[tool\.mutmut\]\n(?:(?!^\[).*\n?)*", text, flags=re.M)
+assert section, "pyproject.toml has no [tool.mutmut] section"
+body = section.group(0)
+body = re.sub(
+    r"^only_mutate = .*$",
+    "only_mutate = " + repr([f"eqx_static/{m}.py" for m in modules]).replace("'", '"'),
+    body,
+    flags=re.M,
+)
+body = re.sub(
+    r"^pytest_add_cli_args_test_selection = .*$",
+    "pytest_add_cli_args_test_selection = " + repr(tests).replace("'", '"'),
+    body,
+    flags=re.M,
+)
+path.write_text(text.replace(section.group(0), body))
+print("mutating:", ", ".join(modules))
+print("tests:", " ".join(tests))
