@@ -407,15 +407,16 @@ def _extras(d: dict, p: FieldInfo) -> tuple | None:
     # As in Equinox's flatten: the wrapper attributes of `eqx.module_update_wrapper`
     # are part of the structure; anything else (a cached property) is not.
     out = tuple(
-        (k, typed(d[k]) if hashable(d[k]) else _ById(d[k]))
+        (k, typed(d[k]) if hashable(d[k]) else _ByEq(d[k]))
         for k in WRAPPER_FIELD_NAMES
         if k in d
     )
     return out or None
 
 
-class _ById:
-    """Compares by identity: for unhashable bookkeeping attributes of a module."""
+class _ByEq:
+    """An unhashable bookkeeping attribute of a module (a wrapper's
+    `__annotations__` dict): compared with `==`, as Equinox's treedef compares it."""
 
     __slots__ = ("value",)
 
@@ -423,10 +424,15 @@ class _ById:
         self.value = value
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _ById) and other.value is self.value
+        if type(other) is not _ByEq:
+            return False
+        try:
+            return other.value is self.value or bool(other.value == self.value)
+        except Exception:
+            return False
 
     def __hash__(self) -> int:
-        return id(self.value)
+        return hash(type(self.value))
 
 
 def hashable(v: object) -> bool:
@@ -439,7 +445,7 @@ def hashable(v: object) -> bool:
 
 def value_of(s: Any) -> Any:
     """The Python value of a static entry of a key."""
-    return s.value if type(s) is Typed or type(s) is _ById else s
+    return s.value if type(s) is Typed or type(s) is _ByEq else s
 
 
 # ----------------------------------------------------------------------------------

@@ -338,3 +338,33 @@ def test_a_static_output_follows_jax_enable_x64():
     with jax.enable_x64(True):
         assert dtype_name(x)[0] == "float64"
     assert dtype_name(x)[0] == "float32"
+
+
+def test_unhashable_wrapper_attributes_compare_by_value():
+    """Equinox keeps `eqx.module_update_wrapper`'s attributes in the structure and
+    compares them with `==` (equinox 0.13.3 copies a function's `__annotations__`
+    dict onto `eqx.filter_grad(f)`): two equal dicts are one entry."""
+
+    class Wrapped(eqx.Module):
+        w: jax.Array
+
+        def __call__(self, x):
+            return self.w * x
+
+    def wrapped(annotations: dict) -> Wrapped:
+        m = Wrapped(jnp.ones(2))
+        object.__setattr__(m, "__annotations__", annotations)
+        return m
+
+    traces = [0]
+
+    @es.jit
+    def f(m, x):
+        traces[0] += 1
+        return m(x)
+
+    f(wrapped({"x": int}), jnp.ones(2))
+    f(wrapped({"x": int}), jnp.ones(2))  # an equal dict: no retrace
+    assert traces[0] == 1
+    f(wrapped({"x": float}), jnp.ones(2))  # a different one: a new entry
+    assert traces[0] == 2
