@@ -344,3 +344,32 @@ def test_static_tuples_whose_hashes_collide_keep_their_entries():
         _assert_same(got, want)
         got, want = _call("module", s, x)
         _assert_same(got, want)
+
+
+def test_minus_zero_inside_a_frozenset_is_its_own_entry():
+    f = es.jit(lambda s, x: x / next(iter(s)))
+    x = jnp.array(1.0, jnp.float32)
+    assert float(f(frozenset([0.0]), x)) == math.inf
+    assert float(f(frozenset([-0.0]), x)) == -math.inf
+    assert f.cache_info().misses == 2
+
+
+class _Pair(es.Module):
+    w: jax.Array
+    k: int = eqx.field(static=True)
+
+
+def test_memoised_module_keys_carry_only_their_own_leaves():
+    """Each module argument's key and leaves are kept while it lives: a later
+    call reuses them, and must pass exactly the same leaves."""
+
+    @es.jit
+    def f(a, b, x):
+        return a.w * x + b.w * b.k
+
+    a, b = _Pair(jnp.array(2.0, jnp.float32), 1), _Pair(jnp.array(3.0, jnp.float32), 2)
+    x = jnp.array(1.5, jnp.float32)
+    for _ in range(3):
+        assert float(f(a, b, x)) == 2.0 * 1.5 + 3.0 * 2
+        assert float(f(b, a, x)) == 3.0 * 1.5 + 2.0 * 1
+    assert f.cache_info().misses == 2  # (k=1, k=2) and (k=2, k=1)
