@@ -266,7 +266,10 @@ def strip(n: Any) -> Any:
     if n is LEAF or n is None or n[0] not in (MODULE, SEQ, TREE):
         return n
     if n[0] == MODULE:
-        return (MODULE, n[1], None, tuple(map(strip, n[3])), n[4], None)
+        children = n[3]
+        if children is not plan(n[1]).all_leaves:  # (every field an array: as is)
+            children = tuple(map(strip, children))
+        return (MODULE, n[1], None, children, n[4], None)
     return (n[0], n[1], tuple(map(strip, n[2])))
 
 
