@@ -35,19 +35,10 @@ except ImportError as e:  # pragma: no cover
 
 module_eq: Final[Callable[..., Any]] = eqx.Module.__eq__
 
-
-def initialising() -> bool:
-    """Whether any module is being initialised (or edited) right now."""
-    return bool(currently_initialising._dict)  # pyright: ignore[reportAttributeAccessIssue]
-
-
-try:  # jax 0.10: a cheaper read of the same setting than `jax.config.jax_enable_x64`
-    from jax._src.config import enable_x64 as _enable_x64
-
-    def x64() -> bool:
-        return bool(_enable_x64.value)
-except ImportError:  # pragma: no cover
-    import jax
-
-    def x64() -> bool:
-        return bool(jax.config.jax_enable_x64)  # pyright: ignore
+__all__ = [
+    "BoundMethod",
+    "SUPPORTED",
+    "WRAPPER_FIELD_NAMES",
+    "currently_initialising",
+    "module_eq",
+]

@@ -210,16 +210,3 @@ def _differences(
         return phrases
     origins = leaf_origins(new_key, argnames)
     return [describe_leaf(o, a, b) for o, a, b in zip(origins, sig, new_sig) if a != b]
-
-
-def changed_fields(phrases: Sequence[str]) -> list[str]:
-    """The field or argument names in explanation phrases (for the storm warning)."""
-    out = []
-    for p in phrases:
-        if "'" in p:
-            out.append(p.split("'")[1])
-        elif p.startswith("argument "):
-            out.append(p.split()[1])
-        else:
-            out.append(p)
-    return out
