@@ -7,7 +7,7 @@ training loop makes them) beside the same-instance row:
   `eqx.Module`: seed `Child`, 10 / 100 / 1,000 / 10,000 array leaves, 100 nested
   modules, 100 static fields (targets: fresh <= 1.0x, same <= 0.8x);
 - `eqx.filter_jit` against `es.jit` on the seed `Child` (target >= 4x faster);
-- `maxsize=N` and `depends_on="auto"` against the default wrapper, fresh, 100
+- `maxsize=N` against the default wrapper, fresh, 100
   leaves (target within 1.2x);
 - a jaxtyped method against the same unchecked method; the seed's workaround;
 - a 10^6-element static tuple: a call on a new instance and as a plain-function
@@ -151,19 +151,15 @@ def _child(rep: h.Report, s: h.Settings) -> None:
 
 
 def _wrapper_options(rep: h.Report, s: h.Settings) -> None:
-    """`maxsize=N` and `depends_on="auto"` against the default, fresh, 100 leaves."""
+    """`maxsize=N` against the default, fresh, 100 leaves."""
     x = models.x_input()
-    wraps = {
-        "default": es.jit,
-        "maxsize=8": es.jit(maxsize=8),
-        'depends_on="auto"': es.jit(depends_on="auto"),
-    }
+    wraps = {"default": es.jit, "maxsize=8": es.jit(maxsize=8)}
     v: dict[str, h.Variant] = {}
     for name, wrap in wraps.items():
         m, _ = models.wide(100, wrap=wrap)
         v[name] = h.fresh(lambda a: a(x), lambda m=m: models.tree_copy(m))
     t = h.compare(v, s, raw=rep.raw, key="call.options100")
-    for name, key in (("maxsize=8", "maxsize"), ('depends_on="auto"', "auto")):
+    for name, key in (("maxsize=8", "maxsize"),):
         rep.compare_row(
             GROUP, f"call.{key}.fresh", f"100 array leaves: es.jit({name}) / es.jit",
             t, name, "default", "fresh", ("<=", 1.2),

@@ -1,13 +1,15 @@
 """Ahead-of-time compilation: `wrapper.lower(*args).compile()`, as `eqx.filter_jit`
-offers it, with a compiled callable that takes the wrapper's own arguments."""
+offers it, with a compiled callable that takes the arguments `lower` took.
 
-import time
+Lowering traces the call with a `jax.jit` of its own, apart from the one calls use,
+so it neither books a call nor leaves a trace that a later call would compile
+without the miss path. An AOT compile is the caller's own: it is not one of the
+function's cached programs."""
+
 from typing import Any
 
-from ._fields import is_module
-from ._key import key_and_leaves, watched
+from ._miss import Allowed, quiet_donation
 from ._outputs import combine
-from ._relevance import Handover
 
 
 class Lowered:
@@ -30,10 +32,11 @@ class Lowered:
         ```
     """
 
-    def __init__(self, lowered: Any, wrapper: Any, key: tuple):
+    def __init__(self, lowered: Any, wrapper: Any, key: tuple, bound: tuple):
         self.lowered = lowered
         self._wrapper = wrapper
         self._key = key
+        self._bound = bound  # `m` for `m.f.lower(x)`: the compiled call takes `x`
 
     def as_text(self, *args: Any, **kwargs: Any) -> str:
         """JAX's `Lowered.as_text`."""
@@ -49,7 +52,7 @@ class Lowered:
             compiled = self.lowered.compile()
         else:
             compiled = self.lowered.compile(compiler_options=compiler_options)
-        return Compiled(compiled, self._wrapper, self._key)
+        return Compiled(compiled, self._wrapper, self._key, self._bound)
 
 
 class Compiled:
@@ -74,18 +77,21 @@ class Compiled:
                 return self.scale * (x**2 if self.square else x)
 
         m = Model(scale=2.0, square=True)
-        compiled = m.__call__.lower(jnp.ones(2)).compile()
+        compiled = Model.__call__.lower(m, jnp.ones(2)).compile()
         assert (compiled(m.with_dynamic(scale=3.0), jnp.ones(2)) == 3.0).all()
+        from_instance = m.__call__.lower(jnp.ones(2)).compile()
+        assert (from_instance(jnp.ones(2)) == 2.0).all()  # `m` is bound
         ```
     """
 
-    def __init__(self, compiled: Any, wrapper: Any, key: tuple):
+    def __init__(self, compiled: Any, wrapper: Any, key: tuple, bound: tuple):
         self.compiled = compiled
         self._wrapper = wrapper
         self._key = key
+        self._bound = bound
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        key, leaves = self._wrapper.leaves_of(args, kwargs)
+        key, leaves = self._wrapper.leaves_of((*self._bound, *args), kwargs)
         if key != self._key:
             raise TypeError(
                 f"This compiled `{self._wrapper.qualname}` was lowered for other "
@@ -105,26 +111,14 @@ class Compiled:
         return self.compiled.cost_analysis()
 
 
-def lower(self: Any, args: tuple, kwargs: dict[str, Any]) -> "Lowered":
-    """`wrapper.lower(*args, **kwargs)`: the call's entry (made if new), lowered,
-    and the lowering booked as a miss if it traced."""
-    args, kwargs = self._signature.bind(args, kwargs)
-    key, leaves = key_and_leaves(args, kwargs, self._fn_leaves)
-    Handover((), watched.seen).settle()  # lowering is no trace to watch
-    watched.seen = []
-    if self._relevance is not None and key[0] and is_module(args[0]):
-        entry = self._relevance.lookup(key, leaves)
-    else:
-        entry = self.entry_for(key, leaves)
-    full = key
-    from ._trace import _pending, after_miss
-
-    previous, _pending.current = _pending.current, full
-    events = _pending.events
-    try:
-        lowered = entry.jitted.lower(*leaves)
-    finally:
-        _pending.current = previous
-        if _pending.events != events:
-            after_miss(self, entry, leaves, args, full, time.perf_counter())
-    return Lowered(lowered, self, key)
+def lower(
+    wrapper: Any, args: tuple, kwargs: dict[str, Any], bound: tuple = ()
+) -> Lowered:
+    """`wrapper.lower(*args, **kwargs)` (with `bound`, the instance of a bound
+    method, before `args`)."""
+    key, leaves = wrapper.leaves_of((*bound, *args), kwargs)
+    make = wrapper.make_jitted(key, leaves)
+    entry = wrapper.cache.entry(key, make)
+    with Allowed(entry), quiet_donation(wrapper):
+        lowered = make(entry).trace(*leaves).lower()
+    return Lowered(lowered, wrapper, key, bound)

@@ -40,9 +40,13 @@ class BoundJit(functools.partial):
         """See [`eqx_static.jit`][]."""
         self.__func__.cache_clear()
 
+    def compile_info(self) -> Any:
+        """See [`eqx_static.jit`][]."""
+        return self.__func__.compile_info()
+
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """Lower the call for these arguments ahead of time; see `es.jit`."""
-        return self.__func__.lower(self.__self__, *args, **kwargs)
+        return self.__func__.lower_bound((self.__self__,), args, kwargs)
 
     def __reduce__(self) -> Any:
         return (_rebind, (self.__func__, self.__self__))
@@ -99,6 +103,7 @@ def special_method(self: Any) -> Callable:
     method.__qualname__ = f"{self._owner.__qualname__}.{self._name}"  # pyright: ignore[reportOptionalMemberAccess]
     method.cache_info = self.cache_info  # pyright: ignore[reportFunctionMemberAccess]
     method.cache_clear = self.cache_clear  # pyright: ignore[reportFunctionMemberAccess]
+    method.compile_info = self.compile_info  # pyright: ignore[reportFunctionMemberAccess]
     method.lower = self.lower  # pyright: ignore[reportFunctionMemberAccess]
     method.fn = self.fn  # pyright: ignore[reportFunctionMemberAccess]
     return method

@@ -1,17 +1,29 @@
-"""Every private name of Equinox and JAX that `eqx_static` uses, in one place.
+"""Every private name of JAX and Equinox that `eqx_static` uses, in one place.
 
 Each is checked on import, so that an unsupported release fails here, with the
-supported range, rather than somewhere deep in a call."""
+supported range, rather than somewhere deep in a call. `tests/test_compat.py`
+checks that each still means what the library relies on."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 import equinox as eqx
+import jax
+import jax.extend.core as jex
 
 
 SUPPORTED: Final = "equinox >=0.13.3,<0.14"
 
 try:
+    # `eqx.error_if` raises inside a callback; `eqx.filter_jit` turns that into an
+    # `EquinoxRuntimeError` with this message, from what the callback left here,
+    # and hides JAX's log of the failed callback with this filter.
+    import equinox._jit as _eqx_jit  # equinox 0.13
+    from equinox._jit import (
+        _FilterCallback as FilterCallback,
+        _on_error_msg as on_error_message,
+    )
+
     # The wrapper attributes that Equinox's flatten keeps (`eqx.module_update_wrapper`).
     from equinox._module._flatten import (  # equinox 0.13.3
         WRAPPER_FIELD_NAMES as WRAPPER_FIELD_NAMES,
@@ -35,10 +47,116 @@ except ImportError as e:  # pragma: no cover
 
 module_eq: Final[Callable[..., Any]] = eqx.Module.__eq__
 
+
+def equinox_error_info() -> tuple[str, list] | None:
+    """The message and trace-time stack the last failing `eqx.error_if` left."""
+    return _eqx_jit.last_error_info
+
+
+# The marker `eqx.error_if` looks for in the frames of the call that traced it, to
+# cut its stack there (a local variable of that name; see `equinox._jit._call`).
+EQX_JIT_ID: Final = "__equinox_jit_id__"
+
+
+# ----------------------------------------------------------------------------------
+# JAX. A lowering (`jax.stages.Lowered`) holds the computation `jax.jit` compiles and
+# then runs: `jitted.trace(...).lower()` and a later `jitted(...)` with the same
+# arguments share it (JAX caches both the trace and the lowering), and its compiled
+# executable is kept on it. So the miss path can compile it, or install an
+# executable compiled for an identical program, and the call that follows runs that.
+# (jax 0.8.1 - 0.10.2: `Lowered._lowering` is a `pxla.MeshComputation`.)
+
+from jax._src import core as _core  # noqa: E402  (grouped with its explanation)
+
+
+def lowering_of(lowered: Any) -> Any:
+    """The computation inside a `jax.stages.Lowered`, or None if it is not one
+    whose executable this library knows how to read and set."""
+    lowering = getattr(lowered, "_lowering", None)
+    if lowering is None or not all(hasattr(lowering, a) for a in _LOWERING_ATTRIBUTES):
+        return None
+    return lowering
+
+
+_LOWERING_ATTRIBUTES: Final = (
+    "_executable",
+    "compile_args",
+    "stablehlo",
+    "_donated_invars",
+    "_compiler_options_kvs",
+    "_device_list",
+    "_platforms",
+)
+
+
+def program_options(lowering: Any) -> tuple:
+    """What a lowering compiles with besides its module and compile arguments."""
+    return (
+        ("donated", tuple(lowering._donated_invars)),
+        ("compiler_options", tuple(lowering._compiler_options_kvs)),
+        ("devices", lowering._device_list),
+        ("platforms", tuple(lowering._platforms)),
+    )
+
+
+def executable_of(lowering: Any) -> Any:
+    """The executable compiled for a lowering (None before `compile()`)."""
+    return lowering._executable
+
+
+def compiled_of(executable: Any) -> Any:
+    """The XLA executable inside JAX's executable (two lowerings whose modules JAX
+    found the same in its own caches share one, in two wrappers)."""
+    return getattr(executable, "xla_executable", executable)
+
+
+def set_executable(lowering: Any, executable: Any) -> None:
+    """Make the call that follows a lowering run `executable`, compiling nothing."""
+    lowering._executable = executable
+
+
+def trace_state_clean() -> bool:
+    """Whether this thread is outside any JAX transformation or trace."""
+    return _core.trace_state_clean()
+
+
+def cache_size(jitted: Any) -> int:
+    """The number of compiled signatures in a `jax.jit` function's C++ cache."""
+    return jitted._cache_size()
+
+
+def open_jaxpr(j: Any) -> Any:
+    return j.jaxpr if isinstance(j, jex.ClosedJaxpr) else j
+
+
+def nested_jaxprs(params: dict[str, Any]) -> Iterator[Any]:
+    """The jaxprs in an equation's parameters (a `cond`'s branches, a loop's body)."""
+    for value in params.values():
+        for v in value if isinstance(value, tuple) else (value,):
+            if isinstance(v, jex.Jaxpr | jex.ClosedJaxpr):
+                yield v
+
+
+JaxRuntimeError: Final = jax.errors.JaxRuntimeError
+
 __all__ = [
-    "BoundMethod",
+    "EQX_JIT_ID",
+    "on_error_message",
     "SUPPORTED",
     "WRAPPER_FIELD_NAMES",
+    "BoundMethod",
+    "FilterCallback",
+    "JaxRuntimeError",
+    "cache_size",
+    "compiled_of",
     "currently_initialising",
+    "equinox_error_info",
+    "executable_of",
+    "lowering_of",
     "module_eq",
+    "nested_jaxprs",
+    "open_jaxpr",
+    "program_options",
+    "set_executable",
+    "trace_state_clean",
 ]

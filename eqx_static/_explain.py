@@ -210,3 +210,14 @@ def _differences(
         return phrases
     origins = leaf_origins(new_key, argnames)
     return [describe_leaf(o, a, b) for o, a, b in zip(origins, sig, new_sig) if a != b]
+
+
+def named_in(reason: str) -> list[str]:
+    """The fields or arguments named in an explanation."""
+    out = []
+    for phrase in reason.split("; "):
+        if "'" in phrase:
+            out.append(phrase.split("'")[1])
+        elif phrase.startswith("argument "):
+            out.append(phrase.split()[1])
+    return out

@@ -1,32 +1,31 @@
-"""`es.jit`: compile a function once per compile key, and say why it recompiled."""
+"""`es.jit`: the wrapper, its options and its hit path.
+
+A call is keyed (`_key.py`) and looked up in the function's cache (`_cache.py`); a
+hit calls the entry's own `jax.jit`, whose C++ dispatch checks the avals. Anything
+else is a miss (`_miss.py`)."""
 
 import functools
 import inspect
 import logging
-import time
-import warnings
+import sys
 from collections.abc import Callable
 from typing import Any, Final, Generic, Literal, overload, ParamSpec, TypeVar
 
+import equinox as eqx
 import jax
 from jax._src import traceback_util
 
 from ._aot import lower, Lowered
-from ._budget import check_budget, RecompileError
-from ._cache import Cache, CacheInfo, Entry, shared_cache
+from ._bound import BoundJit, special_method
+from ._budget import RecompileError
+from ._cache import Cache, CacheInfo, CompileInfo, Entry, shared_cache
+from ._compat import cache_size
+from ._errors import reporting_errors, TracedFieldError
 from ._explain import find_unhashable, leaf_origins
 from ._fields import is_es_module_class
-from ._key import (
-    array_types,
-    key_and_leaves,
-    LEAF,
-    node,
-    top_node,
-    watched,
-)
+from ._key import array_types, key_and_leaves, LEAF, node, top_node
+from ._miss import layout_miss, miss, quiet_donation, Refused, traced_function
 from ._outputs import combine
-from ._relevance import Handover, Relevance
-from ._trace import _pending, after_miss, traced_fn, TracedFieldError
 
 
 traceback_util.register_exclusion(__file__)
@@ -107,7 +106,6 @@ class _Jit(Generic[_P, _R]):
         fn: Callable[_P, _R],
         donate: Donate,
         maxsize: int | None,
-        depends_on: Any,
         max_compiles: int | None,
         warn_after: int | None,
     ):
@@ -125,6 +123,7 @@ class _Jit(Generic[_P, _R]):
         self.fn = fn
         self.qualname: str = getattr(fn, "__qualname__", repr(fn))
         self._donate = donate
+        self.quiet_donation = donate in ("all", "all-except-first")
         self._max_compiles = max_compiles
         self._warn_after = warn_after
         self._signature = _Signature(fn)
@@ -132,12 +131,8 @@ class _Jit(Generic[_P, _R]):
         fn_leaves: list = []
         self._fn_node = node(fn, fn_leaves)
         self._fn_leaves = tuple(fn_leaves)
-        self._options = (donate, maxsize, depends_on, max_compiles, warn_after)
-        options = (donate, repr(depends_on), maxsize, max_compiles, warn_after)
-        self.cache: Cache = shared_cache((self._fn_node, options), maxsize)
-        self._relevance = (
-            Relevance(depends_on, self) if depends_on is not None else None
-        )
+        self._options = (donate, maxsize, max_compiles, warn_after)
+        self.cache: Cache = shared_cache((self._fn_node, self._options), maxsize)
         self._owner: type | None = None
         self._name: str | None = None
         self.method, self._call = self._make_call()
@@ -147,8 +142,6 @@ class _Jit(Generic[_P, _R]):
     @property
     def __globals__(self) -> dict[str, Any]:
         # `@jaxtyped(...)` above `@es.jit` reads this first: fail there, and say why.
-        import sys
-
         if sys._getframe(1).f_globals.get("__name__", "").startswith("jaxtyping"):
             raise TypeError(_MSG_DECORATOR_ORDER)
         raise AttributeError("__globals__")
@@ -176,7 +169,11 @@ class _Jit(Generic[_P, _R]):
 
     def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         __tracebackhide__ = True
-        return self._call(args, kwargs)
+        try:
+            return self._call(args, kwargs)
+        except eqx.EquinoxRuntimeError as e:
+            e.__traceback__ = None  # as `eqx.filter_jit`: the user's frames only
+            raise
 
     def __reduce__(self) -> Any:
         # By reference, as functions pickle: the wrapper holds a lock and a cache.
@@ -202,14 +199,12 @@ class _Jit(Generic[_P, _R]):
     def _make_call(self) -> tuple[Callable, Callable]:
         """The call paths as closures: no attribute look-ups on a cache hit.
         `method(obj, *args)` is the path of `obj.f(*args)`."""
-        cache, pending, slow = self.cache, _pending, self._slow_call
+        cache = self.cache
         entries, local = cache.entries, cache.local
         signature = self._signature
         n = signature.n
         fn_leaves = self._fn_leaves
-        always_slow = self._relevance is not None
         lru = cache.maxsize is not None
-        donating = self._donate in ("all", "all-except-first")
         arrays = array_types  # the concrete array types seen so far
 
         def method(obj: Any, /, *args: Any, **kwargs: Any) -> Any:
@@ -227,7 +222,11 @@ class _Jit(Generic[_P, _R]):
                         nodes.append(node(a, leaves))
             except RecursionError:  # deeply nested: the general path copes
                 return call((obj, *args), kwargs)
-            return dispatch((tuple(nodes), (), ()), leaves, (obj, *args), kwargs)
+            try:
+                return dispatch((tuple(nodes), (), ()), leaves, (obj, *args), kwargs)
+            except eqx.EquinoxRuntimeError as e:
+                e.__traceback__ = None  # as `eqx.filter_jit`: the user's frames only
+                raise
 
         def call(args: tuple, kwargs: dict[str, Any]) -> Any:
             __tracebackhide__ = True
@@ -238,118 +237,56 @@ class _Jit(Generic[_P, _R]):
 
         def dispatch(key: tuple, leaves: list, args: tuple, kwargs: dict) -> Any:
             __tracebackhide__ = True
-            if watched.seen:  # called from a `depends_on` trace, on its `self`
-                return self._handover(args, kwargs, key, leaves)
             try:
                 entry = entries.get(key)
-            except TypeError:  # an unhashable static value: the slow path says which
-                entry = None
-            if entry is None or always_slow:
-                return slow(args, kwargs, key, leaves)
-            events = pending.events
+            except TypeError:  # an unhashable static value: say which
+                raise TypeError(_unhashable_message(self.qualname, key)) from None
+            if entry is None or entry.busy:
+                return miss(self, key, leaves, args, kwargs)
             try:
-                if donating:
-                    with warnings.catch_warnings():
-                        warnings.filterwarnings("ignore", _UNUSABLE_DONATION)
-                        out = entry.jitted(*leaves)
-                else:
-                    out = entry.jitted(*leaves)
-            finally:  # booked once, as a hit or a miss, even if the call raised
-                if pending.events != events:  # it traced or compiled
-                    after_miss(self, entry, leaves, args, key, time.perf_counter())
-                else:
-                    try:
-                        local.hits[0] += 1
-                    except AttributeError:
-                        cache.count_hit()
-                    if lru:
-                        cache.touch(key)
+                out = entry.call(*leaves)
+            except Refused as r:  # new shapes, a transformation, or `disable_jit`
+                if r.entry is not entry:
+                    raise
+                return miss(self, key, leaves, args, kwargs)
+            except BaseException:
+                cache.count_hit()  # it ran a compiled program, which raised
+                raise
+            if cache_size(entry.jitted) != entry.size:  # more signatures than made
+                layout_miss(self, entry, leaves, args)
+            else:
+                try:
+                    local.hits[0] += 1
+                except AttributeError:
+                    cache.count_hit()
+                if lru:
+                    cache.touch(key)
             return combine(*out) if type(out) is tuple else out
 
         method.es_jit = self  # pyright: ignore[reportFunctionMemberAccess]
         return method, call
 
-    def _handover(self, args: tuple, kwargs: dict, key: Any, leaves: list) -> Any:
-        __tracebackhide__ = True
-        handover = Handover((*args, *kwargs.values()), watched.seen)
-        watched.seen = []
-        previous, _pending.handover = _pending.handover, handover
-        try:
-            return self._slow_call(args, kwargs, key, leaves)
-        finally:
-            _pending.handover = previous
-            handover.settle()
+    # -- entries ---------------------------------------------------------------
 
-    def _slow_call(self, args: tuple, kwargs: dict, key: Any, leaves: list) -> Any:
-        __tracebackhide__ = True
-        if self._relevance is not None:
-            return self._relevance.call(args, key, leaves)
-        return self.call_entry(args, key, leaves)
+    def make_jitted(self, key: Any, leaves: list) -> Callable[[Entry], Any]:
+        """How to make the `jax.jit` of a new entry for the call `key`."""
+        donated = _donated(self, key, leaves)
 
-    def call_entry(self, args: tuple, key: Any, leaves: list) -> Any:
-        """Call the entry for `key` (made if new), booking a hit or a miss."""
-        __tracebackhide__ = True
-        out, missed = self.run(self.entry_for(key, leaves), args, key, leaves)
-        return out
+        def make(entry: Entry) -> Any:
+            return jax.jit(traced_function(self, entry), donate_argnums=donated)
 
-    def run(self, entry: Entry, args: tuple, full: Any, leaves: list) -> tuple:
-        """Call `entry` for the call `full`; returns the output and whether the call
-        traced or compiled. Every call is booked once, as a hit or a miss, even if
-        it raises."""
-        __tracebackhide__ = True
-        events = _pending.events
-        previous, _pending.current = _pending.current, full
-        start = time.perf_counter()
-        try:
-            if self._donate in ("all", "all-except-first"):
-                with warnings.catch_warnings():
-                    warnings.filterwarnings("ignore", _UNUSABLE_DONATION)
-                    out = entry.jitted(*leaves)
-            else:
-                out = entry.jitted(*leaves)
-        finally:
-            _pending.current = previous
-            missed = _pending.events != events
-            if missed:
-                after_miss(self, entry, leaves, args, full, start)
-            else:
-                self.cache.count_hit()
-        return (combine(*out) if type(out) is tuple else out), missed
+        return make
 
-    def entry_for(
-        self, key: Any, leaves: list, paths: tuple[str, ...] = (), full: Any = None
-    ) -> Entry:
-        """The entry under `key`, or a new one (checked against `max_compiles`) for
-        the call `full` (`key` itself unless projected by `depends_on`)."""
-        full = key if full is None else full
-        cache = self.cache
-        try:
-            entry = cache.entries.get(key)
-        except TypeError:
-            raise TypeError(_unhashable_message(self.qualname, key)) from None
-        if entry is not None:
-            cache.touch(key)
-            return entry
-        return cache.insert(key, self.new_entry(full, leaves, key, paths))
-
-    def new_entry(
-        self,
-        full: Any,
-        leaves: list,
-        key: Any = None,
-        paths: tuple[str, ...] | None = None,
-    ) -> Entry:
-        """An entry for the call `full`, not yet in the cache unless `key` is given
-        (`depends_on="auto"` keys it once its trace says what it read)."""
-        check_budget(self, full, leaves)
-        entry = Entry(full, key, paths)
-        donated = _donated(self, full, leaves)
-        entry.make = functools.partial(self._make_jitted, full, entry, donated)
-        entry.jitted = entry.make()
-        return entry
-
-    def _make_jitted(self, key: tuple, entry: Entry, donated: tuple[int, ...]) -> Any:
-        return jax.jit(traced_fn(self, key, entry), donate_argnums=donated)
+    def call_for(self, entry: Entry) -> Callable:
+        """What a hit on `entry` calls: its `jax.jit`, made to raise Equinox's
+        run-time errors if a program of it calls back into Python, and to hide
+        JAX's unusable-donation warning if `donate` says so."""
+        call = entry.jitted
+        if any(p.has_callbacks for p in entry.programs.values()):
+            call = reporting_errors(call, self.cache.eqx_id)
+        if self.quiet_donation:
+            call = _quietly(call, self)
+        return call
 
     def name(self, args: tuple) -> str:
         """`Class.method` for a method called on a module, else the qualname."""
@@ -362,6 +299,11 @@ class _Jit(Generic[_P, _R]):
             return f"{type(args[0]).__qualname__}.{short}"
         return self.qualname
 
+    def leaves_of(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, list]:
+        """The key and traced leaves of a call, as the hot path computes them."""
+        args, kwargs = self._signature.bind(args, kwargs)
+        return key_and_leaves(args, kwargs, self._fn_leaves)
+
     # -- introspection ---------------------------------------------------------
 
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
@@ -372,27 +314,32 @@ class _Jit(Generic[_P, _R]):
         """
         return lower(self, args, kwargs)
 
-    def leaves_of(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, list]:
-        """The key and traced leaves of a call, as the hot path computes them."""
-        args, kwargs = self._signature.bind(args, kwargs)
-        key, leaves = key_and_leaves(args, kwargs, self._fn_leaves)
-        Handover((), watched.seen).settle()  # no trace here: all count as read
-        watched.seen = []
-        return key, leaves
+    def lower_bound(self, bound: tuple, args: tuple, kwargs: dict) -> Lowered:
+        """`lower` for a method bound to an instance: the compiled callable takes
+        the arguments after `bound`, as the bound method does."""
+        return lower(self, args, kwargs, bound)
 
     def cache_info(self) -> CacheInfo:
-        """Hits, misses (traces and compiles), `maxsize` and entries held."""
+        """Hits, misses (calls that traced), `maxsize` and entries held."""
         return self.cache.info()
 
+    def compile_info(self) -> CompileInfo:
+        """XLA compiles since the cache was cleared, the programs held now (keys
+        whose programs are the same share one), and the seconds spent compiling."""
+        return self.cache.compile_info()
+
     def cache_clear(self) -> None:
-        """Drop every compiled entry and reset the statistics."""
+        """Drop every compiled entry and program, and reset the statistics."""
         self.cache.clear()
 
 
-from ._bound import BoundJit, special_method  # noqa: E402  (after `_Jit`, which it refers to)
+def _quietly(call: Callable, wrapper: Any) -> Callable:
+    def quiet(*leaves: Any) -> Any:
+        __tracebackhide__ = True
+        with quiet_donation(wrapper):
+            return call(*leaves)
 
-
-_UNUSABLE_DONATION: Final = "Some donated buffers were not usable"
+    return quiet
 
 
 def _remake(fn: Any, *options: Any) -> "_Jit":
@@ -433,8 +380,15 @@ def _check_options(
         if v is not None and (type(v) is not int or v < 1):
             raise ValueError(
                 f"`{name}` must be None or a positive int, got {v!r}: "
-                f"`es.jit({name}=...)` counts compiled entries."
+                f"`es.jit({name}=...)` counts {_COUNTS[name]}."
             )
+
+
+_COUNTS: Final = {
+    "maxsize": "compiled entries",
+    "max_compiles": "XLA compiles",
+    "warn_after": "XLA compiles",
+}
 
 
 def _unhashable_message(name: str, key: tuple) -> str:
@@ -452,7 +406,6 @@ def jit(
     /,
     *,
     donate: Donate = "none",
-    depends_on: Any = None,
     maxsize: int | None = None,
     max_compiles: int | None = None,
     warn_after: int | None = 8,
@@ -465,7 +418,6 @@ def jit(
     /,
     *,
     donate: Donate = "none",
-    depends_on: Any = None,
     maxsize: int | None = None,
     max_compiles: int | None = None,
     warn_after: int | None = 8,
@@ -477,12 +429,12 @@ def jit(
     /,
     *,
     donate: Donate = "none",
-    depends_on: Any = None,
     maxsize: int | None = None,
     max_compiles: int | None = None,
     warn_after: int | None = 8,
+    **removed: Any,
 ) -> Any:
-    """Compile a function or method once per compile key.
+    """Compile a function or method once per distinct program.
 
     `es.jit` traces exactly what `eqx.filter_jit` traces: every leaf of the
     arguments (and of the function, if it is a pytree) for which `eqx.is_array`
@@ -491,31 +443,31 @@ def jit(
     by type *and* value (`1`, `True` and `1.0` are three entries), binds default
     arguments first, and shares one cache among the wrappers of one function.
 
+    A new key is traced; its program is compiled only if this function has not
+    compiled the same program already (the same module, constants included, the
+    same shardings, donation and host callbacks). So changing a static field the
+    program does not depend on costs one trace and no compile.
+
     **Arguments:**
 
     - `fn`: the function or method to compile (also a `staticmethod`).
     - `donate`: as in `eqx.filter_jit`: `"none"`, `"all"`, `"all-except-first"`,
         `"warn"` or `"warn-except-first"`: which arrays' buffers XLA may reuse for
         the outputs (`"all"` includes the buffers of `self`).
-    - `depends_on`: which static fields of `self` enter the key. `None` (the
-        default): all of them. A tuple of names or dotted paths (`("sp",
-        "encoder.act")`): only those; reading any other static field of `self`
-        while tracing raises [`eqx_static.UndeclaredStaticRead`][]. `"auto"`: the
-        fields that the traces actually read. Either way every result equals what
-        the default returns.
     - `maxsize`: at most this many compiled entries; the least recently used is
         evicted. `None` (the default) keeps them all.
-    - `max_compiles`: raise [`eqx_static.RecompileError`][] instead of compiling
-        more than this many times (a test-suite guard that says why).
-    - `warn_after`: after this many compiles in which the same field or argument
-        changed every time, log one WARNING on `"eqx_static"` that says so. `None`
-        switches it off.
+    - `max_compiles`: raise [`eqx_static.RecompileError`][] instead of making more
+        than this many XLA compiles (a test-suite guard that says why).
+    - `warn_after`: after this many XLA compiles in which the same field or
+        argument changed every time, log one WARNING on `"eqx_static"` that says
+        so. `None` switches it off.
 
     **Returns:**
 
-    A wrapper, reachable from the class or from an instance, with `cache_info()`,
-    `cache_clear()` and `lower(*args)`. Each miss after the first logs one line at
-    INFO on the logger `"eqx_static"`, naming what changed.
+    A wrapper, reachable from the class or from an instance, with `cache_info()`
+    (calls: hits and misses), `compile_info()` (XLA compiles), `cache_clear()` and
+    `lower(*args)`. Each miss after the first logs one line at INFO on the logger
+    `"eqx_static"`, naming what changed and whether it compiled.
 
     !!! example
 
@@ -527,28 +479,48 @@ def jit(
         class Model(es.Module):
             scale: float
             square: bool = eqx.field(static=True)
+            name: str = eqx.field(static=True)
 
             @es.jit
             def __call__(self, x):
                 return self.scale * (x**2 if self.square else x)
 
-        m = Model(scale=2.0, square=False)
-        m(jnp.array(3.0))                       # compiles
-        m.with_dynamic(scale=5.0)(jnp.array(3.0))   # reuses: scale is an array
-        m.with_static(square=True)(jnp.array(3.0))  # compiles: square is static
-        assert Model.__call__.cache_info().misses == 2
+        m = Model(scale=2.0, square=False, name="a")
+        m(jnp.array(3.0))                           # traces and compiles
+        m.with_dynamic(scale=5.0)(jnp.array(3.0))   # a hit: scale is an array
+        m.with_static(square=True)(jnp.array(3.0))  # traces and compiles
+        m.with_static(name="b")(jnp.array(3.0))     # traces: the same program
+        assert Model.__call__.cache_info().misses == 3
+        assert Model.__call__.compile_info().compiles == 2
         ```
     """
+    if removed:
+        raise TypeError(_removed_message(removed))
     if fn is None:
         return functools.partial(
             jit,
             donate=donate,
-            depends_on=depends_on,
             maxsize=maxsize,
             max_compiles=max_compiles,
             warn_after=warn_after,
         )
-    return _Jit(fn, donate, maxsize, depends_on, max_compiles, warn_after)
+    return _Jit(fn, donate, maxsize, max_compiles, warn_after)
 
 
-__all__ = ["CacheInfo", "RecompileError", "TracedFieldError", "jit"]
+def _removed_message(removed: dict[str, Any]) -> str:
+    if "depends_on" in removed:
+        return (
+            "`es.jit(depends_on=...)` was removed in eqx_static 0.2. Every `es.jit` "
+            "now compiles once per distinct program: a new key is traced, and if "
+            "its program is one this function compiled already, that executable "
+            "is reused. Changing a static field the method does not use costs one "
+            "trace and no compile, with no option. Drop `depends_on=`."
+        )
+    names = ", ".join(map(repr, sorted(removed)))
+    return (
+        f"`es.jit` got unexpected keyword arguments {names}; it takes `donate`, "
+        "`maxsize`, `max_compiles` and `warn_after`."
+    )
+
+
+__all__ = ["CacheInfo", "CompileInfo", "RecompileError", "TracedFieldError", "jit"]

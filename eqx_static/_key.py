@@ -18,7 +18,6 @@ hashable tuples mirroring the call's arguments:
 
 import math
 import sys
-import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
@@ -242,18 +241,6 @@ def make_key(args: tuple, kwargs: dict[str, Any], leaves: list) -> tuple:
     return tuple(nodes), (), ()
 
 
-class _Watched(threading.local):
-    """Per thread: the watched instance dicts (of a `depends_on` trace's `self`)
-    that the key of the current call passed over without reporting reads. The
-    called wrapper reports them: precisely if it traces, all if it does not."""
-
-    def __init__(self):
-        self.seen: list = []
-
-
-watched: Final = _Watched()
-
-
 def key_and_leaves(args: tuple, kwargs: dict[str, Any], first: tuple) -> tuple:
     """The key of a call and its traced leaves, after the leaves `first`; at any
     depth of nesting (see `deep`)."""
@@ -327,11 +314,6 @@ def node(v: Any, leaves: list, mutable: list | None = None) -> Any:
         d = instance_dict(v)
         if _being_made and id(v) in _being_made and mutable is not None:
             mutable.append(v)  # still being initialised or edited: never memoised
-        if type(d) is not dict:  # watched by a `depends_on` trace: see `watched`
-            watched.seen.append(d)
-            d = dict(dict.items(d))  # read without reporting: the callee decides
-            if mutable is not None:
-                mutable.append(v)  # never memoised
         try:
             statics = p.get_static(d)
             dynamic = p.get_dynamic(d)

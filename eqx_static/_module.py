@@ -175,11 +175,11 @@ class Module(eqx.Module):
     if not TYPE_CHECKING:
 
         def __getattribute__(self, name: str, /) -> Any:
-            # Equinox's own `__getattribute__`, plus two things: inside a trace of
-            # `es.jit(depends_on=...)` a static field read is reported, and a bound
-            # method is made without Equinox's walk over every leaf.
+            # Equinox's own `__getattribute__`, plus: a copy discarded by a failed
+            # `es.edit` refuses every read, an `es.edit` copy copies on write, and a
+            # bound method is made without Equinox's walk over every leaf.
             d = instance_dict(self)
-            if type(d) is not dict:  # watched by `depends_on`, or a failed edit's
+            if type(d) is not dict:  # a failed edit's copy: raises, saying why
                 d.on_read(name)  # pyright: ignore[reportAttributeAccessIssue]
             if edited and id(self) in edited:  # an `es.edit` copy: copy on write
                 materialise(self, name)

@@ -25,21 +25,22 @@ every process's devices with the axis "data", and trains a small MLP with optax
   JAX's partitioner inserts the gradient all-reduce;
 - a few steps, then `model.with_static(use_tanh=True)`: exactly one more compile
   of `train_step`; then more steps with no compile;
-- `MLP.predict` is `@es.jit(depends_on="auto")`: it learns that it reads
-  `use_tanh` but not `log_every`, so flipping `log_every` compiles nothing while
-  flipping `use_tanh` compiles once.
+- `MLP.predict` is a plain `@es.jit` method that uses `use_tanh` but not
+  `log_every`: flipping `log_every` costs a trace and no XLA compile (the program
+  is the same), while flipping `use_tanh` compiles once.
 
 Each worker counts traces twice -- a Python counter incremented in the traced
-bodies, and `cache_info().misses` -- and prints its counts, its cache_info()s and
-its losses. Then the workers exchange them
+bodies, and `cache_info().misses` -- and XLA compiles with `compile_info()`, and
+prints its counts, its cache_info()s and its losses. Then the workers exchange them
 (`jax.experimental.multihost_utils.process_allgather`) and each one checks that
 every process compiled the same number of times, holds the same cache entries
 and saw bit-identical losses; the launcher checks the printed counts again.
 
-Why they agree: `es.jit` decides to compile from the call alone (classes, static
-field values, tree structure, and each array's shape, dtype and sharding), never
-from anything local to a process, so the same calls in the same order give the
-same decisions -- and the same programs, which JAX requires of every process.
+Why they agree: `es.jit` decides to trace from the call alone (classes, static
+field values, tree structure, and each array's shape, dtype and sharding), and to
+compile from the lowered program alone, never from anything local to a process,
+so the same calls in the same order give the same decisions -- and the same
+programs, which JAX requires of every process.
 
 Run:
     python examples/multihost.py                      # 2 processes x 4 CPU devices
@@ -105,7 +106,7 @@ class MLP(es.Module):
         h = jnp.tanh(h) if self.use_tanh else jax.nn.relu(h)
         return h @ p["w2"] + p["b2"]
 
-    @es.jit(depends_on="auto")  # learns that it reads use_tanh, not log_every
+    @es.jit  # uses use_tanh, not log_every: flipping that compiles nothing
     def predict(self, x: jax.Array) -> jax.Array:
         TRACES["predict"] += 1
         return self.forward(x)
@@ -262,7 +263,7 @@ def launch(args: argparse.Namespace) -> int:
     print(
         f"OK: {n} processes agree: train_step compiled twice (one static switch), "
         f"MLP.predict compiled once across {UNREAD_FLIPS} unread static flips "
-        "and once more for a read one."
+        "(each one trace) and once more for a read one."
     )
     return 0
 
@@ -377,7 +378,7 @@ def worker(args: argparse.Namespace, auto: bool) -> int:
             x, y = batch(step)
             model, opt_state, loss = train_step(model, opt_state, x, y)
             losses.append(host(loss))
-            step_misses.append(train_step.cache_info().misses)
+            step_misses.append(train_step.compile_info().compiles)
             if step % model.log_every == 0 or len(losses) == 2 * steps:
                 say(
                     f"step {step:>3} use_tanh={model.use_tanh!s:<5} loss {losses[-1]:.6f} "
@@ -387,11 +388,11 @@ def worker(args: argparse.Namespace, auto: bool) -> int:
 
     t1 = time.perf_counter()
     model, opt_state = train(model, opt_state)
-    first_phase = train_step.cache_info().misses
+    first_phase = train_step.compile_info().compiles
     model = model.with_static(use_tanh=True)  # the one static switch
     say("-- model.with_static(use_tanh=True) --")
     model, opt_state = train(model, opt_state)
-    switch_cost = train_step.cache_info().misses - first_phase
+    switch_cost = train_step.compile_info().compiles - first_phase
     w1 = model.params["w1"]
     if not (
         w1.sharding.is_equivalent_to(replicated, w1.ndim) and w1.is_fully_replicated
@@ -399,28 +400,36 @@ def worker(args: argparse.Namespace, auto: bool) -> int:
         say(f"the weights left the replicated layout: {w1.sharding}")
         return 1
 
-    # depends_on="auto": predict reads use_tanh, never log_every.
+    # predict uses use_tanh, never log_every: a flip of log_every is a new key
+    # (one trace), whose program is the one compiled already.
     x, _ = batch(10_000)
     info = MLP.predict.cache_info
+
+    def predict_compiles() -> int:
+        return MLP.predict.compile_info().compiles
+
     model.predict(x)
-    first_predict = info().misses
+    first_predict = predict_compiles()
     for k in range(UNREAD_FLIPS):
         model = model.with_static(log_every=3 + k)
         model.predict(x)
-    unread_cost = info().misses - first_predict
+    unread_cost = predict_compiles() - first_predict
     model.with_static(use_tanh=False).predict(x)
-    read_cost = info().misses - first_predict - unread_cost
+    read_cost = predict_compiles() - first_predict - unread_cost
     model.with_static(log_every=100).predict(x)
-    late_unread_cost = info().misses - first_predict - unread_cost - read_cost
+    late_unread_cost = predict_compiles() - first_predict - unread_cost - read_cost
     train_time = time.perf_counter() - t1
 
     step_info, predict_info = train_step.cache_info(), info()
+    step_compiles = train_step.compile_info().compiles
     say(f"train_step.cache_info()  = {step_info}")
     say(f"MLP.predict.cache_info() = {predict_info}; entries {predict_info.currsize}")
     summary = (
-        f"train_step_traces={TRACES['train_step']} train_step_compiles={step_info.misses} "
-        f"switch_compiles={switch_cost} predict_traces={TRACES['predict']} "
-        f"predict_compiles={predict_info.misses} unread_flip_compiles={unread_cost + late_unread_cost} "
+        f"train_step_traces={TRACES['train_step']} train_step_misses={step_info.misses} "
+        f"train_step_compiles={step_compiles} switch_compiles={switch_cost} "
+        f"predict_traces={TRACES['predict']} predict_misses={predict_info.misses} "
+        f"predict_compiles={predict_compiles()} "
+        f"unread_flip_compiles={unread_cost + late_unread_cost} "
         f"read_flip_compiles={read_cost} predict_entries={predict_info.currsize} "
         f"predict_cache_info={tuple(predict_info)}"
     )
@@ -436,8 +445,10 @@ def worker(args: argparse.Namespace, auto: bool) -> int:
             for v in (
                 TRACES["train_step"],
                 *step_info,
+                step_compiles,
                 TRACES["predict"],
                 *predict_info,
+                predict_compiles(),
                 switch_cost,
                 unread_cost,
                 read_cost,
@@ -455,15 +466,18 @@ def worker(args: argparse.Namespace, auto: bool) -> int:
         failures.append(f"compile counts differ across processes:\n{all_counts}")
     if not (all_losses == all_losses[0]).all():
         failures.append(f"losses differ across processes:\n{all_losses}")
+    keys = 1 + UNREAD_FLIPS + 2  # the first, the unread flips, the read, the late
     expected = {
-        "train_step compiles": (step_info.misses, 2),
+        "train_step compiles": (step_compiles, 2),
         "train_step traces": (TRACES["train_step"], 2),
+        "train_step misses": (step_info.misses, 2),
         "compiles for the static switch": (switch_cost, 1),
         "MLP.predict compiles for the first call": (first_predict, 1),
         "MLP.predict compiles for unread flips": (unread_cost + late_unread_cost, 0),
         "MLP.predict compiles for the read flip": (read_cost, 1),
-        "MLP.predict traces": (TRACES["predict"], 2),
-        "MLP.predict entries": (predict_info.currsize, 2),
+        "MLP.predict traces": (TRACES["predict"], keys),
+        "MLP.predict misses": (predict_info.misses, keys),
+        "MLP.predict entries": (predict_info.currsize, keys),
     }
     for what, (got, want) in expected.items():
         if got != want:

@@ -1,6 +1,8 @@
-"""Shared by the test files: the seed classes (DESIGN §2), and a pytree that
-fails loudly when anything walks the whole tree."""
+"""Shared by the test files: the seed classes, a count of XLA compiles made
+independently of the library, and a pytree that fails loudly when anything walks
+the whole tree."""
 
+import threading
 import types
 from typing import Any
 
@@ -10,7 +12,7 @@ import jax
 
 
 def seed() -> types.SimpleNamespace:
-    """Fresh copies of DESIGN §2's `Parent`/`Child`, with a trace counter."""
+    """Fresh copies of the README's `Parent`/`Child`, with a trace counter."""
     traces = [0]
 
     class Parent(es.Module):
@@ -48,3 +50,31 @@ def _flatten_bomb(bomb: Bomb):
 
 
 jax.tree_util.register_pytree_node(Bomb, _flatten_bomb, lambda aux, children: Bomb())
+
+
+# XLA compiles, counted by JAX's own monitoring events: independent of the
+# library's counters, which the tests compare with it.
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_compiles = [0]
+_compiles_lock = threading.Lock()
+
+
+def _on_event(event: str, duration: float, **kwargs: Any) -> None:
+    if event == _COMPILE_EVENT:
+        with _compiles_lock:
+            _compiles[0] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_event)
+
+
+class XlaCompiles:
+    """XLA compiles in this process since this object was made (`.count`). Make
+    the inputs first: an eager JAX operation compiles too."""
+
+    def __init__(self):
+        self.start = _compiles[0]
+
+    @property
+    def count(self) -> int:
+        return _compiles[0] - self.start

@@ -31,7 +31,7 @@ def test_public_api_is_what_the_design_lists():
         "edit",
         "jit",
         "CacheInfo",
-        "UndeclaredStaticRead",
+        "CompileInfo",
         "TracedFieldError",
         "RecompileError",
         "Lowered",

@@ -7,6 +7,7 @@ the first arguments, then with the second, and checks the exact line.
 """
 
 import logging
+import zlib
 from typing import Any
 
 import equinox as eqx
@@ -30,7 +31,9 @@ class Q(eqx.Module):
 
 def _fresh() -> Any:
     def f(x, y=None, *rest, z=None):
-        return x
+        # Every argument's value and structure in the program, so that each new
+        # key compiles (`test_programs.py` is about keys that do not).
+        return x + jnp.float32(zlib.crc32(repr((y, rest, z)).encode()) % 2**20)
 
     return es.jit(f)
 
@@ -182,7 +185,8 @@ def _classes() -> tuple[type, type]:
 
         @es.jit
         def __call__(self, x):
-            return self.w * x
+            seen = repr((self.act, self.inner.s, type(self).__name__))
+            return self.w * x + jnp.float32(zlib.crc32(seen.encode()) % 2**20)
 
     class Sub(Model):
         pass
@@ -276,3 +280,26 @@ def test_traced_field_error_names_the_field_behind_the_leaf(how):
     message = str(info.value)
     assert f"used the traced field 'b' of `Gated` (at {path})" in message
     assert isinstance(info.value, jax.errors.TracerBoolConversionError)
+
+
+def test_a_key_that_reuses_a_program_says_so(caplog):
+    class Tagged(es.Module):
+        w: jax.Array
+        tag: str = eqx.field(static=True)
+
+        @es.jit
+        def __call__(self, x):
+            return self.w * x
+
+    with caplog.at_level(logging.INFO, logger="eqx_static"):
+        w = jnp.float32(2.0)
+        Tagged(w, "a")(X)
+        Tagged(w, "b")(X)
+        Tagged(w, "b")(jnp.ones(3))
+    got = [r.getMessage() for r in caplog.records if r.name == "eqx_static"]
+    name = f"{Tagged.__qualname__}.__call__"
+    assert got == [
+        f"{name}: traced (1 cached): static field 'tag' changed 'a' -> "
+        "'b'; same program as compile 1, not compiled again",
+        f"{name}: compiling (2 cached): argument x shape (2,) -> (3,)",
+    ]

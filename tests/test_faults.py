@@ -1,4 +1,4 @@
-"""Fault suite (issue #12): many threads, mixed configurations, eviction, bodies that
+"""Faults: many threads, mixed configurations, eviction, bodies that
 raise while tracing (`ValueError`, and `KeyboardInterrupt` mid-trace), and then the
 contract's invariants (DESIGN §2.4, "Lifetime and threads" and "Introspection"):
 
@@ -107,6 +107,7 @@ def _storm(clear: bool) -> dict:
     booked = {name: [0] for name in wrappers}  # calls made, failed ones included
     failed = {name: [0] for name in wrappers}  # of which raised
     booked_lock = threading.Lock()
+    programs: dict[str, set] = {name: set() for name in wrappers}
     problems: list[str] = []
     refs: list[weakref.ref] = []
     rng = random.Random(0)
@@ -136,12 +137,14 @@ def _storm(clear: bool) -> dict:
             if fault:
                 problems.append(f"fault {fault!r} did not raise")
                 continue
+            programs[name].add((mode, size))
             expected = fn.eager(m, x)
             if not np.allclose(np.asarray(out), np.asarray(expected), rtol=1e-6):
                 problems.append(f"wrong result for mode={mode} size={size}")
 
     alive = _run_threads([lambda s=s: worker(s) for s in schedules], TIMEOUT)
     infos = {name: w.cache_info() for name, w in wrappers.items()}
+    compiles = {name: w.compile_info().compiles for name, w in wrappers.items()}
     if clear:
         for w in wrappers.values():
             w.cache_clear()
@@ -151,6 +154,8 @@ def _storm(clear: bool) -> dict:
         alive=alive,
         problems=problems,
         infos=infos,
+        compiles=compiles,
+        programs=programs,
         booked={k: v[0] for k, v in booked.items()},
         failed={k: v[0] for k, v in failed.items()},
         traces=fn.traces,
@@ -197,7 +202,16 @@ def test_cache_keeps_no_instance_alive(storms, clear):
     assert s["live"] == 0, f"{s['live']} of {s['instances']} instances still alive"
 
 
-# --- depends_on="auto" under threads (issue #11) -------------------------------
+@pytest.mark.parametrize("clear", [False, True], ids=["kept", "cleared"])
+def test_each_program_compiles_once(storms, clear):
+    """Without eviction, the XLA compiles are the distinct programs: one per mode
+    and size that was called without a fault (a trace that raised compiles
+    nothing)."""
+    s = storms[clear]
+    assert s["compiles"]["default"] == len(s["programs"]["default"])
+
+
+# --- methods calling each other from two threads ------------------------------------
 
 
 class PingPong(es.Module):
@@ -205,19 +219,19 @@ class PingPong(es.Module):
     flip: bool = eqx.field(static=True)
     unread: int = eqx.field(static=True)
 
-    @es.jit(depends_on="auto")
+    @es.jit
     def ping(self, x, depth):
         time.sleep(0.05)  # both threads are inside a trace before either calls on
         y = -x if self.flip else x
         return self.pong(self.w * y, depth) if depth > 0 else y
 
-    @es.jit(depends_on="auto")
+    @es.jit
     def pong(self, x, depth):
         time.sleep(0.05)
         return self.ping(x + 1.0, depth - 1)
 
 
-def test_auto_methods_calling_each_other_from_two_threads():
+def test_methods_calling_each_other_from_two_threads():
     m = PingPong(jnp.arange(3.0), flip=True, unread=0)
     x = jnp.ones(3)
     start = threading.Barrier(2)

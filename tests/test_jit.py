@@ -299,7 +299,8 @@ def test_sharding_is_part_of_the_key(tmp_path):
     """Eight simulated CPU devices need a fresh process: XLA reads the flag once.
 
     JAX traces once per aval and compiles once per input layout, so a new sharding
-    need not retrace; it is a new compile, and so a miss, with an explanation."""
+    need not retrace: it is a hit that compiled, counted by `compile_info()` and
+    explained."""
     script = textwrap.dedent(
         """
         import logging
@@ -340,6 +341,7 @@ def test_sharding_is_part_of_the_key(tmp_path):
             np.testing.assert_array_equal(np.asarray(out), 2 * np.asarray(m.w))
         print("compiles", len(compiles))
         print("info", tuple(W.__call__.cache_info()))
+        print("xla", W.__call__.compile_info().compiles)
         print("lines", lines)
         """
     )
@@ -356,7 +358,8 @@ def test_sharding_is_part_of_the_key(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
     assert "compiles 2\n" in out, out  # once per layout
-    assert "info (3, 2, None, 2)\n" in out, out  # ...and counted as such
+    assert "info (4, 1, None, 2)\n" in out, out  # one trace, two entries
+    assert "xla 2\n" in out, out  # ...and counted as such
     assert "sharding" in out.split("lines", 1)[1], out  # ...and explained
 
 
@@ -971,7 +974,7 @@ def test_lower_from_the_class():
     compiled = lowered.compile()
     assert isinstance(compiled, es.Compiled)
     assert compiled(c, x) == c(x) == 6.0  # the wrapper's own arguments
-    assert c.__call__.lower(x).compile()(c, x) == 6.0
+    assert c.__call__.lower(x).compile()(x) == 6.0  # from an instance: `c` bound
 
 
 def test_lower_from_a_bound_method():
@@ -986,8 +989,10 @@ def test_lower_from_a_bound_method():
     lowered = m.predict.lower(x)
     assert isinstance(lowered, es.Lowered)
     assert "multiply" in lowered.as_text()
-    assert (lowered.compile()(m, x) == 2.0).all()
-    assert isinstance(M.predict.lower(m, x), es.Lowered)
+    assert (lowered.compile()(x) == 2.0).all()  # `m` is bound, as in `m.predict`
+    assert (M.predict.lower(m, x).compile()(m, x) == 2.0).all()
+    with pytest.raises(TypeError, match="lowered for other static values"):
+        lowered.compile()(x, x)
 
 
 # --- outputs that are not arrays ----------------------------------------------------

@@ -2,8 +2,8 @@
 
 The example launches two worker processes (4 simulated CPU devices each, gloo
 collectives, coordinator on 127.0.0.1), trains data-parallel over the 8-device
-mesh, switches one static field, and flips static fields under a
-`depends_on="auto"` method. Each worker prints a `COUNTS process=I ...` line;
+mesh, switches one static field, and flips a static field that a method's
+program does not use. Each worker prints a `COUNTS process=I ...` line;
 the workers compare their counts and losses with each other
 (`process_allgather`) and the launcher compares the printed lines. These tests
 run it once in quick mode, as a subprocess with the same strict settings as
@@ -130,14 +130,14 @@ def test_compile_counts_are_the_same_on_both_processes(quick_run):
     assert counts[0] == counts[1]
     c = counts[0]
     # the one static switch costs one compile; the Python counter agrees
-    assert c["train_step_compiles"] == "2"
+    assert c["train_step_compiles"] == c["train_step_misses"] == "2"
     assert c["train_step_traces"] == "2"
     assert c["switch_compiles"] == "1"
 
 
-def test_auto_relevance_learns_the_same_sets_on_every_process(quick_run):
-    """Same calls -> `depends_on="auto"` learns the same read-sets everywhere:
-    the same cache entries and statistics, no compile for the unread field."""
+def test_programs_are_shared_the_same_way_on_every_process(quick_run):
+    """Same calls -> the same traces, programs and XLA compiles everywhere: the
+    same cache entries and statistics, no compile for the unread field."""
     counts = _counts(quick_run.stdout)
     assert set(counts) == {0, 1}, _output(quick_run)
     infos = {
@@ -151,10 +151,10 @@ def test_auto_relevance_learns_the_same_sets_on_every_process(quick_run):
     assert all(m is not None for m in infos.values()), _output(quick_run)
     assert infos[0].groups() == infos[1].groups()  # pyright: ignore[reportOptionalMemberAccess]
     c = counts[0]
-    assert c["unread_flip_compiles"] == "0"  # log_every: never read by predict
-    assert c["read_flip_compiles"] == "1"  # use_tanh: read
-    assert c["predict_compiles"] == c["predict_traces"] == "2"
-    assert c["predict_entries"] == "2"
+    assert c["unread_flip_compiles"] == "0"  # log_every: not in the program
+    assert c["read_flip_compiles"] == "1"  # use_tanh: in the program
+    assert c["predict_compiles"] == "2"
+    assert c["predict_misses"] == c["predict_traces"] == c["predict_entries"] == "7"
     assert counts[0]["predict_cache_info"] == counts[1]["predict_cache_info"]
 
 

@@ -17,30 +17,28 @@ import numpy as np
 import pytest
 
 
-# --- depends_on="auto": what a trace read is learned, whatever happens next ---------
+# --- a program shared by keys: each key keeps what its own trace returned ------------
 
 
-def test_auto_learns_reads_of_a_call_that_fails_at_run_time():
-    """A trace that compiles but fails at run time still keys its entry on what it read."""
+def test_a_call_that_fails_at_run_time_keeps_its_program_for_the_next_key():
+    """A key whose program compiled but failed at run time holds it; another key
+    with the same program reuses it and returns its own result."""
 
     class M(es.Module):
         w: jax.Array
-        b: bool = eqx.field(static=True)
+        tag: str = eqx.field(static=True)
 
         def body(self, x):
-            x = eqx.error_if(x, x < 0, "negative input")
-            return self.w * (x + 100.0 if self.b else x)
+            return self.w * eqx.error_if(x, x < 0, "negative input")
 
-        auto = es.jit(body, depends_on="auto")
-        default = es.jit(body)
+        f = es.jit(body)
 
-    with pytest.raises(jax.errors.JaxRuntimeError, match="negative input"):
-        M(w=jnp.ones(3), b=False).auto(-jnp.ones(3))  # traced with b=False
-    m, x = M(w=jnp.ones(3), b=True), jnp.ones(3)
-    expected = m.default(x)
-    assert np.array_equal(expected, jnp.full(3, 101.0))
-    assert np.array_equal(m.auto(x), expected)
-    assert M.auto.cache_info() == es.CacheInfo(0, 2, None, 2)
+    with pytest.raises(eqx.EquinoxRuntimeError, match="negative input"):
+        M(w=jnp.ones(3), tag="a").f(-jnp.ones(3))
+    m, x = M(w=jnp.full(3, 2.0, jnp.float32), tag="b"), jnp.ones(3)
+    assert np.array_equal(m.f(x), M.body(m, x))
+    assert M.f.cache_info() == es.CacheInfo(0, 2, None, 2)
+    assert M.f.compile_info().compiles == 1
 
 
 def test_a_failing_run_books_its_compile_and_nothing_else():
@@ -54,11 +52,14 @@ def test_a_failing_run_books_its_compile_and_nothing_else():
             return eqx.error_if(self.w * x, x < 0, "negative")
 
     m = M(w=jnp.ones(3))
-    with pytest.raises(jax.errors.JaxRuntimeError, match="negative"):
+    with pytest.raises(eqx.EquinoxRuntimeError, match="negative"):
         m.f(-jnp.ones(3))
     assert M.f.cache_info() == es.CacheInfo(0, 1, None, 1)
     assert np.array_equal(m.f(jnp.ones(3)), jnp.ones(3))
     assert M.f.cache_info() == es.CacheInfo(1, 1, None, 1)
+    with pytest.raises(eqx.EquinoxRuntimeError, match="negative"):
+        m.f(-jnp.ones(3))  # a hit that fails at run time: still one call
+    assert M.f.cache_info() == es.CacheInfo(2, 1, None, 1)
     M.f.cache_clear()
     m.f(jnp.ones(3))  # one fresh miss; no stale record booked with it
     assert M.f.cache_info() == es.CacheInfo(0, 1, None, 1)
@@ -66,8 +67,8 @@ def test_a_failing_run_books_its_compile_and_nothing_else():
     assert M.f.cache_info() == es.CacheInfo(1, 1, None, 1)
 
 
-def test_auto_positional_call_after_a_keyword_only_call():
-    """depends_on="auto" accepts a positional call after an entry made by keywords only."""
+def test_a_positional_call_after_a_keyword_only_call():
+    """Keyword and positional forms of one call are one key."""
 
     class M(es.Module):
         w: jax.Array
@@ -76,19 +77,18 @@ def test_auto_positional_call_after_a_keyword_only_call():
     def body(m, x):
         return m.w * x if m.b else x
 
-    auto = es.jit(body, depends_on="auto")
+    f = es.jit(body)
     m, x = M(w=jnp.full(3, 2.0), b=True), jnp.ones(3)
-    assert np.array_equal(auto(m=m, x=x), body(m, x))
-    assert np.array_equal(auto(m, x), body(m, x))
+    assert np.array_equal(f(m=m, x=x), body(m, x))
+    assert np.array_equal(f(m, x), body(m, x))
     off = M(w=jnp.full(3, 2.0), b=False)
-    assert np.array_equal(auto(off, x), body(off, x))
+    assert np.array_equal(f(off, x), body(off, x))
+    assert f.cache_info().misses == 2
 
 
-# --- modules returned from a trace: their statics are read before sealing ----------
-
-
-def test_auto_returning_self_after_another_value_of_an_unread_field():
-    """depends_on="auto" may return `self` from an entry that served other values of a field."""
+def test_returning_self_from_a_program_shared_with_another_value_of_a_field():
+    """Keys that differ only in `tag` share one program; each returns its own
+    `self`, with its own `tag`."""
 
     def body(self, x):
         y = self.w * x
@@ -97,22 +97,21 @@ def test_auto_returning_self_after_another_value_of_an_unread_field():
     class M(es.Module):
         w: jax.Array
         tag: str = eqx.field(static=True)
-        auto = es.jit(body, depends_on="auto")
-        default = es.jit(body)
+        f = es.jit(body)
 
     x1, x2 = jnp.ones(3), jnp.ones((2, 3))
-    M(w=jnp.ones(()), tag="a").auto(x1)  # reads nothing
-    M(w=jnp.ones(()), tag="b").auto(x1)  # same entry, another `tag`
+    M(w=jnp.ones(()), tag="a").f(x1)
+    M(w=jnp.ones(()), tag="b").f(x1)  # the same program, another `tag`
+    M(w=jnp.ones(()), tag="a").f(x2)
     m = M(w=jnp.ones(()), tag="b")
-    y, out = m.auto(x2)
-    y0, out0 = m.default(x2)
+    y, out = m.f(x2)  # the same program as `tag="a"` at this shape
+    y0, out0 = body(m, x2)
     assert out.tag == out0.tag == "b"
     assert np.array_equal(y, y0)
+    assert M.f.compile_info().compiles == 2
 
 
-def test_declared_returning_a_submodule_after_another_value_of_an_undeclared_field():
-    """With depends_on=(...), returning a module whose declared field is read is no late read."""
-
+def test_returning_a_submodule_from_a_shared_program():
     class Sub(es.Module):
         k: int = eqx.field(static=True)
 
@@ -123,27 +122,18 @@ def test_declared_returning_a_submodule_after_another_value_of_an_undeclared_fie
     class M(es.Module):
         w: jax.Array
         sub: Sub
-        name: str = eqx.field(static=True)  # never read
-        declared = es.jit(body, depends_on=("sub.k",))
-        default = es.jit(body)
+        name: str = eqx.field(static=True)  # never used
+        f = es.jit(body)
 
-    x1, x2 = jnp.ones(3), jnp.ones((2, 3))
-    M(w=jnp.ones(()), sub=Sub(k=1), name="a").declared(x1)
-    M(w=jnp.ones(()), sub=Sub(k=1), name="b").declared(x1)  # `name` not declared
-    m = M(w=jnp.ones(()), sub=Sub(k=1), name="b")
-    y, sub = m.declared(x2)
-    y0, sub0 = m.default(x2)
-    assert sub == sub0 == Sub(k=1)
-    assert np.array_equal(y, y0)
-
-
-# --- depends_on paths are checked against the class --------------------------------
+    x2 = jnp.ones((2, 3))
+    M(w=jnp.ones(()), sub=Sub(k=1), name="a").f(x2)
+    y, sub = M(w=jnp.ones(()), sub=Sub(k=2), name="b").f(x2)
+    assert sub == Sub(k=2)
+    assert M.f.compile_info().compiles == 1
 
 
 @pytest.mark.parametrize("first_has_enc", [False, True])
-def test_declared_path_into_an_optional_submodule(first_has_enc):
-    """A depends_on path into an optional submodule works whichever instance comes first."""
-
+def test_an_optional_submodule_whichever_instance_comes_first(first_has_enc):
     class Enc(es.Module):
         act: str = eqx.field(static=True)
 
@@ -154,7 +144,7 @@ def test_declared_path_into_an_optional_submodule(first_has_enc):
     class M(es.Module):
         w: jax.Array
         enc: Enc | None
-        f = es.jit(body, depends_on=("enc.act",))
+        f = es.jit(body)
 
     with_enc = M(w=jnp.full((), 2.0), enc=Enc(act="tanh"))
     without = M(w=jnp.full((), 2.0), enc=None)
@@ -162,24 +152,6 @@ def test_declared_path_into_an_optional_submodule(first_has_enc):
     x = jnp.ones(())
     for m in order * 2:
         assert m.f(x) == body(m, x)
-
-
-def test_declared_path_with_a_misspelled_field_still_raises():
-    """A depends_on path whose first name is no field of the class raises ValueError."""
-
-    class Enc(es.Module):
-        act: str = eqx.field(static=True)
-
-    class M(es.Module):
-        w: jax.Array
-        enc: Enc | None
-
-        @es.jit(depends_on=("encc.act",))
-        def f(self, x):
-            return self.w * x
-
-    with pytest.raises(ValueError, match="encc.act"):
-        M(w=jnp.ones(()), enc=Enc(act="tanh")).f(jnp.ones(()))
 
 
 # --- typed static values ------------------------------------------------------------
@@ -327,8 +299,10 @@ def test_memoised_method_with_256_array_arguments():
 # --- cache statistics -------------------------------------------------------------
 
 
-def test_lower_is_a_miss_and_does_not_erase_hits():
-    """lower() of a new signature books a miss but no hit is lost."""
+def test_lower_books_no_call_and_erases_no_hits():
+    """lower() is not a call: it books nothing, and the calls around it keep
+    their counts. Nor does its trace let a later call compile behind the miss
+    path: each new shape is a miss, and compiles once."""
 
     @es.jit
     def f(x):
@@ -339,7 +313,10 @@ def test_lower_is_a_miss_and_does_not_erase_hits():
         f.lower(jnp.ones(n))
     for _ in range(3):
         f(jnp.ones(3))
-    assert f.cache_info() == es.CacheInfo(3, 4, None, 4)
+    assert f.cache_info() == es.CacheInfo(3, 1, None, 1)
+    f(jnp.ones(4))
+    assert f.cache_info() == es.CacheInfo(3, 2, None, 2)
+    assert f.compile_info().compiles == 2
 
 
 # --- es.edit ----------------------------------------------------------------------------
@@ -420,8 +397,9 @@ def _in_threads(jobs, timeout=30.0):
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
-def test_auto_call_during_another_threads_compile_gets_its_own_trace():
-    """depends_on="auto": a call made while another thread compiles a read field's other value is correct."""
+def test_a_call_during_another_threads_compile_gets_its_own_trace():
+    """A call with another value of a field the program uses, made while another
+    thread compiles, traces and compiles its own program."""
 
     class M(es.Module):
         w: jax.Array
@@ -430,7 +408,7 @@ def test_auto_call_during_another_threads_compile_gets_its_own_trace():
         def body(self, x):
             return self.w * (x + 100.0 if self.b else x)
 
-        auto = es.jit(body, depends_on="auto")
+        f = es.jit(body)
 
     m_a, m_b, x = M(w=jnp.ones(3), b=False), M(w=jnp.ones(3), b=True), jnp.ones(3)
     line_up = threading.Barrier(2, timeout=10)
@@ -447,11 +425,11 @@ def test_auto_call_during_another_threads_compile_gets_its_own_trace():
 
     def a():
         a_thread.append(threading.current_thread())
-        out["a"] = m_a.auto(x)
+        out["a"] = m_a.f(x)
 
     def b():
         line_up.wait()
-        out["b"] = m_b.auto(x)
+        out["b"] = m_b.f(x)
         b_done.set()
 
     jax.monitoring.register_event_duration_secs_listener(hold_a_in_compile)
@@ -461,18 +439,21 @@ def test_auto_call_during_another_threads_compile_gets_its_own_trace():
         jax.monitoring.unregister_event_duration_listener(hold_a_in_compile)
     assert np.array_equal(out["a"], M.body(m_a, x))
     assert np.array_equal(out["b"], M.body(m_b, x))
-    assert M.auto.cache_info() == es.CacheInfo(0, 2, None, 2)
+    assert M.f.cache_info() == es.CacheInfo(0, 2, None, 2)
+    assert M.f.compile_info().compiles == 2
 
 
-def test_auto_call_after_another_threads_trace_of_a_slow_compile():
-    """depends_on="auto": a call starting right after another thread's trace, while it compiles, is correct."""
+@pytest.mark.parametrize("same_key", [False, True])
+def test_a_call_right_after_another_threads_trace_of_a_slow_compile(same_key):
+    """A call starting right after another thread's trace, while that thread
+    compiles, is correct; for the same key it waits and reuses that compile."""
     traced = threading.Event()
 
     class M(es.Module):
         w: jax.Array
         b: bool = eqx.field(static=True)
 
-        @es.jit(depends_on="auto")
+        @es.jit
         def f(self, x):
             y = x + 100.0 if self.b else x
             for _ in range(150):  # slow to compile, quick to trace
@@ -480,7 +461,8 @@ def test_auto_call_after_another_threads_trace_of_a_slow_compile():
             traced.set()
             return self.w * y
 
-    m_a, m_b, x = M(w=jnp.ones(3), b=False), M(w=jnp.ones(3), b=True), jnp.ones(3)
+    m_a, x = M(w=jnp.ones(3), b=False), jnp.ones(3)
+    m_b = M(w=jnp.ones(3), b=not same_key)
     line_up = threading.Barrier(2, timeout=10)
     out = {}
 
@@ -495,13 +477,15 @@ def test_auto_call_after_another_threads_trace_of_a_slow_compile():
 
     _in_threads([a, b])
     assert np.array_equal(out["a"], jnp.ones(3))
-    assert np.array_equal(out["b"], jnp.full(3, 101.0))
-    assert M.f.cache_info() == es.CacheInfo(0, 2, None, 2)
+    assert np.array_equal(out["b"], jnp.ones(3) if same_key else jnp.full(3, 101.0))
+    misses = 1 if same_key else 2
+    assert M.f.cache_info() == es.CacheInfo(2 - misses, misses, None, misses)
+    assert M.f.compile_info().compiles == misses
 
 
-@pytest.mark.parametrize("depends_on", [None, "auto"])
-def test_threads_with_random_configs_get_eager_results(depends_on):
-    """Eight threads calling with random static configs all get the eager result."""
+def test_threads_with_random_configs_get_eager_results():
+    """Eight threads calling with random static configs all get the eager result,
+    and each distinct program compiles once."""
 
     def body(self, x):
         y = self.w * x
@@ -513,17 +497,19 @@ def test_threads_with_random_configs_get_eager_results(depends_on):
         w: jax.Array
         a: bool = eqx.field(static=True)
         b: int = eqx.field(static=True)
-        f = es.jit(body, depends_on=depends_on)
+        f = es.jit(body)
 
     configs = [(a, b, n) for a in (False, True) for b in range(3) for n in (2, 3)]
     line_up = threading.Barrier(8, timeout=10)
     wrong: list = []
+    seen: set = set()
 
     def worker(seed):
         rng = np.random.default_rng(seed)
         line_up.wait()
         for i in rng.integers(len(configs), size=24):
             a, b, n = configs[i]
+            seen.add((a, b * a, n))  # `b` is used only when `a`
             x = jnp.arange(n, dtype=jnp.float32) + 1
             out = M(w=jnp.ones(n), a=a, b=b).f(x)
             y = out[0] if isinstance(out, tuple) else out
@@ -533,6 +519,7 @@ def test_threads_with_random_configs_get_eager_results(depends_on):
 
     _in_threads([lambda s=s: worker(s) for s in range(8)])
     assert wrong == []
+    assert M.f.compile_info().compiles == len(seen)
 
 
 def _hammer_lru(keys: int, maxsize: int, calls: int) -> es.CacheInfo:

@@ -1,0 +1,603 @@
+"""One XLA compile per distinct program, sound by construction.
+
+A new compile key is traced and lowered; it compiles only if its program is not
+provably the same as one this function compiled. Every test here uses a plain
+`@es.jit`, compares every static configuration with the eager call and with
+`eqx.filter_jit` (value, dtype, shape), and counts XLA compiles twice: with the
+library's `compile_info()` and with JAX's own monitoring events (`XlaCompiles`).
+"""
+
+import dataclasses
+import inspect
+import random
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+import equinox as eqx
+import eqx_static as es
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+import pytest
+from helpers import XlaCompiles
+from jax import lax
+
+
+X = jnp.array(0.75, jnp.float32)
+
+
+def _assert_same(compiled: Any, eager: Any, filtered: Any) -> None:
+    compiled, eager, filtered = map(jnp.asarray, (compiled, eager, filtered))
+    assert compiled.dtype == eager.dtype == filtered.dtype
+    assert compiled.shape == eager.shape == filtered.shape
+    np.testing.assert_allclose(compiled, eager, rtol=1e-6)
+    np.testing.assert_array_equal(compiled, filtered)
+
+
+# --- every read route gives the eager result ------------------------------------------
+#
+# Each route computes `_term(flag, k, x)` from the static fields `flag` and `k` of
+# `m`, reading them only through that route; the static field `name` is never read.
+# The sequence flips each field in turn, so a result served from a stale program
+# would differ from the eager one.
+
+
+def _term(flag: Any, k: Any, x: jax.Array) -> jax.Array:
+    return x * (2.0 if flag else 3.0) + k
+
+
+Term = Callable[[Any, jax.Array], jax.Array]
+
+
+class _Sneaky:
+    """A mixin with its own `__getattribute__`, which reads fields its own way."""
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "sneaky":
+            d = object.__getattribute__(self, "__dict__")
+            return d["flag"], d["k"]
+        return super().__getattribute__(name)
+
+
+def _custom_jvp_term(m: Any, x: jax.Array) -> jax.Array:
+    @jax.custom_jvp
+    def f(y):
+        return _term(m.flag, m.k, y)
+
+    @f.defjvp
+    def f_jvp(primals, tangents):  # the rule reads the static fields again
+        (y,), (t,) = primals, tangents
+        return f(y), t * (2.0 if m.flag else 3.0) * m.k
+
+    return f(x)
+
+
+def _custom_vjp_term(m: Any, x: jax.Array) -> jax.Array:
+    @jax.custom_vjp
+    def f(y):
+        return _term(m.flag, m.k, y)
+
+    def fwd(y):
+        return f(y), None
+
+    def bwd(_, t):  # runs after the trace, under `grad`
+        return (t * (2.0 if m.flag else 3.0) * m.k,)
+
+    f.defvjp(fwd, bwd)
+    return f(x)
+
+
+def _pure_callback_term(m: Any, x: jax.Array) -> jax.Array:
+    def host(y):  # runs while the program runs, reading the static fields then
+        return np.asarray(_term(m.flag, m.k, np.asarray(y)), dtype=np.float32)
+
+    return jax.pure_callback(host, jax.ShapeDtypeStruct((), jnp.float32), x)
+
+
+_jax_jit_helper = jax.jit(lambda m, x: _term(m.flag, m.k, x))
+_filter_jit_helper = eqx.filter_jit(lambda m, x: _term(m.flag, m.k, x))
+_es_jit_helper = es.jit(lambda m, x: _term(m.flag, m.k, x))
+
+
+class Route(NamedTuple):
+    term: Term
+    grad: bool = False  # also compare `jax.grad`, and `vmap(grad)`, of the method
+    jvp: bool = False  # and `jax.jvp`
+    programs: int = 4  # one per `flag, k`; `name` is never read
+
+
+ROUTES: dict[str, Route] = {
+    "attribute": Route(lambda m, x: _term(m.flag, m.k, x)),
+    "object.__getattribute__": Route(
+        lambda m, x: _term(
+            object.__getattribute__(m, "flag"), object.__getattribute__(m, "k"), x
+        )
+    ),
+    "inspect.getattr_static": Route(
+        lambda m, x: _term(
+            inspect.getattr_static(m, "flag"), inspect.getattr_static(m, "k"), x
+        )
+    ),
+    "eval over vars(self)": Route(
+        lambda m, x: _term(eval("flag", vars(m)), eval("k", vars(m)), x)
+    ),
+    "a mixin's own __getattribute__": Route(lambda m, x: _term(*m.sneaky, x)),
+    "self.__dict__": Route(lambda m, x: _term(m.__dict__["flag"], m.__dict__["k"], x)),
+    "dataclasses.fields": Route(
+        lambda m, x: _term(*[getattr(m, f.name) for f in dataclasses.fields(m)][1:3], x)
+    ),
+    "tree_flatten and unflatten": Route(
+        lambda m, x: (lambda c: _term(c.flag, c.k, x))(
+            jtu.tree_unflatten(*reversed(jtu.tree_flatten(m)))
+        )
+    ),
+    "eqx.partition": Route(
+        lambda m, x: (lambda s: _term(s.flag, s.k, x))(
+            eqx.partition(m, eqx.is_array)[1]
+        )
+    ),
+    "property": Route(lambda m, x: _term(*m.prop, x)),
+    "lax.cond closure": Route(
+        lambda m, x: lax.cond(
+            x > 0, lambda y: _term(m.flag, m.k, y), lambda y: -_term(m.flag, m.k, y), x
+        )
+    ),
+    "lax.scan body": Route(
+        lambda m, x: lax.scan(
+            lambda c, _: (_term(m.flag, m.k, c), None), x, None, length=2
+        )[0]
+    ),
+    "warm jax.jit helper": Route(lambda m, x: _jax_jit_helper(m, x)),
+    "warm eqx.filter_jit helper": Route(lambda m, x: _filter_jit_helper(m, x)),
+    "warm es.jit helper": Route(lambda m, x: _es_jit_helper(m, x)),
+    "custom_jvp rule under grad": Route(_custom_jvp_term, grad=True, jvp=True),
+    "custom_jvp rule inside lax.cond under grad": Route(
+        lambda m, x: lax.cond(x > 0, lambda y: _custom_jvp_term(m, y), jnp.negative, x),
+        grad=True,
+        jvp=True,
+    ),
+    "custom_vjp backward rule": Route(_custom_vjp_term, grad=True),
+    # The callback of each key closes over its own module: never the same program.
+    "pure_callback": Route(_pure_callback_term, programs=7),
+}
+
+
+def _route_class(term: Term) -> Any:
+    class M(_Sneaky, es.Module):
+        w: jax.Array
+        flag: bool = eqx.field(static=True)
+        k: int = eqx.field(static=True)
+        name: str = eqx.field(static=True)
+
+        @property
+        def prop(self) -> tuple[bool, int]:
+            return self.flag, self.k
+
+        def eager(self, x):
+            return self.w * term(self, x)
+
+        @es.jit
+        def compiled(self, x):
+            return self.w * term(self, x)
+
+    return M
+
+
+START: dict[str, Any] = {"flag": True, "k": 1, "name": "a"}
+# Flip each static field in turn (and back), with a dynamic update in between.
+STEPS: list[dict[str, Any]] = [
+    {"flag": False},
+    {"k": 2},
+    {"name": "b"},
+    {"flag": True},
+    {"w": jnp.array(-0.5, jnp.float32)},
+    {"k": 1},
+    {"name": "a"},
+    {"flag": False},
+    {"k": 2, "name": "c"},
+]
+
+
+def _configurations(cls: Any) -> Iterator[Any]:
+    fields: dict[str, Any] = {"w": jnp.array(1.5, jnp.float32), **START}
+    yield cls(**fields)
+    for change in STEPS:
+        fields.update(change)
+        yield cls(**fields)
+
+
+@pytest.mark.parametrize("route", ROUTES.values(), ids=ROUTES.keys())
+def test_every_read_route_gives_the_eager_result(route):
+    cls = _route_class(route.term)
+    modules = list(_configurations(cls))
+    filtered = eqx.filter_jit(cls.eager)
+    for m in modules:
+        _assert_same(m.compiled(X), m.eager(X), filtered(m, X))
+        if route.grad:
+            _assert_same(
+                jax.grad(m.compiled)(X),
+                jax.grad(m.eager)(X),
+                jax.grad(lambda x, m=m: filtered(m, x))(X),
+            )
+            xs = jnp.stack([X, 2 * X])
+            _assert_same(
+                jax.vmap(jax.grad(m.compiled))(xs),
+                jax.vmap(jax.grad(m.eager))(xs),
+                jax.vmap(jax.grad(lambda x, m=m: filtered(m, x)))(xs),
+            )
+        if route.jvp:
+            _assert_same(
+                jax.jvp(m.compiled, (X,), (X,))[1],
+                jax.jvp(m.eager, (X,), (X,))[1],
+                jax.jvp(lambda x, m=m: filtered(m, x), (X,), (X,))[1],
+            )
+    # Keys whose programs are the same (`name` flipped) cost a trace, not a compile.
+    keys = {(m.flag, m.k, m.name) for m in modules}
+    assert len(keys) == 7
+    assert cls.compiled.compile_info().compiles == route.programs
+    if not route.grad:  # a call under `grad` traces too: staged, not compiled
+        assert cls.compiled.cache_info().misses == len(keys)
+
+
+def test_the_routes_flip_what_they_read():
+    """The sequence does change the program: a wrapper that kept the first
+    configuration's program would fail `_assert_same`."""
+    cls = _route_class(ROUTES["attribute"].term)
+    first, *rest = _configurations(cls)
+    stale = first.eager(X)
+    assert any(not np.allclose(m.eager(X), stale) for m in rest)
+
+
+def test_a_read_field_compiles_and_an_unread_one_does_not():
+    """The 4 distinct programs of the sequence (one per `flag, k`) compile exactly
+    once each; the 3 other keys (`name` flipped) reuse them."""
+    cls = _route_class(ROUTES["attribute"].term)
+    modules = list(_configurations(cls))
+    eager = [m.eager(X) for m in modules]  # before counting: eager code compiles
+    compiles = XlaCompiles()
+    results = [m.compiled(X) for m in modules]
+    assert compiles.count == cls.compiled.compile_info().compiles == 4
+    assert len({(m.flag, m.k) for m in modules}) == 4
+    for got, want in zip(results, eager):
+        np.testing.assert_allclose(got, want)
+    assert cls.compiled.compile_info().programs == 4
+    assert cls.compiled.cache_info().misses == 7
+
+
+def test_threads_racing_over_configurations_get_eager_results():
+    """Four threads call random configurations and shapes: every result is the
+    eager one, every call is booked once, and each program compiles once."""
+    cls = _route_class(ROUTES["object.__getattribute__"].term)
+    configs = [(f, k, n) for f in (True, False) for k in (1, 2) for n in "ab"]
+    inputs = {s: jnp.full(s, 0.5, jnp.float32) for s in ((), (2,), (3,))}
+    wrong: list[Any] = []
+
+    def work(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(150):
+            flag, k, name = rng.choice(configs)
+            m = cls(w=jnp.float32(1.5), flag=flag, k=k, name=name)
+            x = inputs[rng.choice(list(inputs))]
+            if not np.allclose(m.compiled(x), m.eager(x)):
+                wrong.append((flag, k, name))
+
+    compiles = XlaCompiles()
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong
+    info = cls.compiled.cache_info()
+    assert info.hits + info.misses == 600
+    programs = 4 * len(inputs)  # `name` is never read
+    assert cls.compiled.compile_info().compiles == programs
+    assert compiles.count >= programs  # `jnp.float32(1.5)` compiles eagerly too
+
+
+# --- real network code: unread flips compile nothing --------------------------------
+
+
+OPS: dict[str, Callable[[Any, jax.Array], jax.Array]] = {
+    "relu": lambda s, x: jax.nn.relu(s.w * x),
+    "softplus": lambda s, x: jax.nn.softplus(s.w * x),
+    "logsumexp": lambda s, x: jax.nn.logsumexp(s.w * x),
+    "norm": lambda s, x: jnp.linalg.norm(s.w * x),
+    "gelu in lax.cond": lambda s, x: jax.lax.cond(
+        x.sum() > 0, jax.nn.gelu, lambda y: y, s.w * x
+    ),
+    "relu in lax.scan": lambda s, x: jax.lax.scan(
+        lambda c, _: (jax.nn.relu(c) - 0.5, None), s.w * x, None, length=3
+    )[0],
+    "relu in a nested jax.jit": lambda s, x: jax.jit(jax.nn.relu)(s.w * x),
+    "another es.jit method": lambda s, x: s.helper(x),
+    "eqx.error_if": lambda s, x: eqx.error_if(s.w * x, (s.w * x) > 1e6, "too big"),
+}
+XS = jnp.array([0.5, -1.0, 2.0])
+
+
+def _network(op: Callable[[Any, jax.Array], jax.Array]) -> tuple[type, list[int]]:
+    traces = [0]
+
+    class Net(es.Module):
+        w: jax.Array
+        unread: int = eqx.field(static=True)
+        sign: int = eqx.field(static=True)
+
+        @es.jit
+        def __call__(self, x):
+            traces[0] += 1
+            return self.sign * op(self, x)
+
+        def eager(self, x):
+            return self.sign * op(self, x)
+
+        @es.jit
+        def helper(self, x):
+            return jax.nn.relu(self.w * x)
+
+    return Net, traces
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_ten_unread_flips_compile_nothing(name):
+    net, traces = _network(OPS[name])
+    m = net(w=jnp.array([1.0, 2.0, 3.0]), unread=0, sign=1)
+    filtered = eqx.filter_jit(net.eager)
+    flips = [m.with_static(unread=i) for i in range(1, 11)]
+    _assert_same(m(XS), m.eager(XS), filtered(m, XS))
+    eager = [mi.eager(XS) for mi in flips]  # before counting: eager code compiles
+    compiles = XlaCompiles()
+    results = [mi(XS) for mi in flips]
+    assert compiles.count == 0
+    for got, want in zip(results, eager):
+        _assert_same(got, want, m(XS))
+    assert traces[0] == 11 and net.__call__.cache_info().misses == 11
+    assert net.__call__.compile_info().compiles == 1
+    flipped = m.with_static(sign=-1)  # a field the program uses: one compile
+    want, want_filtered = flipped.eager(XS), filtered(flipped, XS)
+    compiles = XlaCompiles()
+    _assert_same(flipped(XS), want, want_filtered)
+    assert compiles.count == 1 and net.__call__.compile_info().compiles == 2
+
+
+def _branchy() -> tuple[type, list[int]]:
+    traces = [0]
+
+    class Branchy(es.Module):
+        w: jax.Array
+        mode: int = eqx.field(static=True)
+        a: int = eqx.field(static=True)
+        b: int = eqx.field(static=True)
+
+        @es.jit
+        def __call__(self, x):
+            traces[0] += 1
+            return self.eager(x)
+
+        def eager(self, x):
+            if self.mode == 0:
+                return self.w * x * self.a
+            if self.mode == 1:
+                return self.w * x + self.b
+            return self.w * x
+
+    return Branchy, traces
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_branch_stress_compiles_once_per_distinct_program(seed):
+    """Mode 0 uses `a`, mode 1 uses `b`, mode 2 neither: 3 + 3 + 1 = 7 programs
+    among 27 configurations, whatever the order of the calls."""
+    configs = [(mode, a, b) for mode in range(3) for a in range(3) for b in range(3)]
+    cls, traces = _branchy()
+    order = configs * 2
+    random.Random(seed).shuffle(order)
+    modules = [cls(w=jnp.ones(3), mode=mode, a=a, b=b) for mode, a, b in order]
+    eager = [m.eager(XS) for m in modules]  # before counting: eager code compiles
+    compiles = XlaCompiles()
+    results = [m(XS) for m in modules]
+    assert compiles.count == 7
+    for got, want in zip(results, eager):
+        np.testing.assert_allclose(got, want)
+    assert cls.__call__.compile_info().compiles == 7
+    assert traces[0] == 27 == cls.__call__.cache_info().misses
+
+
+# --- what "provably the same" takes ---------------------------------------------------
+
+
+def test_a_callback_over_a_static_that_differs_is_never_shared():
+    """The module text of both programs is the same; the Python function each
+    callback calls is not (it closes over another `k`): two compiles. The same
+    code over an equal `k` is the same callback: shared."""
+
+    class M(es.Module):
+        k: float = eqx.field(static=True)
+        name: str = eqx.field(static=True)
+
+        @es.jit
+        def f(self, x):
+            k = self.k
+            return jax.pure_callback(
+                lambda y: (np.asarray(y) * k).astype(np.float32),
+                jax.ShapeDtypeStruct((), jnp.float32),
+                x,
+            )
+
+    x = jnp.float32(2.0)
+    compiles = XlaCompiles()
+    results = [M(3.0, "a").f(x), M(5.0, "a").f(x)]
+    assert compiles.count == M.f.compile_info().compiles == 2
+    results.append(M(3.0, "b").f(x))
+    assert compiles.count == 2 and M.f.cache_info().misses == 3
+    assert [float(r) for r in results] == [6.0, 10.0, 6.0]
+
+
+def test_a_debug_callback_over_a_static_that_differs_is_never_shared():
+    seen: list[tuple[float, float]] = []
+
+    class M(es.Module):
+        k: float = eqx.field(static=True)
+
+        @es.jit
+        def f(self, x):
+            k = self.k
+            jax.debug.callback(lambda y: seen.append((float(y), k)), x)
+            return x
+
+    x = jnp.float32(2.0)
+    compiles = XlaCompiles()
+    M(3.0).f(x)
+    M(5.0).f(x)
+    assert compiles.count == M.f.compile_info().compiles == 2
+    jax.effects_barrier()
+    assert seen == [(2.0, 3.0), (2.0, 5.0)]
+
+
+def test_a_callback_that_captures_a_list_is_shared_only_with_itself():
+    """What a callback captures may change after the trace: two equal lists are
+    two lists, and appending to one must not append to the other."""
+    logs = {"a": [], "b": []}
+
+    class M(es.Module):
+        log: str = eqx.field(static=True)
+
+        @es.jit
+        def f(self, x):
+            log = logs[self.log]
+            jax.debug.callback(lambda y: log.append(float(y)), x)
+            return x
+
+    x = jnp.float32(1.0)
+    M("a").f(x)
+    M("b").f(x)
+    jax.effects_barrier()
+    assert logs == {"a": [1.0], "b": [1.0]}
+    assert M.f.compile_info().compiles == 2
+
+
+def test_error_if_programs_are_shared_across_an_unread_static():
+    class Solver(es.Module):
+        w: jax.Array
+        tag: str = eqx.field(static=True)
+
+        @es.jit
+        def f(self, x):
+            y = eqx.error_if(self.w * x, x > 10.0, "x too large")
+            return eqx.branched_error_if(y, x < -10.0, 0, ["x too small"])
+
+    x = jnp.float32(1.0)
+    modules = [Solver(jnp.float32(2.0), tag) for tag in "abcd"]
+    compiles = XlaCompiles()
+    results = [m.f(x) for m in modules]
+    assert compiles.count == Solver.f.compile_info().compiles == 1
+    assert [float(r) for r in results] == [2.0] * 4
+    with pytest.raises(eqx.EquinoxRuntimeError, match="x too large"):
+        modules[3].f(jnp.float32(11.0))
+    with pytest.raises(eqx.EquinoxRuntimeError, match="x too small"):
+        modules[2].f(jnp.float32(-11.0))
+
+
+def test_programs_that_differ_only_in_a_large_constant_are_not_shared():
+    base = np.arange(100_000, dtype=np.float32)
+    other = base.copy()
+    other[54_321] = -1.0
+    tables = {"base": base, "other": other}
+
+    class M(es.Module):
+        table: str = eqx.field(static=True)
+
+        @es.jit
+        def f(self, x):
+            return x + tables[self.table]  # baked in as a constant
+
+    x = jnp.zeros(100_000, jnp.float32)
+    compiles = XlaCompiles()
+    a, b = M("base").f(x), M("other").f(x)
+    assert compiles.count == M.f.compile_info().compiles == 2
+    np.testing.assert_array_equal(a, base)
+    np.testing.assert_array_equal(b, other)
+
+
+def test_the_same_program_under_another_placement_is_not_shared():
+    """Committed to a device, an input changes the program's input shardings."""
+
+    class M(es.Module):
+        name: str = eqx.field(static=True)
+
+        @es.jit
+        def f(self, x):
+            return 2 * x
+
+    x = jnp.ones(3)
+    placed = jax.device_put(jnp.ones(3), jax.devices()[0])
+    compiles = XlaCompiles()
+    M("a").f(x)
+    M("b").f(placed)
+    assert compiles.count == M.f.compile_info().compiles == 2
+    M("c").f(x)  # the first program again
+    assert compiles.count == 2
+
+
+def test_static_outputs_come_back_per_call_when_a_program_is_shared():
+    class M(es.Module):
+        w: jax.Array
+        name: str = eqx.field(static=True)
+
+        @es.jit
+        def f(self, x):
+            return {"name": self.name, "y": self.w * x, "again": (self.name, 1)}
+
+    x = jnp.ones(2)
+    a, b = M(jnp.ones(2), "a").f(x), M(jnp.ones(2), "b").f(x)
+    assert M.f.compile_info().compiles == 1
+    assert (a["name"], a["again"], b["name"], b["again"]) == (
+        "a",
+        ("a", 1),
+        "b",
+        ("b", 1),
+    )
+    assert M(jnp.ones(2), "a").f(x)["name"] == "a"  # hits keep theirs too
+    eager = M.f.__wrapped__(M(jnp.ones(2), "b"), x)
+    assert jtu.tree_structure(b) == jtu.tree_structure(eager)
+
+
+def test_a_program_whose_keys_were_all_evicted_counts_as_not_compiled():
+    class M(es.Module):
+        k: int = eqx.field(static=True)
+        name: str = eqx.field(static=True)
+
+        @es.jit(maxsize=1)
+        def f(self, x):
+            return x * self.k
+
+    x = jnp.ones(2)
+    compiles = XlaCompiles()
+    M(1, "a").f(x)  # compile 1
+    M(1, "b").f(x)  # the same program; evicts (1, "a")
+    assert compiles.count == 1
+    M(2, "a").f(x)  # compile 2; evicts (1, "b"), the last key of program 1
+    M(1, "a").f(x)  # compile 3: program 1 is gone
+    assert compiles.count == M.f.compile_info().compiles == 3
+    assert M.f.compile_info().programs == 1 == M.f.cache_info().currsize
+
+
+def test_weak_types_of_outputs_are_part_of_the_program():
+    """Two programs with the same module text whose outputs differ only in weak
+    type (which the text does not show) are not shared."""
+
+    class M(es.Module):
+        weak: bool = eqx.field(static=True)
+
+        @es.jit
+        def f(self, x):
+            return x + (1.0 if self.weak else jnp.float32(1.0))
+
+    x = jnp.asarray(1.0)  # weakly typed itself
+    weak, strong = M(True).f(x), M(False).f(x)
+    assert weak.weak_type == M.f.__wrapped__(M(True), x).weak_type
+    assert strong.weak_type == M.f.__wrapped__(M(False), x).weak_type
+    assert weak.weak_type != strong.weak_type
