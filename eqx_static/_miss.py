@@ -228,20 +228,22 @@ def _compile_or_reuse(
     lowering = lowering_of(lowered)
     with cache.lock:  # one compile at a time, so that a program compiles once
         program = cache.find(fp)
-        reason = _reason(wrapper, entry.key, sig)
         name = wrapper.name(args)
         if program is not None and lowering is not None:
-            if reason is not None:
-                logger.info(
-                    "%s: traced (%d cached): %s; same program as compile %d, not "
-                    "compiled again",
-                    name,
-                    len(cache.known()),
-                    reason,
-                    program.number,
-                )
+            if logger.isEnabledFor(logging.INFO):
+                reason = _reason(wrapper, entry.key, sig)
+                if reason is not None:
+                    logger.info(
+                        "%s: traced (%d cached): %s; same program as compile %d, "
+                        "not compiled again",
+                        name,
+                        len(cache.known()),
+                        reason,
+                        program.number,
+                    )
             set_executable(lowering, program.executable)
         else:
+            reason = _reason(wrapper, entry.key, sig)
             if reason is not None:
                 logger.info(
                     "%s: compiling (%d cached): %s", name, len(cache.known()), reason
