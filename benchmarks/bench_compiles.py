@@ -207,7 +207,10 @@ def _miss_costs(reps: int) -> tuple[dict[str, float], dict[str, list[float]]]:
         for name, make in (
             ("reused", lambda i=i: m.with_static(tag=i)),
             ("compiling", lambda i=i: m.with_static(eps=1.0 + i / 1000)),
-            ("filter_jit", lambda i=i: _attention_model(theirs).with_static(eps=2.0 + i)),
+            (
+                "filter_jit",
+                lambda i=i: _attention_model(theirs).with_static(eps=2.0 + i),
+            ),
         ):
             mi = make()
             t0 = time.perf_counter()

@@ -6,14 +6,15 @@ Every `es.jit` wrapper of the same function with the same options shares one
 again, or a pytree callable of the same structure, reuses the compiled entries
 and the statistics."""
 
-import os
 import threading
+import types
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Final, NamedTuple
 
 from ._compat import compiled_of
+from ._key import forget_all
 from ._program import Fingerprint, Program, same_program
 
 
@@ -132,9 +133,6 @@ class Cache:
         self.history: list[Compile] = []  # every XLA compile since `cache_clear`
         self.last: tuple | None = None  # the key and signature of the last compile
         self.warned = False
-        # Marks this function's frames for `eqx.error_if` (see `_compat.EQX_JIT_ID`):
-        # one per cache, so that programs traced for different keys compare equal.
-        self.eqx_id = os.urandom(16)
 
     # -- statistics ------------------------------------------------------------
 
@@ -172,8 +170,6 @@ class Cache:
             return CompileInfo(self.compiles, programs, seconds)
 
     def clear(self) -> None:
-        from ._key import forget_all
-
         forget_all()  # the per-instance memo too: it may hold static values
         with self.lock:
             self.entries.clear()
@@ -296,17 +292,29 @@ class Cache:
         return program
 
 
-_caches: Final[weakref.WeakValueDictionary[Any, Cache]] = weakref.WeakValueDictionary()
+# The caches, as `eqx.filter_jit` keeps its own: a plain function's for as long as
+# the function lives (so wrapping it again, after the first wrapper is gone, finds
+# it); any other callable's (a module, `eqx.filter_grad(f)`), by its structure and
+# static parts, for as long as the process lives.
+_by_function: Final[weakref.WeakKeyDictionary[Callable, dict[Any, Cache]]] = (
+    weakref.WeakKeyDictionary()
+)
+_by_structure: Final[dict[Any, Cache]] = {}
 _caches_lock: Final = threading.Lock()
 
 
-def shared_cache(identity: Any, maxsize: int | None) -> Cache:
-    """The cache of the function `identity` (with these options), made once."""
+def shared_cache(fn: Callable, identity: Any, maxsize: int | None) -> Cache:
+    """The cache of `fn` with these options (`identity`: `fn`'s key and the
+    options), made once."""
     with _caches_lock:
+        if type(fn) is types.FunctionType:
+            caches = _by_function.setdefault(fn, {})
+        else:
+            caches = _by_structure
         try:
-            cache = _caches.get(identity)
+            cache = caches.get(identity)
         except TypeError:  # an unhashable function: its own cache
             return Cache(maxsize)
         if cache is None:
-            cache = _caches[identity] = Cache(maxsize)
+            cache = caches[identity] = Cache(maxsize)
         return cache

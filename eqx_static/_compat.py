@@ -4,6 +4,8 @@ Each is checked on import, so that an unsupported release fails here, with the
 supported range, rather than somewhere deep in a call. `tests/test_compat.py`
 checks that each still means what the library relies on."""
 
+import dataclasses
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
@@ -24,8 +26,12 @@ try:
         _on_error_msg as on_error_message,
     )
 
-    # The wrapper attributes that Equinox's flatten keeps (`eqx.module_update_wrapper`).
+    # Equinox's flatten: a module whose instance dictionary holds more or fewer
+    # entries than it has fields (a field left unset by `__init__`, the wrapper
+    # attributes of `eqx.module_update_wrapper`) carries these attributes in its
+    # tree structure, `MISSING` for those absent; unflatten sets all of them.
     from equinox._module._flatten import (  # equinox 0.13.3
+        MISSING as EQX_MISSING,
         WRAPPER_FIELD_NAMES as WRAPPER_FIELD_NAMES,
     )
 
@@ -47,6 +53,11 @@ except ImportError as e:  # pragma: no cover
 
 module_eq: Final[Callable[..., Any]] = eqx.Module.__eq__
 
+# The ids in `currently_initialising`, as a dict the key's walk reads in C: a module
+# in it may still change, so its key is not memoised. (Equinox keeps a copied or
+# unpickled module there for good: test membership, not size.)
+initialising_ids: Final[dict[int, Any]] = currently_initialising._dict  # pyright: ignore[reportAttributeAccessIssue]
+
 
 def equinox_error_info() -> tuple[str, list] | None:
     """The message and trace-time stack the last failing `eqx.error_if` left."""
@@ -66,7 +77,19 @@ EQX_JIT_ID: Final = "__equinox_jit_id__"
 # executable compiled for an identical program, and the call that follows runs that.
 # (jax 0.8.1 - 0.10.2: `Lowered._lowering` is a `pxla.MeshComputation`.)
 
-from jax._src import core as _core  # noqa: E402  (grouped with its explanation)
+from jax._src import api as _api, core as _core  # noqa: E402  (grouped with its reason)
+
+
+# `jax.jit` itself. Under `EQX_ON_ERROR=breakpoint` Equinox replaces the name
+# `jax.jit` with a function (its workaround for JAX issue #16732) that inlines a
+# nested `jax.jit` and has no `.trace`; the miss path needs `.trace`, and stages a
+# nested call through the replacement, as `eqx.filter_jit` does.
+jax_jit: Final = _api.jit
+
+
+def jit_is_replaced() -> bool:
+    """Whether someone (Equinox's breakpoint mode) replaced `jax.jit`."""
+    return jax.jit is not jax_jit
 
 
 def lowering_of(lowered: Any) -> Any:
@@ -139,8 +162,52 @@ def nested_jaxprs(params: dict[str, Any]) -> Iterator[Any]:
 
 JaxRuntimeError: Final = jax.errors.JaxRuntimeError
 
+
+# ----------------------------------------------------------------------------------
+# CPython. A dataclass's `__eq__` compares its fields as tuples with `==`; the key
+# may compare them by type and value instead, but only if `__eq__` is that one and
+# not the user's. `dataclasses` marks nothing on the function it writes, so it is
+# recognised by its code: the same bytecode, names and constants as the `__eq__`
+# this interpreter writes for a dataclass with the same fields.
+
+
+_generated_eq: Final[weakref.WeakKeyDictionary[type, bool]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def generated_dataclass_eq(t: type) -> bool:
+    """Whether `t.__eq__` is the one `dataclasses` wrote for `t` (cached)."""
+    try:
+        return _generated_eq[t]
+    except KeyError:
+        found = _generated_eq[t] = _is_generated_eq(t)
+        return found
+    except TypeError:  # not weakly referenceable
+        return _is_generated_eq(t)
+
+
+def _is_generated_eq(t: type) -> bool:
+    params = getattr(t, "__dataclass_params__", None)
+    eq = vars(t).get("__eq__") if params is not None and params.eq else None
+    code = getattr(eq, "__code__", None)
+    if code is None:
+        return False
+    fields = [
+        (f.name, object, dataclasses.field(compare=f.compare))
+        for f in dataclasses.fields(t)
+    ]
+    ref = dataclasses.make_dataclass("_Probe", fields, eq=True).__eq__.__code__
+    return _code_parts(code) == _code_parts(ref)
+
+
+def _code_parts(code: Any) -> tuple:
+    return (code.co_code, code.co_names, code.co_consts, code.co_varnames)
+
+
 __all__ = [
     "EQX_JIT_ID",
+    "EQX_MISSING",
     "on_error_message",
     "SUPPORTED",
     "WRAPPER_FIELD_NAMES",
@@ -152,6 +219,10 @@ __all__ = [
     "currently_initialising",
     "equinox_error_info",
     "executable_of",
+    "generated_dataclass_eq",
+    "initialising_ids",
+    "jax_jit",
+    "jit_is_replaced",
     "lowering_of",
     "module_eq",
     "nested_jaxprs",

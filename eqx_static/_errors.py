@@ -5,6 +5,7 @@ reports it."""
 import functools
 import logging
 import re
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -101,7 +102,21 @@ def traced_field_error(
 _callback_logger: Final = logging.getLogger("jax._src.callback")
 
 
-def reporting_errors(jitted: Callable, eqx_id: bytes) -> Callable:
+class _Marker(threading.local):
+    """The marker of the call being traced in this thread (see `_miss.miss`),
+    None outside a miss: Equinox's message shows the stack inside the compiled
+    function up to the marker of the call that traced it, and for any other call
+    (a hit, or a key that reuses a program) the whole recorded stack, as
+    `eqx.filter_jit`, which marks each call anew, does."""
+
+    def __init__(self):
+        self.current: bytes | None = None
+
+
+marker: Final = _Marker()
+
+
+def reporting_errors(jitted: Callable) -> Callable:
     """`jitted`, called as `eqx.filter_jit` calls a program that may hold an
     `eqx.error_if`: synchronously, its failure raised as `EquinoxRuntimeError`."""
 
@@ -116,7 +131,7 @@ def reporting_errors(jitted: Callable, eqx_id: bytes) -> Callable:
             info = equinox_error_info()
             if info is None or "_EquinoxRuntimeError: " not in str(e):
                 raise
-            raise eqx.EquinoxRuntimeError(_message(info, eqx_id)) from None
+            raise eqx.EquinoxRuntimeError(_message(info, marker.current)) from None
         finally:
             _callback_logger.removeFilter(quiet)
         return out
@@ -132,7 +147,7 @@ def _wait_for(out: Any) -> None:
             return
 
 
-def _message(info: tuple[str, list], eqx_id: bytes) -> str:
+def _message(info: tuple[str, list], eqx_id: bytes | None) -> str:
     """Equinox's message: the error, and the stack inside the compiled function
     (the frames recorded when it was traced, up to this function's marker)."""
     msg, stack = info

@@ -1,43 +1,12 @@
 """Explaining compile keys in field terms: what differs between two keys, where a
-traced leaf came from, and the messages built from that."""
+traced leaf came from, and the messages built from that. Everything here reads a
+key through one walk (`_key.walk`)."""
 
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from ._key import children_of, hashable, LEAF, LEAVES, MODULE, plan, STATIC, value_of
-
-
-def find_unhashable(key: tuple) -> str | None:
-    """Names the first unhashable static value in `key`, for an error message."""
-    args, names, kw = key
-    for i, n in enumerate((*args, *kw)):
-        where = f"args[{i}]" if i < len(args) else names[i - len(args)]
-        found = _find_unhashable(n, where)
-        if found:
-            return found
-    return None
-
-
-def _find_unhashable(n: Any, path: str) -> str | None:
-    stack = [(n, path)]
-    while stack:
-        n, path = stack.pop()
-        if n is LEAF or n is None:
-            continue
-        if n[0] == MODULE:
-            p = plan(n[1])
-            for name, s in zip(p.static_names, n[2]):
-                if not hashable(s):
-                    kind = type(value_of(s)).__name__
-                    cls = n[1].__qualname__
-                    return f"the static field {name!r} of `{cls}` holding a {kind}"
-            stack += [(c, f"{path}.{k}") for k, c in zip(p.dynamic_names, n[3])]
-        elif n[0] == STATIC:
-            if not hashable(n[2]):
-                return f"{path}, a {n[1].__name__}"
-        elif n[0] != LEAVES:
-            stack += [(c, f"{path}[{i}]") for i, c in enumerate(n[2])]
-    return None
+from ._key import ArraysNode, Key, LEAF, ModuleNode, plan, StaticNode, walk
+from ._typed import is_hashable, value_of
 
 
 class Origin(NamedTuple):
@@ -48,128 +17,142 @@ class Origin(NamedTuple):
     field: str | None
 
 
-def leaf_origins(key: tuple, argnames: Sequence[str]) -> list[Origin]:
+def leaf_origins(key: Key, argnames: Sequence[str]) -> list[Origin]:
     """The origin of each traced leaf of `key`, in order."""
-    out: list[Origin] = []
-    args, names, kw = key
-    tops = [(n, argname(argnames, i)) for i, n in enumerate(args)]
-    tops += list(zip(kw, names))
-    for n, path in tops:
-        stack: list[tuple[Any, str, Any, Any]] = [(n, path, None, None)]
-        while stack:
-            n, path, cls, field = stack.pop()
-            if n is LEAF:
-                out.append(Origin(path, cls, field))
-            elif n is None or n[0] == STATIC:
-                continue
-            elif n[0] == MODULE:
-                items = zip(plan(n[1]).dynamic_names, n[3])
-                stack += reversed([(c, f"{path}.{k}", n[1], k) for k, c in items])
-            else:
-                kids = enumerate(children_of(n))
-                stack += reversed([(c, f"{path}[{i}]", cls, field) for i, c in kids])
-    return out
-
-
-def argname(argnames: Sequence[str], i: int) -> str:
-    return argnames[i] if i < len(argnames) else f"args[{i}]"
-
-
-def diff(old: tuple, new: tuple, argnames: Sequence[str]) -> list[str]:
-    """What differs from `old` to `new`, one phrase per difference, in field terms."""
-    out: list[str] = []
-    (oa, on, ok), (na, nn, nk) = old, new
-    if len(oa) != len(na) or on != nn:
-        return [
-            f"call signature changed: {len(oa)} -> {len(na)} positional, "
-            f"keywords {list(on)} -> {list(nn)}"
-        ]
-    is_self = bool(argnames) and argnames[0] == "self"
-    for i, (a, b) in enumerate(zip(oa, na)):
-        _diff(a, b, argname(argnames, i), i == 0 and is_self, out)
-    for k, a, b in zip(nn, ok, nk):
-        _diff(a, b, k, False, out)
-    return out
-
-
-def _diff(a: Any, b: Any, path: str, is_self: bool, out: list) -> None:
-    stack = [(a, b, path, is_self)]
-    while stack:
-        a, b, path, is_self = stack.pop(0)
-        if a == b:
-            continue
-        if _tag(a) != _tag(b):
-            what = _what(path, is_self)
-            out.append(f"{what} changed kind: {_kind(a)} -> {_kind(b)}")
-        elif _tag(a) == MODULE:
-            stack[:0] = _diff_module(a, b, path, is_self, out)
-        elif _tag(a) == STATIC:
-            out.append(f"{_what(path, is_self)} changed {_show(a)} -> {_show(b)}")
-        elif len(children_of(a)) != len(children_of(b)) or a[:2] != b[:2]:
-            out.append(f"{_what(path, is_self)} structure changed")
-        else:
-            pairs = zip(children_of(a), children_of(b))
-            stack[:0] = [
-                (x, y, f"{path}[{i}]", False) for i, (x, y) in enumerate(pairs)
-            ]
-
-
-def _diff_module(a: tuple, b: tuple, path: str, is_self: bool, out: list) -> list:
-    if a[1] is not b[1]:
-        who = "class" if is_self else f"{_what(path, is_self)} class"
-        out.append(f"{who} {a[1].__qualname__} -> {b[1].__qualname__}")
-        return []
-    p = plan(a[1])
-    for name, x, y, tx, ty in zip(p.static_names, a[2], b[2], a[5], b[5]):
-        if tx is not ty or x != y:
-            out.append(
-                f"static field {_field(path, name, is_self)!r} changed "
-                f"{value_of(x)!r} -> {value_of(y)!r}"
-            )
-    if a[4] != b[4]:
-        out.append(f"{_what(path, is_self)} extra attributes changed")
     return [
-        (x, y, _field(path, name, is_self), False)
-        for name, x, y in zip(p.dynamic_names, a[3], b[3])
+        Origin(v.path, v.cls, v.field) for v in walk(key, argnames) if v.node is LEAF
     ]
 
 
-def _field(path: str, name: str, is_self: bool) -> str:
-    return name if is_self else f"{path}.{name}"
+def find_unhashable(key: Key) -> str | None:
+    """The first unhashable static value of `key` (an argument's leaf: a module's
+    static values key by `==`), named for an error message."""
+    for v in walk(key, ()):
+        if type(v.node) is StaticNode and not is_hashable(value_of(v.node.value)):
+            return f"{v.path}, a {v.node.type.__name__}"
+    return None
 
 
-def _what(path: str, is_self: bool) -> str:
-    if is_self:
-        return "self"
-    if "." not in path and "[" not in path:
-        return f"argument {path}"
-    return f"field {path!r}"
+# ----------------------------------------------------------------------------------
+# What differs between two keys.
 
 
-def _tag(n: Any) -> Any:
-    return n if n is LEAF or n is None else n[0]
+def diff(old: Key, new: Key, argnames: Sequence[str]) -> list[str]:
+    """What differs from `old` to `new`, one phrase per difference, in field terms:
+    a node whose kind, class or structure differs is reported, and nothing below
+    it; a module's static fields are reported one by one."""
+    if len(old.args) != len(new.args) or old.names != new.names:
+        return [
+            f"call signature changed: {len(old.args)} -> {len(new.args)} positional, "
+            f"keywords {list(old.names)} -> {list(new.names)}"
+        ]
+    method = bool(argnames) and argnames[0] == "self"
+    before = {v.path: v.node for v in walk(old, argnames)}
+    out: list[str] = []
+    stopped: set[str] = set()  # nothing below these paths is compared
+    for v in walk(new, argnames):
+        if v.parent in stopped:
+            stopped.add(v.path)
+            continue
+        a, b = before[v.path], v.node
+        if a == b or _compare(a, b, Where(v.path, method), out):
+            stopped.add(v.path)
+    return out
+
+
+class Where(NamedTuple):
+    """How to name a path: relative to `self` in a method."""
+
+    path: str
+    method: bool
+
+    @property
+    def is_self(self) -> bool:
+        return self.method and self.path == "self"
+
+    @property
+    def field(self) -> str:
+        if self.method and self.path.startswith("self."):
+            return self.path.removeprefix("self.")
+        return self.path
+
+    def static(self, name: str) -> str:
+        return name if self.is_self else f"{self.field}.{name}"
+
+    @property
+    def what(self) -> str:
+        if self.is_self:
+            return "self"
+        if "." not in self.path and "[" not in self.path:
+            return f"argument {self.path}"
+        return f"field {self.field!r}"
+
+
+def _compare(a: Any, b: Any, where: Where, out: list[str]) -> bool:
+    """Append what differs between the nodes `a` and `b` themselves (not their
+    children); return whether their children are not to be compared."""
+    ka, kb = _kind(a), _kind(b)
+    if ka != kb:
+        out.append(f"{where.what} changed kind: {ka} -> {kb}")
+        return True
+    if type(a) is ModuleNode:
+        if a.cls is not b.cls:
+            who = "class" if where.is_self else f"{where.what} class"
+            out.append(f"{who} {a.cls.__qualname__} -> {b.cls.__qualname__}")
+            return True
+        _compare_statics(a, b, where, out)
+        if a.wrapper != b.wrapper:
+            out.append(f"{where.what} extra attributes changed")
+        return False
+    if type(a) is StaticNode:
+        out.append(f"{where.what} changed {_show(a.value)} -> {_show(b.value)}")
+        return True
+    if a is LEAF or a is None:
+        return True
+    if a[:2] != b[:2] or _length(a) != _length(b):  # type, keys or treedef; length
+        out.append(f"{where.what} structure changed")
+        return True
+    return False
+
+
+def _length(n: Any) -> int:
+    return n.n if type(n) is ArraysNode else len(n.children)
+
+
+def _compare_statics(a: ModuleNode, b: ModuleNode, where: Where, out: list) -> None:
+    names = plan(a.cls).static_names
+    for name, x, y, tx, ty in zip(
+        names, a.statics, b.statics, a.static_types, b.static_types
+    ):
+        if tx is not ty or x != y:
+            out.append(
+                f"static field {where.static(name)!r} changed {_show(x)} -> {_show(y)}"
+            )
 
 
 def _kind(n: Any) -> str:
-    tag = _tag(n)
-    if tag == LEAVES:
-        return "sequence"
-    return {LEAF: "traced", None: "None", MODULE: "module", STATIC: "static"}.get(
-        tag, "sequence" if tag == 1 else "pytree"
-    )
+    if n is LEAF:
+        return "traced"
+    if n is None:
+        return "None"
+    name: str = n[0].name
+    return "sequence" if name == "arrays" else name
 
 
-def _show(n: tuple) -> str:
-    return repr(value_of(n[2]))
+def _show(s: Any) -> str:
+    return repr(value_of(s))
+
+
+# ----------------------------------------------------------------------------------
+# Changes of a traced leaf's aval or sharding.
 
 
 def describe_leaf(o: Origin, a: tuple, b: tuple) -> str:
     """A change of one traced leaf's aval or sharding, in field terms."""
-    where = (
-        f"field {o.path.split('.', 1)[1]!r}"
-        if o.field and o.path.startswith("self.")
-        else (f"field {o.path!r}" if o.field else f"argument {o.path}")
-    )
+    if o.field and o.path.startswith("self."):
+        where = f"field {o.path.removeprefix('self.')!r}"
+    else:
+        where = f"field {o.path!r}" if o.field else f"argument {o.path}"
     for name, i in (("shape", 0), ("dtype", 1), ("weak type", 2)):
         if a[i] != b[i]:
             return f"{where} {name} {a[i]} -> {b[i]}"
@@ -186,8 +169,8 @@ def _show_sharding(s: Any) -> str:
 
 
 def explain(
-    known: Sequence[tuple[tuple, tuple]],
-    key: tuple,
+    known: Sequence[tuple[Key, tuple]],
+    key: Key,
     sig: tuple,
     argnames: Sequence[str],
 ) -> str:
@@ -203,7 +186,7 @@ def explain(
 
 
 def _differences(
-    key: tuple, sig: tuple, new_key: tuple, new_sig: tuple, argnames: Sequence[str]
+    key: Key, sig: tuple, new_key: Key, new_sig: tuple, argnames: Sequence[str]
 ) -> list[str]:
     phrases = diff(key, new_key, argnames)
     if phrases or sig == new_sig:

@@ -23,12 +23,12 @@ class FieldInfo(typing.NamedTuple):
     static: frozenset[str]
     dynamic: frozenset[str]
     converters: Mapping[str, Callable[[Any], Any]]
+    defaults: Mapping[str, Any]  # the plain defaults (not factories), by field
     check_inits: tuple[Callable[[Any], None], ...]
     array_annotations: Mapping[str, Any]
     annotations: Mapping[str, Any]
     get_static: Callable[[dict], tuple]  # instance dict -> static values, in order
     get_dynamic: Callable[[dict], tuple]  # instance dict -> dynamic values, in order
-    all_leaves: tuple  # the key of the dynamic fields when each holds an array
     stores_arrays: bool  # an `es.Module`: Python numbers in dynamic fields -> arrays
 
 
@@ -48,15 +48,15 @@ def drop_cached(d: dict[str, Any], info: "FieldInfo") -> None:
                 del d[k]
 
 
-_infos: Final[weakref.WeakKeyDictionary[type, FieldInfo]] = weakref.WeakKeyDictionary()
+infos: Final[weakref.WeakKeyDictionary[type, FieldInfo]] = weakref.WeakKeyDictionary()
 
 
 def field_info(cls: type) -> FieldInfo:
     """The cached `FieldInfo` of the `eqx.Module` subclass `cls`."""
     try:
-        return _infos[cls]
+        return infos[cls]
     except KeyError:
-        info = _infos[cls] = _make_info(cls)
+        info = infos[cls] = _make_info(cls)
         return info
 
 
@@ -68,6 +68,9 @@ def _make_info(cls: type) -> FieldInfo:
         f.name: f.metadata["converter"]
         for f in fields
         if f.metadata.get("converter") is not None
+    }
+    defaults = {
+        f.name: f.default for f in fields if f.default is not dataclasses.MISSING
     }
     check_inits = tuple(
         k.__dict__["__check_init__"]
@@ -89,12 +92,12 @@ def _make_info(cls: type) -> FieldInfo:
         static=frozenset(static),
         dynamic=frozenset(dynamic),
         converters=converters,
+        defaults=defaults,
         check_inits=check_inits,
         array_annotations=arrays,
         annotations=annotations,
         get_static=getter(static),
         get_dynamic=getter(dynamic),
-        all_leaves=("·",) * len(dynamic),  # `_key.LEAF` each
         stores_arrays=is_es_module_class(cls),
     )
 

@@ -19,11 +19,21 @@ from ._aot import lower, Lowered
 from ._bound import BoundJit, special_method
 from ._budget import RecompileError
 from ._cache import Cache, CacheInfo, CompileInfo, Entry, shared_cache
-from ._compat import cache_size
+from ._compat import cache_size, jax_jit
 from ._errors import reporting_errors, TracedFieldError
 from ._explain import find_unhashable, leaf_origins
 from ._fields import is_es_module_class
-from ._key import array_types, key_and_leaves, LEAF, node, top_node
+from ._key import (
+    argname,
+    array_types,
+    CyclicValue,
+    deep,
+    Key,
+    key_and_leaves,
+    LEAF,
+    node,
+    top_node,
+)
 from ._miss import layout_miss, miss, quiet_donation, Refused, traced_function
 from ._outputs import combine
 
@@ -132,7 +142,8 @@ class _Jit(Generic[_P, _R]):
         self._fn_node = node(fn, fn_leaves)
         self._fn_leaves = tuple(fn_leaves)
         self._options = (donate, maxsize, max_compiles, warn_after)
-        self.cache: Cache = shared_cache((self._fn_node, self._options), maxsize)
+        identity = (self._fn_node, self._options)
+        self.cache: Cache = shared_cache(fn, identity, maxsize)
         self._owner: type | None = None
         self._name: str | None = None
         self.method, self._call = self._make_call()
@@ -222,8 +233,9 @@ class _Jit(Generic[_P, _R]):
                         nodes.append(node(a, leaves))
             except RecursionError:  # deeply nested: the general path copes
                 return call((obj, *args), kwargs)
+            key = tuple.__new__(Key, (tuple(nodes), (), ()))
             try:
-                return dispatch((tuple(nodes), (), ()), leaves, (obj, *args), kwargs)
+                return dispatch(key, leaves, (obj, *args), kwargs)
             except eqx.EquinoxRuntimeError as e:
                 e.__traceback__ = None  # as `eqx.filter_jit`: the user's frames only
                 raise
@@ -232,15 +244,20 @@ class _Jit(Generic[_P, _R]):
             __tracebackhide__ = True
             if kwargs or len(args) != n:
                 args, kwargs = signature.bind(args, kwargs)
-            key, leaves = key_and_leaves(args, kwargs, fn_leaves)
+            try:
+                key, leaves = key_and_leaves(args, kwargs, fn_leaves)
+            except CyclicValue as e:
+                raise _cyclic_error(self.qualname, self._argnames, e) from None
             return dispatch(key, leaves, args, kwargs)
 
-        def dispatch(key: tuple, leaves: list, args: tuple, kwargs: dict) -> Any:
+        def dispatch(key: Key, leaves: list, args: tuple, kwargs: dict) -> Any:
             __tracebackhide__ = True
             try:
                 entry = entries.get(key)
             except TypeError:  # an unhashable static value: say which
                 raise TypeError(_unhashable_message(self.qualname, key)) from None
+            except RecursionError:  # keys nested deeper than the limit compare
+                entry = deep(entries.get, key)
             if entry is None or entry.busy:
                 return miss(self, key, leaves, args, kwargs)
             try:
@@ -273,7 +290,7 @@ class _Jit(Generic[_P, _R]):
         donated = _donated(self, key, leaves)
 
         def make(entry: Entry) -> Any:
-            return jax.jit(traced_function(self, entry), donate_argnums=donated)
+            return jax_jit(traced_function(self, entry), donate_argnums=donated)
 
         return make
 
@@ -283,7 +300,7 @@ class _Jit(Generic[_P, _R]):
         JAX's unusable-donation warning if `donate` says so."""
         call = entry.jitted
         if any(p.has_callbacks for p in entry.programs.values()):
-            call = reporting_errors(call, self.cache.eqx_id)
+            call = reporting_errors(call)
         if self.quiet_donation:
             call = _quietly(call, self)
         return call
@@ -299,7 +316,7 @@ class _Jit(Generic[_P, _R]):
             return f"{type(args[0]).__qualname__}.{short}"
         return self.qualname
 
-    def leaves_of(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, list]:
+    def leaves_of(self, args: tuple, kwargs: dict[str, Any]) -> tuple[Key, list]:
         """The key and traced leaves of a call, as the hot path computes them."""
         args, kwargs = self._signature.bind(args, kwargs)
         return key_and_leaves(args, kwargs, self._fn_leaves)
@@ -346,13 +363,13 @@ def _remake(fn: Any, *options: Any) -> "_Jit":
     return _Jit(fn, *options)
 
 
-def _donated(self: Any, key: tuple, leaves: list) -> tuple[int, ...]:
+def _donated(self: Any, key: Key, leaves: list) -> tuple[int, ...]:
     """The positions of the leaves whose buffers `donate` gives to XLA."""
     if self._donate == "none":
         return ()
     skip = 0
-    if self._donate.endswith("except-first") and key[0]:
-        skip = len(self._fn_leaves) + _count_leaves(key[0][0])
+    if self._donate.endswith("except-first") and key.args:
+        skip = len(self._fn_leaves) + _count_leaves(key.args[0])
     return tuple(
         i
         for i, x in enumerate(leaves)
@@ -361,7 +378,7 @@ def _donated(self: Any, key: tuple, leaves: list) -> tuple[int, ...]:
 
 
 def _count_leaves(n: Any) -> int:
-    return len(leaf_origins(((n,), (), ()), ()))
+    return len(leaf_origins(Key((n,), (), ()), ()))
 
 
 def _check_options(
@@ -384,6 +401,24 @@ def _check_options(
             )
 
 
+def _cyclic_error(name: str, argnames: tuple, e: CyclicValue) -> ValueError:
+    """Name the argument of a call that contains itself (`e.path` starts at
+    `[0][i]` for the i-th positional argument, `[1]['k']` for a keyword)."""
+    head, _, rest = e.path[1:].partition("]")
+    if head == "0":
+        index, _, rest = rest[1:].partition("]")
+        where = argname(argnames, int(index)) + rest
+    else:
+        key, _, rest = rest[1:].partition("]")
+        where = key.strip("'") + rest
+    return ValueError(
+        f"`{name}` got an argument that contains itself: {where} is the argument "
+        "again. `es.jit` keys a call by the structure of its arguments, as "
+        "`eqx.filter_jit` does, so that structure must be finite: break the cycle "
+        "before the call."
+    )
+
+
 _COUNTS: Final = {
     "maxsize": "compiled entries",
     "max_compiles": "XLA compiles",
@@ -391,7 +426,7 @@ _COUNTS: Final = {
 }
 
 
-def _unhashable_message(name: str, key: tuple) -> str:
+def _unhashable_message(name: str, key: Key) -> str:
     culprit = find_unhashable(key) or "a static value"
     return (
         f"`{name}` got {culprit}, which is not hashable. Static field values and "

@@ -18,6 +18,7 @@ counted here: no listener is needed.
 
 import contextlib
 import logging
+import os
 import threading
 import time
 import warnings
@@ -33,11 +34,12 @@ from ._cache import Cache, Entry
 from ._compat import (
     cache_size,
     executable_of,
+    jit_is_replaced,
     lowering_of,
     set_executable,
     trace_state_clean,
 )
-from ._errors import LEAVES_NAME, traced_field_error, TracedFieldError
+from ._errors import LEAVES_NAME, marker, traced_field_error, TracedFieldError
 from ._explain import explain
 from ._key import build, build_call, deep
 from ._outputs import combine, split
@@ -144,10 +146,18 @@ def miss(wrapper: Any, key: Any, leaves: list, args: tuple, kwargs: dict) -> Any
     """Call `wrapper` for a key it has no program for (at these inputs' shapes),
     or whose entry another thread is compiling."""
     __tracebackhide__ = True
-    # `eqx.error_if` records the frames of its trace up to this marker (the name
-    # is Equinox's), and its message shows them: one marker per cache, so that
-    # programs traced for different keys compare equal.
-    __equinox_jit_id__ = wrapper.cache.eqx_id  # noqa: F841
+    # `eqx.error_if` records the frames of its trace, with this marker in this
+    # frame (the name is Equinox's); its message, if this call fails, shows the
+    # frames up to it. A new marker per call, as `eqx.filter_jit` makes one.
+    __equinox_jit_id__ = os.urandom(16)
+    previous, marker.current = marker.current, __equinox_jit_id__
+    try:
+        return _miss(wrapper, key, leaves, args, kwargs)
+    finally:
+        marker.current = previous
+
+
+def _miss(wrapper: Any, key: Any, leaves: list, args: tuple, kwargs: dict) -> Any:
     cache = wrapper.cache
     if jax.config.jax_disable_jit:  # pyright: ignore[reportAttributeAccessIssue]
         # eager, as `eqx.filter_jit` is: no entry
@@ -173,7 +183,10 @@ def _staged(wrapper: Any, entry: Entry, leaves: list, args: tuple) -> Any:
     compiles it without the miss path: `layout_miss` books that compile.)"""
     with _Booked(wrapper.cache, entry) as allow:
         try:
-            out = entry.jitted(*leaves)
+            if jit_is_replaced():  # Equinox's breakpoint mode: through its `jax.jit`
+                out = jax.jit(traced_function(wrapper, entry))(*leaves)
+            else:
+                out = entry.jitted(*leaves)
         finally:
             if allow.traced:
                 _log(wrapper, entry, leaves, args, "traced under a transformation")

@@ -16,7 +16,7 @@ from ._edit import _lazy as edited, materialise
 from ._fields import field_info, instance_dict, unknown_field_error
 from ._typecheck import check_fields, set_option, Typechecker
 from ._update import with_dynamic as _with_dynamic, with_static as _with_static
-from ._validate import as_data, check_hashable
+from ._validate import as_data, check_hashable, default_dtype
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -39,7 +39,8 @@ class _PartialMethod:
 
 
 class _Number:
-    """Shows a 0-d weakly typed concrete array (a stored Python number) as a number."""
+    """Shows a 0-d concrete array of JAX's default dtype for its kind (a stored
+    Python number, or one that looks exactly like it) as the number."""
 
     __slots__ = ("value",)
 
@@ -55,10 +56,14 @@ class _Number:
             isinstance(x, jax.Array)
             and not isinstance(x, Tracer)
             and x.ndim == 0
-            and x.weak_type
+            and x.dtype in _number_dtypes()
         ):
             return _Number(x.item())
         return x
+
+
+def _number_dtypes() -> tuple:  # read each time: x64 may change
+    return tuple(default_dtype(t) for t in (bool, int, float, complex))
 
 
 class Module(eqx.Module):
@@ -69,12 +74,15 @@ class Module(eqx.Module):
     other field is dynamic: data. A Python `bool`/`int`/`float`/`complex` that lands
     in a dynamic field (in `__init__`, as a default, through a converter or an
     update), also inside plain tuples, lists and dicts, is stored as a 0-d JAX
-    array with the dtype `jax.jit` would give it. So eager code sees what compiled
-    code sees, and [`eqx_static.jit`][] (like `eqx.filter_jit`) traces it: changing
-    it never recompiles. The consequence to know: a dynamic field is data, so
-    `eqx.filter_grad` differentiates it and optax updates it. To keep a number
-    fixed in training, use `jax.lax.stop_gradient` or a filter, or declare it
-    static (one compile per value).
+    array of JAX's default dtype for its kind (`float32`, `int32`, `bool`,
+    `complex64`), strongly typed, as an optimiser step or deserialisation gives it
+    back. So eager code sees what compiled code sees, and [`eqx_static.jit`][]
+    (like `eqx.filter_jit`) traces it: changing it never recompiles. A default that
+    a custom `__init__` leaves unset is set, as a dataclass's `__init__` would. The
+    consequence to know: a dynamic field is data, so `eqx.filter_grad`
+    differentiates it and optax updates it. To keep a number fixed in training,
+    keep it out of the optimiser (a filter spec, or `optax.multi_transform` with
+    `optax.set_to_zero()`), or declare it static (one compile per value).
 
     Everything Equinox offers keeps working: custom `__init__`, `__check_init__`,
     converters, abstract fields, `eqx.tree_at`, serialisation, `eqx.filter_*` and
@@ -107,7 +115,7 @@ class Module(eqx.Module):
                 return self.scale * (x**2 if self.square else x)
 
         s = Scaler(scale=2.0, square=False)
-        assert isinstance(s.scale, jax.Array) and s.scale.weak_type
+        assert isinstance(s.scale, jax.Array) and s.scale.dtype == jnp.float32
         print(s)                                  # Scaler(scale=2.0, square=False)
         assert s(jnp.array(3.0)) == 6.0
         assert s.with_static(square=True)(jnp.array(3.0)) == 18.0
@@ -155,9 +163,14 @@ class Module(eqx.Module):
     def __check_init__(self) -> None:
         # At construction only: updates check the fields they change themselves.
         # Runs last among the `__check_init__`s; `__setattr__` has stored numbers as
-        # arrays already, and this catches what a converter returned.
+        # arrays already, and this catches what a converter returned. A field that
+        # a custom `__init__` left unset gets its default, as a dataclass's own
+        # `__init__` would set it (a number stored as an array, like any other).
         info = field_info(type(self))
         d = instance_dict(self)
+        for name, default in info.defaults.items():
+            if name not in d:
+                d[name] = default
         for name in info.static_names:
             if name in d:
                 check_hashable(info.cls, name, d[name])

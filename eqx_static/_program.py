@@ -25,7 +25,8 @@ from typing import Any, Final, NamedTuple
 
 from ._compat import lowering_of, nested_jaxprs, open_jaxpr, program_options
 from ._fields import is_module_type
-from ._key import ARRAY_TYPES, typed
+from ._key import ARRAY_TYPES
+from ._typed import typed
 
 
 class Fingerprint(NamedTuple):

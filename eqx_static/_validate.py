@@ -10,16 +10,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._fields import FieldInfo
-from ._key import deep
+from ._key import CyclicValue, deep
 from ._typecheck import check_fields
+from ._typed import is_hashable
 
 
 def check_hashable(cls: type, name: str, value: object) -> None:
-    """Raise `TypeError` if the static field `name` of `cls` holds an unhashable value."""
-    try:
-        hash(value)
-    except TypeError:
-        raise TypeError(_unhashable_message(cls, name, value)) from None
+    """Raise `TypeError` if the static field `name` of `cls` holds an unhashable
+    value. (The hash is the compile key's, kept for the key: hashed once.)"""
+    if not deep(is_hashable, value):
+        raise TypeError(_unhashable_message(cls, name, value))
 
 
 def _unhashable_message(cls: type, name: str, value: object) -> str:
@@ -45,30 +45,55 @@ def _unhashable_message(cls: type, name: str, value: object) -> str:
 
 
 _NUMBERS: Final = frozenset({bool, int, float, complex})
+
+
+def default_dtype(t: type) -> Any:
+    """JAX's default dtype for a Python number type (its 64-bit one under x64)."""
+    return jax.dtypes.canonicalize_dtype(_WIDE[t])
+
+
+_WIDE: Final = {
+    bool: np.bool_,
+    int: np.int64,
+    float: np.float64,
+    complex: np.complex128,
+}
 _CONTAINERS: Final = frozenset({tuple, list, dict})
 
 
 def as_data(cls: type, name: str, value: Any) -> Any:
     """`value` for the dynamic field `name` of an `es.Module` class: Python numbers,
-    at any depth of plain tuples, lists and dicts, become 0-d JAX arrays with the
-    dtype and weak type `jax.jit` gives them (DESIGN §2.0). Anything else, modules
-    included, is returned as is; so is a container in which nothing changed."""
+    at any depth of plain tuples, lists and dicts, become 0-d JAX arrays of JAX's
+    default dtype for their kind (`float32`, `int32`, `bool`, `complex64`; 64-bit
+    under `jax_enable_x64`), strongly typed, as an optimiser's update or a
+    deserialised leaf is. Anything else, modules included, is returned as is; so
+    is a container in which nothing changed."""
     if type(value) not in _CONTAINERS:
         return _as_data(cls, name, value)
-    return deep(_as_data, cls, name, value)
+    try:
+        return deep(_as_data, cls, name, value)
+    except CyclicValue as e:
+        where = name + e.path.removeprefix("[2]")
+        raise ValueError(
+            f"Field {name!r} of `{cls.__qualname__}` got a value that contains "
+            f"itself: {where} is the value again. A module's fields are a tree; "
+            "break the cycle before storing it."
+        ) from None
 
 
 def _as_data(cls: type, name: str, value: Any) -> Any:
     t = type(value)
     if t in _NUMBERS:
+        dtype = default_dtype(t)
         try:
-            return jnp.asarray(value)
-        except OverflowError as e:
+            return jnp.asarray(value, dtype=dtype)
+        except OverflowError:
             raise OverflowError(
                 f"Field {name!r} of `{cls.__qualname__}` got the Python int {value}, "
-                f"which does not fit in a JAX integer ({e}). Dynamic fields store "
-                "numbers as arrays: pass a float, enable `jax_enable_x64`, or "
-                f"declare {name!r} static with `eqx.field(static=True)`."
+                f"which does not fit in {dtype}, JAX's default integer. Dynamic "
+                "fields store numbers as arrays: pass a float, enable "
+                f"`jax_enable_x64`, or declare {name!r} static with "
+                "`eqx.field(static=True)`."
             ) from None
     if t not in _CONTAINERS:
         return value

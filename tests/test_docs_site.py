@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import jax
 import pytest
 
 
@@ -103,7 +104,9 @@ def _run_page(page: str) -> dict[int, BaseException | None]:
     results: dict[int, BaseException | None] = {}
     namespace: dict[str, Any] = {"__name__": "__docs__"}
     failed: BaseException | None = None
-    with _restored_logging():
+    # JAX's default promotion, as a reader's session has it (optax mixes a Python
+    # float with an int32 count, which the suite's strict setting refuses).
+    with _restored_logging(), jax.numpy_dtype_promotion("standard"):
         for block in (b for b in _ALL if b.page == page):
             if _skip_reason(block) is not None:
                 continue

@@ -416,9 +416,9 @@ def test_edit_never_shares_a_mutable_object_with_the_original():
     assert jax.tree.all(jax.tree.map(lambda a, b: a is b, h, before))
     assert [float(v) for v in h2.pair[0]] == [99.0, 2.0]
     assert float(h2.pair[1][1][0]) == 77.0 and len(h2.table["a"]) == 2
-    # Numbers put in place are stored as arrays, as assigned ones are (DESIGN §2.0).
+    # Numbers put in place are stored as arrays, as assigned ones are.
     for v in (h2.pair[0][0], h2.pair[1][1][0], h2.table["a"][1]):
-        assert isinstance(v, jax.Array) and v.weak_type
+        assert isinstance(v, jax.Array) and v.dtype == jnp.float32
 
 
 def test_edit_shares_a_tuple_that_holds_nothing_mutable():
@@ -590,18 +590,24 @@ def test_entering_twice_says_so():
     assert str(info.value) == "An `es.edit` context cannot be entered twice."
 
 
-def test_a_field_left_unset_by_init_stays_unset():
-    class M(es.Module):
+@pytest.mark.parametrize("base", [es.Module, eqx.Module])
+def test_a_field_left_unset_by_init_is_edited_as_it_was_made(base):
+    """An `es.Module` sets a default that its `__init__` left unset, as a
+    dataclass's `__init__` would; a plain `eqx.Module` leaves it unset, and an
+    edit keeps it so."""
+
+    class M(base):
         w: Any
         b: Any = None
 
         def __init__(self, w):
             self.w = w  # `b` is left unset
 
-    m = M(1.0)
+    m = M(jnp.float32(1.0))
     with es.edit(m) as m2:
-        m2.w = 2.0
-    assert float(m2.w) == 2.0 and "b" not in vars(m2) and m2.b is None
+        m2.w = jnp.float32(2.0)
+    assert float(m2.w) == 2.0 and m2.b is None
+    assert ("b" in vars(m2)) == (base is es.Module) == ("b" in vars(m))
 
 
 def test_an_edit_of_a_stacked_module_takes_stacked_values():

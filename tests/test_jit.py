@@ -285,14 +285,15 @@ def test_weak_type_of_a_field_is_part_of_the_key():
             traces[0] += 1
             return self.w * 2
 
-    py, arr = W(2.0), W(jnp.array(2.0, jnp.float32))
-    assert jax.typeof(py()).weak_type
-    assert jax.typeof(py()).weak_type  # the memoised key puts 2.0 on the device
-    assert not jax.typeof(arr()).weak_type
-    assert jax.typeof(W(5.0)()).weak_type
+    # `jnp.asarray(2.0)` is weakly typed; a Python 2.0 is stored strongly typed.
+    weak, strong = W(jnp.asarray(2.0)), W(jnp.array(2.0, jnp.float32))
+    assert jax.typeof(weak()).weak_type
+    assert jax.typeof(weak()).weak_type
+    assert not jax.typeof(strong()).weak_type
+    assert not jax.typeof(W(5.0)()).weak_type  # a stored number: strong
     assert traces[0] == 2
     assert W.__call__.cache_info().misses == 2
-    assert float(W(5.0)()) == 10.0 and float(arr()) == 4.0
+    assert float(W(5.0)()) == 10.0 and float(strong()) == 4.0
 
 
 def test_sharding_is_part_of_the_key(tmp_path):
@@ -652,8 +653,8 @@ def test_explanation_field_dtype_and_weak_type(explanations):
         def __call__(self):
             return self.w * 2
 
-    W(2.0)()
-    W(jnp.array(2.0, jnp.float32))()  # `jnp.array(2.0)` alone is weakly typed
+    W(jnp.asarray(2.0))()  # weakly typed
+    W(2.0)()  # a stored number: float32, strongly typed
     W(jnp.array(2.0, jnp.float16))()
     lines = explanations()
     assert len(lines) == 2
@@ -901,9 +902,9 @@ def test_mutable_container_in_a_field_is_read_on_every_call():
 
     m, x = M([1.0, 2.0]), jnp.array(1.0)  # stored as a list of 0-d arrays
     assert float(m(x)) == 3.0 and float(m(x)) == 3.0
-    m.ws[0] = jnp.asarray(10.0)  # same structure and avals: a hit, new value seen
+    m.ws[0] = jnp.float32(10.0)  # same structure and avals: a hit, new value seen
     assert float(m(x)) == 12.0
-    m.ws.append(jnp.asarray(5.0))  # new structure: a miss
+    m.ws.append(jnp.float32(5.0))  # new structure: a miss
     assert float(m(x)) == 17.0
     assert M.__call__.cache_info().misses == 2
     m.ws[0] = 1.0  # a Python float, put in place by hand: static, as in filter_jit
@@ -1137,19 +1138,33 @@ def test_not_a_function_raises():
 
 
 def test_unhashable_static_value_in_a_plain_equinox_module():
+    """A plain `eqx.Module` may hold a list in a static field (lineax operators
+    do): it keys by `==`, as Equinox's tree structure compares it, and as under
+    `eqx.filter_jit`. (An `es.Module` refuses it at construction.)"""
+
     class P(eqx.Module):
         w: float
         xs: list = eqx.field(static=True)
 
-    @es.jit
-    def f(m, x):
+    traces = [0]
+
+    def body(m, x):
+        traces[0] += 1
         return x * m.w * len(m.xs)
 
-    p = P(2.0, [1, 2])
-    for _ in range(2):  # also once the module's key is memoised
-        with pytest.raises(TypeError, match="not hashable") as info:
-            f(p, jnp.ones(2))
-        assert "tuple" in str(info.value)
+    f, g = es.jit(body), eqx.filter_jit(body)
+    x = jnp.ones(2)
+    for xs in ([1, 2], [1, 2], [1.0, 2.0], [1, 2, 3]):
+        p = P(2.0, xs)
+        np.testing.assert_array_equal(f(p, x), g(p, x))
+        np.testing.assert_array_equal(f(p, x), body(p, x))
+    # `[1, 2] == [1.0, 2.0]`: one key, as in filter_jit; `[1, 2, 3]` is another.
+    assert f.cache_info() == es.CacheInfo(6, 2, None, 2)
+    # The key holds the list itself, as JAX's tree structure does: changed in
+    # place, it still equals itself, so the cached program runs, as under
+    # `eqx.filter_jit`. Frozen means frozen (README, "Guarantees").
+    p.xs.append(4)
+    np.testing.assert_array_equal(f(p, x), g(p, x))
 
 
 # --- modules inside containers; None fields ----------------------------------------
@@ -1240,9 +1255,10 @@ def test_traced_self_keeps_the_field_order_and_ignores_cached_properties():
 
         @es.jit
         def order(self, y):
-            assert list(vars(self)) == ["x", "flag"]
+            seen.append(list(vars(self)))
             return y
 
+    seen: list = []
     a = C(jnp.ones(2), True)
     a.mask  # noqa: B018  (computed eagerly: must not enter the key)
     a.order(jnp.ones(()))
@@ -1250,6 +1266,12 @@ def test_traced_self_keeps_the_field_order_and_ignores_cached_properties():
     b.mask  # noqa: B018
     b.order(jnp.ones(()))
     assert C.order.cache_info().misses == 1
+    # The traced `self` is what Equinox's unflatten makes: dynamic fields, then
+    # the wrapper attributes (set, as the cached value made the dictionary longer
+    # than the fields), then static fields; no cached value.
+    rebuilt = jax.tree_util.tree_unflatten(*reversed(jax.tree_util.tree_flatten(a)))
+    assert seen == [list(vars(rebuilt))]
+    assert seen[0][0] == "x" and seen[0][-1] == "flag" and "mask" not in seen[0]
 
 
 def test_equinox_layers_keep_filter_jit_rules_for_their_python_scalars():

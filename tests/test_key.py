@@ -373,3 +373,112 @@ def test_memoised_module_keys_carry_only_their_own_leaves():
         assert float(f(a, b, x)) == 2.0 * 1.5 + 3.0 * 2
         assert float(f(b, a, x)) == 3.0 * 1.5 + 2.0 * 1
     assert f.cache_info().misses == 2  # (k=1, k=2) and (k=2, k=1)
+
+
+# --- drop-in: statics that plain modules and real programs hold ---------------------
+
+
+class _Touchy:
+    """A static value whose `__eq__` raises for anything but itself, with one hash
+    for all (every comparison is a collision)."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __hash__(self):
+        return 0
+
+    def __eq__(self, other):
+        if other is self:
+            return True
+        raise TypeError("cannot compare")
+
+
+def test_a_static_whose_eq_raises_on_a_hash_collision_is_another_key():
+    """The key compares such a value as unequal to any other and runs. (Here
+    `eqx.filter_jit` raises: JAX compares the tree structures' metadata and lets
+    the error through.)"""
+
+    class P(eqx.Module):
+        w: jax.Array
+        tag: object = eqx.field(static=True)
+
+    f = es.jit(lambda p, x: p.w * x)
+    x = jnp.ones(2)
+    for name in "abc":
+        p = P(jnp.ones(2), _Touchy(name))
+        np.testing.assert_array_equal(f(p, x), p.w * x)
+        np.testing.assert_array_equal(f(p, x), p.w * x)  # and finds itself again
+    assert f.cache_info() == es.CacheInfo(3, 3, None, 3)
+
+
+def test_a_static_value_is_hashed_once_per_object():
+    """At construction (the hashability check) and in the key: one hash."""
+    hashes = [0]
+
+    class Counted:
+        def __hash__(self):
+            hashes[0] += 1
+            return 1
+
+        def __eq__(self, other):
+            return type(other) is Counted
+
+    class M(es.Module):
+        w: jax.Array
+        c: object = eqx.field(static=True)
+
+        @es.jit
+        def __call__(self, x):
+            return self.w * x
+
+    m = M(jnp.ones(2), Counted())
+    m(jnp.ones(2))
+    m.with_dynamic(w=jnp.zeros(2))(jnp.ones(2))  # a new instance, the same static
+    assert hashes[0] == 1
+
+
+@pytest.mark.parametrize(
+    "make, where",
+    [
+        (lambda d: ((d,), {}), "y['self']"),
+        (lambda d: ((), {"y": [1, d]}), "y[1]['self']"),
+        (lambda d: (([d, (0, d)],), {}), "y[0]['self']"),
+    ],
+)
+def test_an_argument_that_contains_itself_is_a_clear_error(make, where):
+    """A cycle has no end to key: `eqx.filter_jit` raises `SystemError`; this says
+    where, and the process goes on."""
+    d = {"a": jnp.ones(2)}
+    d["self"] = d
+    f = es.jit(lambda x, y: x)
+    args, kwargs = make(d)
+    with pytest.raises(ValueError) as info:
+        f(jnp.ones(2), *args, **kwargs)
+    assert str(info.value) == (
+        f"`{f.qualname}` got an argument that contains itself: {where} is the "
+        "argument again. `es.jit` keys a call by the structure of its arguments, as "
+        "`eqx.filter_jit` does, so that structure must be finite: break the cycle "
+        "before the call."
+    )
+    assert float(f(jnp.ones(2), 1.0)[0]) == 1.0  # and nothing is broken
+
+
+def test_deeply_nested_pytrees_other_than_plain_containers_key_fine():
+    """Named tuples 1,500 deep (JAX's flatten is one level at a time, so the walk
+    recurses in Python, under a raised limit)."""
+    import collections
+
+    Box = collections.namedtuple("Box", "inner")
+    v = jnp.ones(())
+    for _ in range(1500):
+        v = Box(v)
+
+    def innermost(t):
+        while isinstance(t, Box):
+            t = t.inner
+        return t + 1
+
+    f = es.jit(innermost)
+    assert float(f(v)) == 2.0 and float(f(v)) == 2.0
+    assert f.cache_info().hits == 1

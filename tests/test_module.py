@@ -401,3 +401,112 @@ def test_donation_of_plain_function_arguments(donate):
     c = jnp.ones(4)
     f(c, jnp.ones(4))  # a second call hits the entry and donates again
     assert c.is_deleted() is (donate == "all")
+
+
+# --- drop-in: what an Equinox training loop, serialisation and `tree_at` see --------
+
+
+class Decayed(es.Module):
+    w: jax.Array
+    decay: float
+
+
+def test_the_adam_loop_over_a_float_field_compiles_once():
+    """optax's adam gives a field back strongly typed, and its moments too: a
+    stored number is strongly typed already, so every step is the same key."""
+    import optax
+
+    model = Decayed(jnp.ones(3), 0.9)
+    optimiser = optax.adam(1e-2)
+    state = optimiser.init(eqx.filter(model, eqx.is_array))
+    traces = [0]
+
+    @es.jit
+    def step(model, state, x):
+        traces[0] += 1
+        grads = eqx.filter_grad(lambda m: jnp.sum(m.w * x * m.decay))(model)
+        with jax.numpy_dtype_promotion("standard"):  # optax's count
+            updates, state = optimiser.update(grads, state)
+        return eqx.apply_updates(model, updates), state
+
+    x = jnp.ones(3)
+    for _ in range(5):
+        model, state = step(model, state, x)
+    assert traces[0] == 1 and step.compile_info().compiles == 1
+    assert float(model.decay) != 0.9  # a dynamic field is data: it trained
+
+
+def test_serialisation_round_trips_exactly(tmp_path):
+    """A reloaded module is the same module: the same dtypes (no weak type lost),
+    the same repr, the same key (no new trace), the same result for a bfloat16
+    input."""
+
+    class Scaled(es.Module):
+        scale: float
+        flag: bool = eqx.field(static=True)
+
+        @es.jit
+        def __call__(self, x):
+            return self.scale * x
+
+    m = Scaled(0.75, True)
+    path = tmp_path / "m.eqx"
+    eqx.tree_serialise_leaves(path, m)
+    back = eqx.tree_deserialise_leaves(path, Scaled(0.0, True))
+    assert repr(back) == repr(m) and repr(m).endswith("Scaled(scale=0.75, flag=True)")
+    assert jax.typeof(back.scale) == jax.typeof(m.scale)
+    x = jnp.ones(2, jnp.bfloat16)
+    with jax.numpy_dtype_promotion("standard"):
+        assert m(x).dtype == back(x).dtype == jnp.float32  # a float32 field
+    assert Scaled.__call__.cache_info().misses == 1
+
+
+def test_tree_at_writes_a_number_as_given():
+    """`eqx.tree_at` builds the module without `__init__`: a Python float it writes
+    stays a Python float, static under `es.jit` as under `eqx.filter_jit`. Where the
+    one rule stops, `with_dynamic` stores it."""
+    m = Decayed(jnp.ones(3), 0.9)
+    edited = eqx.tree_at(lambda t: t.decay, m, 0.5)
+    assert type(edited.decay) is float
+    assert isinstance(es.with_dynamic(m, decay=0.5).decay, jax.Array)
+
+
+@pytest.mark.parametrize("base", [es.Module, eqx.Module])
+def test_a_default_left_unset_by_init_compiles_once_in_a_training_loop(base):
+    """Equinox's flatten gives the same structure before and after a
+    `jax.tree.map`, `eqx.apply_updates` or optax step; so does the key."""
+    import optax
+
+    class Net(base):
+        w: jax.Array
+        decay: float = 0.5
+        act: str = eqx.field(static=True, default="tanh")
+
+        def __init__(self, w):
+            self.w = w  # `decay` and `act` are left to their defaults
+
+        def __call__(self, x):
+            return getattr(jnp, self.act)(self.w * x) * self.decay
+
+    traces = [0]
+
+    @es.jit
+    def loss(net, x):
+        traces[0] += 1
+        return jnp.sum(net(x))
+
+    net, x = Net(jnp.ones(3)), jnp.ones(3)
+    optimiser = optax.sgd(0.1)
+    state = optimiser.init(eqx.filter(net, eqx.is_array))
+    for _ in range(3):
+        loss(net, x)
+        grads = eqx.filter_grad(loss)(net, x)
+        updates, state = optimiser.update(grads, state)
+        net = eqx.apply_updates(net, updates)
+        net = jax.tree.map(lambda a: a, net)
+    assert loss.compile_info().compiles == 1
+    if base is es.Module:  # the default is stored, as an array: it is trained
+        assert isinstance(net.decay, jax.Array) and float(net.decay) != 0.5
+        assert "decay" in vars(Net(jnp.ones(3)))
+    else:  # a plain module keeps Equinox's rule: read through the class
+        assert net.decay == 0.5 and "decay" not in vars(Net(jnp.ones(3)))

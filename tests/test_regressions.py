@@ -235,8 +235,9 @@ def test_tuple_subclass_static_reaches_the_trace_unchanged():
 
 
 def test_results_follow_jax_enable_x64_as_eager_does():
-    """A stored number keeps the dtype it was stored with; the compiled call
-    computes what the eager call computes under the current jax_enable_x64."""
+    """A stored number keeps the dtype it was stored with (float32, or float64 if
+    stored under x64); the compiled call computes what the eager call computes
+    under the current jax_enable_x64."""
 
     class M(es.Module):
         dp: float
@@ -248,11 +249,12 @@ def test_results_follow_jax_enable_x64_as_eager_does():
     eager = M.__call__.__wrapped__
     m = M(dp=0.1)
     m(jnp.ones(()))
-    with jax.enable_x64(True):
+    with jax.enable_x64(True), jax.numpy_dtype_promotion("standard"):
         x = jnp.ones((), jnp.float64)
         got, want = m(x), eager(m, x)
         assert got.dtype == want.dtype == jnp.float64 and got.item() == want.item()
         fresh = M(dp=0.1)  # stored under x64: float64
+        assert fresh.dp.dtype == jnp.float64
         assert fresh(x).item() == eager(fresh, x).item() == 0.1
     got = m(jnp.ones(()))
     assert got.dtype == eager(m, jnp.ones(())).dtype == jnp.float32

@@ -1,5 +1,6 @@
 """`with_static` / `with_dynamic` (DESIGN §2.2), as methods and as functions."""
 
+import time
 import typing
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -580,11 +581,14 @@ ARRAYS = [jnp.full(2, i, jnp.float32) for i in range(4)]
 
 
 def _is_stored_number(got: Any, number: float) -> bool:
-    """A Python number in a dynamic field is stored as a 0-d weakly typed array."""
+    """A Python number in a dynamic field is stored as a 0-d array of JAX's
+    default dtype for its kind."""
+    default = {bool: jnp.bool_, int: jnp.int32, float: jnp.float32}[type(number)]
     return (
         isinstance(got, jax.Array)
         and got.shape == ()
-        and got.weak_type
+        and got.dtype == default
+        and not got.weak_type
         and got.item() == number
     )
 
@@ -891,4 +895,22 @@ def test_the_wrong_helper_for_a_field_names_the_right_one():
         "`with_dynamic` got 'inner.xs', but 'xs' is a static field of `_Conv`. Use "
         "`with_static(**{'inner.xs': ...})` instead (or `es.edit`, which takes both "
         "kinds)."
+    )
+
+
+def test_a_container_that_contains_itself_is_refused_at_once_naming_the_field():
+    class M(es.Module):
+        w: Any
+
+    m = M([1.0])
+    cyclic: list = [1.0]
+    cyclic.append(cyclic)
+    start = time.perf_counter()
+    with pytest.raises(ValueError) as info:
+        m.with_dynamic(w=cyclic)
+    assert time.perf_counter() - start < 2.0  # not after a walk to the limit
+    assert str(info.value) == (
+        "Field 'w' of `test_a_container_that_contains_itself_is_refused_at_once_"
+        "naming_the_field.<locals>.M` got a value that contains itself: w[1] is the "
+        "value again. A module's fields are a tree; break the cycle before storing it."
     )
