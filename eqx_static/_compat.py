@@ -1,4 +1,5 @@
-"""Every private name of JAX and Equinox that `eqx_static` uses, in one place.
+"""Every private name of JAX, Equinox and jaxtyping, and every CPython detail, that
+`eqx_static` relies on, in one place.
 
 Each is checked on import, so that an unsupported release fails here, with the
 supported range, rather than somewhere deep in a call. `tests/test_compat.py`
@@ -12,6 +13,7 @@ from typing import Any, Final
 import equinox as eqx
 import jax
 import jax.extend.core as jex
+import jaxtyping
 
 
 SUPPORTED: Final = "equinox >=0.13.3,<0.14"
@@ -77,7 +79,22 @@ EQX_JIT_ID: Final = "__equinox_jit_id__"
 # executable compiled for an identical program, and the call that follows runs that.
 # (jax 0.8.1 - 0.10.2: `Lowered._lowering` is a `pxla.MeshComputation`.)
 
-from jax._src import api as _api, core as _core  # noqa: E402  (grouped with its reason)
+from jax._src import (  # noqa: E402  (grouped with its reason)
+    api as _api,
+    core as _core,
+    traceback_util as _traceback_util,
+)
+
+
+def hide_frames(file: str) -> None:
+    """Leave the frames of `file` out of the tracebacks JAX filters, as Equinox
+    leaves out its own: an error in user code shows the user's frames."""
+    _traceback_util.register_exclusion(file)
+
+
+# The logger on which JAX reports an exception raised in a host callback (which is
+# how `eqx.error_if` fails at run time).
+CALLBACK_LOGGER: Final = "jax._src.callback"
 
 
 # `jax.jit` itself. Under `EQX_ON_ERROR=breakpoint` Equinox replaces the name
@@ -164,6 +181,26 @@ JaxRuntimeError: Final = jax.errors.JaxRuntimeError
 
 
 # ----------------------------------------------------------------------------------
+# jaxtyping (0.3.3 - 0.3.x).
+
+from jaxtyping._array_types import _NamedDim  # noqa: E402  (grouped with its reason)
+
+
+def is_named_dim(dim: Any) -> bool:
+    """Whether a dimension of a jaxtyping annotation is a plain named one (`"n"`),
+    as opposed to a fixed size, `"..."`, `"*n"` or a symbolic expression."""
+    return type(dim) is _NamedDim
+
+
+def jaxtyped_class(cls: type) -> bool:
+    """Whether `cls` was decorated with `@jaxtyped(typechecker=...)`: jaxtyping
+    marks nothing on the class, but its `__init__` is then jaxtyping's wrapper."""
+    init = getattr(cls, "__init__", None)
+    module = getattr(init, "__globals__", {}).get("__name__")
+    return module == jaxtyping.jaxtyped.__module__
+
+
+# ----------------------------------------------------------------------------------
 # CPython. A dataclass's `__eq__` compares its fields as tuples with `==`; the key
 # may compare them by type and value instead, but only if `__eq__` is that one and
 # not the user's. `dataclasses` marks nothing on the function it writes, so it is
@@ -211,6 +248,7 @@ __all__ = [
     "on_error_message",
     "SUPPORTED",
     "WRAPPER_FIELD_NAMES",
+    "CALLBACK_LOGGER",
     "BoundMethod",
     "FilterCallback",
     "JaxRuntimeError",
@@ -220,8 +258,11 @@ __all__ = [
     "equinox_error_info",
     "executable_of",
     "generated_dataclass_eq",
+    "hide_frames",
     "initialising_ids",
+    "is_named_dim",
     "jax_jit",
+    "jaxtyped_class",
     "jit_is_replaced",
     "lowering_of",
     "module_eq",

@@ -11,19 +11,20 @@ from typing import Any, Final
 
 import equinox as eqx
 import jax
-from jax._src import traceback_util
 from jax.core import Tracer
 
 from ._compat import (
+    CALLBACK_LOGGER,
     equinox_error_info,
     FilterCallback,
+    hide_frames,
     JaxRuntimeError,
     on_error_message,
 )
 from ._explain import leaf_origins
 
 
-traceback_util.register_exclusion(__file__)
+hide_frames(__file__)
 
 
 class TracedFieldError(jax.errors.ConcretizationTypeError):
@@ -99,7 +100,7 @@ def traced_field_error(
 # waits for the result, hides that log, and raises `eqx.EquinoxRuntimeError` with
 # the message and the stack inside the compiled function instead: so does this.
 
-_callback_logger: Final = logging.getLogger("jax._src.callback")
+_callback_logger: Final = logging.getLogger(CALLBACK_LOGGER)
 
 
 class _Marker(threading.local):

@@ -7,19 +7,17 @@ else is a miss (`_miss.py`)."""
 import functools
 import inspect
 import logging
-import sys
 from collections.abc import Callable
 from typing import Any, Final, Generic, Literal, overload, ParamSpec, TypeVar
 
 import equinox as eqx
 import jax
-from jax._src import traceback_util
 
 from ._aot import lower, Lowered
 from ._bound import BoundJit, special_method
 from ._budget import RecompileError
 from ._cache import Cache, CacheInfo, CompileInfo, Entry, shared_cache
-from ._compat import cache_size, jax_jit
+from ._compat import cache_size, hide_frames, jax_jit
 from ._errors import reporting_errors, TracedFieldError
 from ._explain import find_unhashable, leaf_origins
 from ._fields import is_es_module_class
@@ -38,7 +36,7 @@ from ._miss import layout_miss, miss, quiet_donation, Refused, traced_function
 from ._outputs import combine
 
 
-traceback_util.register_exclusion(__file__)
+hide_frames(__file__)
 
 logger: Final = logging.getLogger("eqx_static")
 
@@ -48,7 +46,9 @@ Donate = Literal["none", "all", "all-except-first", "warn", "warn-except-first"]
 _DONATE: Final = ("none", "all", "all-except-first", "warn", "warn-except-first")
 
 
-_MSG_DECORATOR_ORDER: Final = """`@jaxtyped` must go below `@es.jit`, not above it.
+_MSG_DECORATOR_ORDER: Final = """An `es.jit` wrapper has no `__globals__`: it is not a plain function.
+If this comes from `@jaxtyped(...)` above `@es.jit`:
+`@jaxtyped` must go below `@es.jit`, not above it.
 
 Write
 ```
@@ -152,10 +152,9 @@ class _Jit(Generic[_P, _R]):
 
     @property
     def __globals__(self) -> dict[str, Any]:
-        # `@jaxtyped(...)` above `@es.jit` reads this first: fail there, and say why.
-        if sys._getframe(1).f_globals.get("__name__", "").startswith("jaxtyping"):
-            raise TypeError(_MSG_DECORATOR_ORDER)
-        raise AttributeError("__globals__")
+        # A wrapper has no globals. `@jaxtyped(...)` above `@es.jit` reads them first,
+        # so the error names the order to use; `getattr(jit, "__globals__", d)` works.
+        raise AttributeError(_MSG_DECORATOR_ORDER)
 
     def __set_name__(self, owner: type, name: str) -> None:
         self._owner, self._name = owner, name

@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 import jax
-from jax._src import traceback_util
 from jax.core import Tracer
 
 from ._budget import check_budget, record_compile
@@ -34,6 +33,7 @@ from ._cache import Cache, Entry
 from ._compat import (
     cache_size,
     executable_of,
+    hide_frames,
     jit_is_replaced,
     lowering_of,
     set_executable,
@@ -46,7 +46,7 @@ from ._outputs import combine, split
 from ._program import fingerprint
 
 
-traceback_util.register_exclusion(__file__)
+hide_frames(__file__)
 
 logger: Final = logging.getLogger("eqx_static")
 

@@ -16,7 +16,7 @@ from ._edit import _lazy as edited, materialise
 from ._fields import field_info, instance_dict, unknown_field_error
 from ._typecheck import check_fields, set_option, Typechecker
 from ._update import with_dynamic as _with_dynamic, with_static as _with_static
-from ._validate import as_data, check_hashable, default_dtype
+from ._validate import as_data, convert_and_check, default_dtype
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -90,7 +90,8 @@ class Module(eqx.Module):
 
     - at construction, every static field (`eqx.field(static=True)`) must hold a
         hashable value, because static values key the compilation cache of
-        [`eqx_static.jit`][];
+        [`eqx_static.jit`][], and a dynamic field annotated with a jaxtyping array
+        type must match it (dtype, shape), the same checks as on updates;
     - `module.with_static(**changes)` and `module.with_dynamic(**changes)` return
         updated copies (see [`eqx_static.with_static`][]);
     - with the class option `typecheck=True` (beartype; or `typecheck=<a
@@ -161,22 +162,15 @@ class Module(eqx.Module):
             set_option(cls, typecheck)
 
     def __check_init__(self) -> None:
-        # At construction only: updates check the fields they change themselves.
-        # Runs last among the `__check_init__`s; `__setattr__` has stored numbers as
-        # arrays already, and this catches what a converter returned. A field that
-        # a custom `__init__` left unset gets its default, as a dataclass's own
-        # `__init__` would set it (a number stored as an array, like any other).
+        # At construction only; updates run the same field checks on what they
+        # change. Runs last among the `__check_init__`s, after the converters (which
+        # Equinox has applied). A field that a custom `__init__` left unset gets its
+        # default, as a dataclass's own `__init__` would set it.
         info = field_info(type(self))
         d = instance_dict(self)
         for name, default in info.defaults.items():
-            if name not in d:
-                d[name] = default
-        for name in info.static_names:
-            if name in d:
-                check_hashable(info.cls, name, d[name])
-        for name in info.dynamic_names:
-            if name in d:
-                d[name] = as_data(info.cls, name, d[name])
+            d.setdefault(name, default)
+        d.update(convert_and_check(info, {n: d[n] for n in info.names if n in d}, ()))
         check_fields(self)
 
     def __repr__(self) -> str:

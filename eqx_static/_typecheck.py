@@ -9,6 +9,7 @@ from typing import Any, Final
 
 import jaxtyping
 
+from ._compat import is_named_dim, jaxtyped_class
 from ._fields import field_info, instance_dict
 
 
@@ -51,10 +52,7 @@ def _typechecker(cls: type) -> Typechecker | None:
     for k in cls.__mro__:
         if k in _options:
             return _options[k]
-    init = getattr(cls, "__init__", None)
-    if getattr(init, "__globals__", {}).get("__name__") == "jaxtyping._decorator":
-        return _beartype()  # the class was decorated with `@jaxtyped(typechecker=...)`
-    return None
+    return _beartype() if jaxtyped_class(cls) else None
 
 
 # A stored number may carry the leading axes of an `eqx.filter_vmap` ensemble.
@@ -156,7 +154,7 @@ def _named_sizes(ann: Any, value: Any) -> dict[str, int]:
     return {
         d.name: size
         for d, size in zip(dims, shape)
-        if type(d).__name__ == "_NamedDim" and not d.broadcastable
+        if is_named_dim(d) and not d.broadcastable
     }
 
 

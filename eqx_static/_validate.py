@@ -128,7 +128,7 @@ def check_array_annotation(
     got = _describe(value)
     raise TypeError(
         f"Field {name!r} of `{cls.__qualname__}` is annotated `{_ann_repr(ann)}`, "
-        f"but the new value is {got}. Pass a value of that dtype and shape."
+        f"but got {got}. Pass a value of that dtype and shape."
     )
 
 
@@ -160,6 +160,9 @@ def _ann_repr(ann: Any) -> str:
         return " | ".join(_ann_repr(a) for a in typing.get_args(ann))
     if ann is type(None):
         return "None"
+    if hasattr(ann, "dim_str") and hasattr(ann, "array_type"):  # jaxtyping's
+        array = "Array" if ann.array_type is jax.Array else ann.array_type.__name__
+        return f"{ann.dtype.__name__}[{array}, {ann.dim_str!r}]"
     return getattr(ann, "__name__", None) or repr(ann)
 
 

@@ -140,3 +140,98 @@ def test_equinox_module_internals():
     assert type(m.f) is _compat.BoundMethod
     assert "__name__" in _compat.WRAPPER_FIELD_NAMES
     assert _compat.module_eq is eqx.Module.__eq__
+
+
+def test_jax_reports_a_failed_callback_on_callback_logger():
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    def fails(x):
+        raise ValueError("no")
+
+    logger = logging.getLogger(_compat.CALLBACK_LOGGER)
+    handler = Keep()
+    logger.addHandler(handler)
+    try:
+        with pytest.raises(Exception, match="no"):
+            out = jax.pure_callback(fails, jax.ShapeDtypeStruct((), jnp.float32), 1.0)
+            jax.block_until_ready(out)
+    finally:
+        logger.removeHandler(handler)
+    assert records, "JAX no longer logs failed callbacks where Equinox filters them"
+
+
+def test_hide_frames_registers_a_file_with_jax_traceback_filtering():
+    from jax._src import traceback_util
+
+    path = "/nonexistent/eqx_static_compat_probe.py"
+    _compat.hide_frames(path)
+    assert path in traceback_util._exclude_paths
+
+
+def test_jaxtyping_dimension_kinds_and_decorated_classes():
+    import beartype
+    from jaxtyping import Array, Float, jaxtyped
+
+    dims = Float[Array, "n 3 *b"].dims
+    assert [_compat.is_named_dim(d) for d in dims] == [True, False, False]
+
+    @jaxtyped(typechecker=beartype.beartype)
+    class Checked(eqx.Module):
+        w: jax.Array
+
+    class Plain(eqx.Module):
+        w: jax.Array
+
+    assert _compat.jaxtyped_class(Checked)
+    assert not _compat.jaxtyped_class(Plain)
+
+
+def test_a_generated_dataclass_eq_is_told_from_a_written_one():
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Generated:
+        a: int
+        b: str = dataclasses.field(compare=False)
+
+    @dataclasses.dataclass(frozen=True)
+    class Written:
+        a: int
+
+        def __eq__(self, other):
+            return True
+
+        __hash__ = object.__hash__
+
+    @dataclasses.dataclass(frozen=True, eq=False)
+    class NoEq:
+        a: int
+
+    assert _compat.generated_dataclass_eq(Generated)
+    assert not _compat.generated_dataclass_eq(Written)
+    assert not _compat.generated_dataclass_eq(NoEq)
+    assert not _compat.generated_dataclass_eq(int)
+
+
+def test_initialising_ids_mirrors_equinox_set_of_modules_being_made():
+    seen = []
+
+    class M(eqx.Module):
+        w: jax.Array
+
+        def __init__(self):
+            seen.append(id(self) in _compat.initialising_ids)
+            self.w = jnp.ones(2)
+
+    m = M()
+    assert seen == [True] and id(m) not in _compat.initialising_ids
+
+
+def test_jax_jit_is_the_original_and_a_replacement_is_seen(monkeypatch):
+    assert _compat.jax_jit is jax.jit and not _compat.jit_is_replaced()
+    monkeypatch.setattr(jax, "jit", lambda f, **kw: f)
+    assert _compat.jit_is_replaced()

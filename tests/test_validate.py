@@ -7,6 +7,7 @@ from typing import Any
 
 import equinox as eqx
 import eqx_static as es
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -136,8 +137,7 @@ def test_an_int_too_large_names_the_field(make):
     assert str(info.value) == OVERFLOW
 
 
-# How jaxtyping names `jax.Array` in an annotation (it differs across jax releases).
-ARR = Float[Array, "3"].__name__[len("Float[") : -len(", '3']")]
+ARR = "Array"  # as the user wrote it, not jaxtyping's `jaxlib._jax.Array`
 
 
 @pytest.mark.parametrize(
@@ -157,11 +157,13 @@ ARR = Float[Array, "3"].__name__[len("Float[") : -len(", '3']")]
     ],
 )
 def test_a_value_against_its_array_annotation(name, value, ann, got):
+    """One check, the same at construction, on `with_dynamic` and on edit."""
     message = (
-        f"Field {name!r} of `D` is annotated `{ann}`, but the new value is {got}. "
+        f"Field {name!r} of `D` is annotated `{ann}`, but got {got}. "
         "Pass a value of that dtype and shape."
     )
     for update in (
+        lambda: D(**{"a": 1.0, "b": jnp.ones(3), name: value}),
         lambda: _d().with_dynamic(**{name: value}),
         lambda: _edit_static(_d(), **{name: value}),
     ):
@@ -235,3 +237,32 @@ def test_check_init_runs_on_the_result():
     with pytest.raises(ValueError, match="^w must be positive, got -2.0$"):
         _edit_static(m, w=-2.0)
     assert m.with_dynamic(w=3.0).w == 3.0
+
+
+# --- numbers stored in dynamic fields ----------------------------------------------
+
+
+def test_results_follow_jax_enable_x64_as_eager_does():
+    """A stored number keeps the dtype it was stored with (float32, or float64 if
+    stored under x64); the compiled call computes what the eager call computes
+    under the current jax_enable_x64."""
+
+    class M(es.Module):
+        dp: float
+
+        @es.jit
+        def __call__(self, x):
+            return self.dp * x
+
+    eager = M.__call__.__wrapped__
+    m = M(dp=0.1)
+    m(jnp.ones(()))
+    with jax.enable_x64(True), jax.numpy_dtype_promotion("standard"):
+        x = jnp.ones((), jnp.float64)
+        got, want = m(x), eager(m, x)
+        assert got.dtype == want.dtype == jnp.float64 and got.item() == want.item()
+        fresh = M(dp=0.1)  # stored under x64: float64
+        assert fresh.dp.dtype == jnp.float64
+        assert fresh(x).item() == eager(fresh, x).item() == 0.1
+    got = m(jnp.ones(()))
+    assert got.dtype == eager(m, jnp.ones(())).dtype == jnp.float32
