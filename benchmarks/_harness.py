@@ -240,7 +240,7 @@ class Row:
 
     `values` maps a variant label to seconds per call (unit "s"), a count ("count")
     or bytes ("bytes"); `ratio` is `values[num] / values[den]` where the row is a
-    comparison; `target` is DESIGN §4's, as an operator and a number applied to the
+    comparison; `target` is the performance target, as an operator and a number applied to the
     ratio (or to the count), and `meets_target` says whether it holds (None: no
     target, or not measured)."""
 

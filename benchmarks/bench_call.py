@@ -1,4 +1,4 @@
-"""Cache-hit calls (DESIGN §4, first three bullets).
+"""Cache-hit calls (the first three performance targets).
 
 Every speed figure has a fresh-instance row (a new module on every call, as a
 training loop makes them) beside the same-instance row:

@@ -311,7 +311,7 @@ def run(rep: h.Report, s: h.Settings) -> None:
     judged = ("misses", "traces", "xla compiles")
     vals, ok = _seed_sequence()
     rep.count_row(
-        GROUP, "compiles.seed", "seed sequence (DESIGN §5): misses / traces / XLA compiles",
+        GROUP, "compiles.seed", "seed sequence: misses / traces / XLA compiles",
         vals, ("==", 3), judged, ok, "" if ok else "results differ from eager arithmetic",
     )  # fmt: skip
     vals, ok = _dynamic_updates(s.updates)

@@ -1,4 +1,4 @@
-"""A training step (DESIGN §4, third bullet).
+"""A training step (target: no slower than jax.jit with partition/combine).
 
 `eqx.nn.MLP` (8 -> 32 x 3 -> 1) inside an `es.Module`, optax adam, batch 64; every
 step takes the model and returns a new one (`eqx.apply_updates` inside the step),

@@ -1,4 +1,4 @@
-"""Update cost of one field (DESIGN §4, fourth bullet).
+"""Update cost of one field (targets: near dataclasses.replace, far faster than eqx.tree_at).
 
 - nested layout (`f0`, a static `flag`, a tuple of the other n-1 arrays) at 100 /
   1,000 / 10,000 leaves: `with_dynamic`, `with_static`, `es.edit`, `eqx.tree_at`

@@ -1,6 +1,6 @@
 """The models every benchmark group uses, built through the public API only.
 
-- `make_seed`: the seed's `Parent`/`Child` (DESIGN §2), fresh classes each time
+- `make_seed`: the seed's `Parent`/`Child` (the README's), fresh classes each time
   (a cold cache), and `EqxChild`, the same fields on a plain `eqx.Module`;
 - `WorkaroundChild`: the seed's own workaround (a frozen dataclass that builds a
   `jax.jit` over a static method on every call);
@@ -57,7 +57,7 @@ def zero_update_maker(m: Any) -> Callable[[], Any]:
 
 
 # ----------------------------------------------------------------------------------
-# The seed (DESIGN §2, §5)
+# The seed: the README's classes and sequence
 
 
 def make_seed(

@@ -106,7 +106,7 @@ def render(data: dict[str, Any]) -> str:
         "`jax.jit(lambda m, x: m(x))` on an equivalent plain `eqx.Module`, also "
         f"fresh in the fresh rows. Targets met: {passed} of {len(met)}.",
         "",
-        "| measurement | instance | result | DESIGN §4 target | met |",
+        "| measurement | instance | result | target | met |",
         "|---|---|---|---|---|",
     ]
     for r in rows:

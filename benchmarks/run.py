@@ -1,4 +1,4 @@
-"""Benchmark suite for `eqx_static` (DESIGN §4): one table of ratios, one process.
+"""Benchmark suite for `eqx_static` (the performance targets): one table of ratios, one process.
 
 Run from the repository root:
 
@@ -8,7 +8,7 @@ Run from the repository root:
     python benchmarks/run.py --only call,training
     python benchmarks/run.py --profile        # also cProfile the hot paths
 
-One file per group of rows, named after the DESIGN §4 target it measures:
+One file per group of rows, named after the target it measures:
 
     _harness.py         timing (interleaved rounds, min of medians), rows, JSON
     models.py           the seed Parent/Child and the models at n leaves
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     judged = [r for r in rep.rows if r.meets_target is not None]
     misses = [r for r in judged if not r.meets_target]
     print(
-        f"\nDESIGN §4 targets: {len(judged) - len(misses)} PASS, {len(misses)} MISS "
+        f"\ntargets: {len(judged) - len(misses)} PASS, {len(misses)} MISS "
         "(informational; exit code 0)"
     )
     for r in misses:

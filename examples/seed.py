@@ -1,4 +1,4 @@
-"""The seed scenario of DESIGN.md §1/§5, end to end.
+"""The seed scenario, end to end.
 
 A `Parent` declares one dynamic field (`dp`) and one static field (`sp`) and puts
 `@es.jit` on its `__call__`; that compiled method calls `g`, which only the

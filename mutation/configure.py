@@ -8,11 +8,10 @@ import re
 import sys
 
 
-# Fast test files run against every mutant (the slow suites stay out: multihost,
-# examples, docs site, benchmarks table, differential).
+# Test files run against every mutant, without their `slow` tests (subprocesses
+# import the installed package, not the mutant; the rest is too slow per mutant).
 TESTS = [
     "tests/test_key.py",
-    "tests/test_watch.py",
     "tests/test_update.py",
     "tests/test_edit.py",
     "tests/test_module.py",
@@ -20,13 +19,17 @@ TESTS = [
     "tests/test_explain.py",
     "tests/test_typecheck.py",
     "tests/test_jit.py",
-    "tests/test_reliability.py",
+    "tests/test_aot.py",
+    "tests/test_donate.py",
+    "tests/test_transforms.py",
 ]
-# Added when one of these modules is mutated (`test_relevance.py` alone is ~35 s).
+# Added when one of these modules is mutated.
 EXTRA = {
-    "_relevance": ["tests/test_relevance.py", "tests/test_watch.py"],
-    "_cache": ["tests/test_cache.py", "tests/test_compiles.py"],
-    "_budget": ["tests/test_compiles.py"],
+    "_cache": ["tests/test_cache.py", "tests/test_threads.py", "tests/test_budget.py"],
+    "_miss": ["tests/test_cache.py", "tests/test_programs.py", "tests/test_threads.py"],
+    "_program": ["tests/test_programs.py"],
+    "_budget": ["tests/test_budget.py"],
+    "_errors": ["tests/test_errors.py"],
 }
 
 modules = [m.removesuffix(".py") for m in sys.argv[1:]]

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Mutation testing of eqx_static with mutmut (issue #15): how many small changes
+# Mutation testing of eqx_static with mutmut: how many small changes
 # to the library does the test suite notice?
 #
 #   bash mutation/run.sh [module ...]      # default: _key _update _edit _validate _explain
-#   bash mutation/run.sh _relevance        # also runs tests/test_relevance.py per mutant
+#   bash mutation/run.sh _cache            # also runs tests/test_cache.py etc. per mutant
 #   JOBS=4 bash mutation/run.sh _key       # parallel workers (default 2)
 #
 # Needs mutmut 3 in the venv (`.venv/bin/pip install mutmut`). The repository is

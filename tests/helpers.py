@@ -1,18 +1,27 @@
 """Shared by the test files: the seed classes, a count of XLA compiles made
-independently of the library, and a pytree that fails loudly when anything walks
-the whole tree."""
+independently of the library, a runner of Python in a fresh process, and a pytree
+that fails loudly when anything walks the whole tree."""
 
+import os
+import subprocess
+import sys
 import threading
 import types
+from pathlib import Path
 from typing import Any
 
 import equinox as eqx
 import eqx_static as es
 import jax
+import jax.numpy as jnp
+
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def seed() -> types.SimpleNamespace:
-    """Fresh copies of the README's `Parent`/`Child`, with a trace counter."""
+    """Fresh copies of the README's `Parent`/`Child` (a cold cache each time),
+    named plainly (`Child.__call__`) in log lines, with a trace counter."""
     traces = [0]
 
     class Parent(es.Module):
@@ -34,26 +43,30 @@ def seed() -> types.SimpleNamespace:
         def g(self, x):
             return self.dc * x if self.sc else x
 
-    return types.SimpleNamespace(Parent=Parent, Child=Child, traces=traces)
+    class OtherChild(Parent):
+        dc: Any
+        sc: bool = eqx.field(static=True)
+
+        def g(self, x):
+            return -x
+
+    for cls in (Parent, Child, OtherChild):
+        cls.__qualname__ = cls.__name__
+    return types.SimpleNamespace(
+        Parent=Parent, Child=Child, OtherChild=OtherChild, traces=traces
+    )
 
 
-class Bomb:
-    """A pytree node whose flatten raises once armed: any whole-tree walk hits it."""
-
-    armed = False
-
-
-def _flatten_bomb(bomb: Bomb):
-    if Bomb.armed:
-        raise AssertionError("the whole tree was flattened")
-    return (), None
+def eager_seed(c: Any, x: float) -> float:
+    """The seed's arithmetic, done in Python on Python floats."""
+    g = float(c.dc) * x if c.sc else x
+    return float(c.dp) * g if c.sp else g
 
 
-jax.tree_util.register_pytree_node(Bomb, _flatten_bomb, lambda aux, children: Bomb())
-
-
+# ----------------------------------------------------------------------------------
 # XLA compiles, counted by JAX's own monitoring events: independent of the
 # library's counters, which the tests compare with it.
+
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _compiles = [0]
 _compiles_lock = threading.Lock()
@@ -78,3 +91,74 @@ class XlaCompiles:
     @property
     def count(self) -> int:
         return _compiles[0] - self.start
+
+
+def _probe(a: jax.Array) -> jax.Array:
+    return a * 3 + 1
+
+
+_probe_input = jnp.ones(7, jnp.int32)
+_seen = XlaCompiles()
+jax.jit(_probe)(_probe_input)
+# The counter must see a compile, or counting zero of them would prove nothing.
+assert _seen.count == 1, "XLA compiles are not reported by jax.monitoring"
+
+
+# ----------------------------------------------------------------------------------
+# A fresh process.
+
+
+def run_python(
+    *argv: str,
+    code: str | None = None,
+    env: dict[str, str] | None = None,
+    strict: bool = False,
+    timeout: float = 300,
+    cwd: Path | str | None = None,
+    stdin: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run `python argv...` (or `python -c code argv...`) in a fresh process, on the
+    CPU, with the test environment's `XLA_FLAGS` left out unless `env` sets them.
+    `strict`: JAX's strict promotion and warnings as errors, as the suite runs."""
+    full = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    full["JAX_PLATFORMS"] = "cpu"
+    if strict:
+        full.update(
+            JAX_NUMPY_DTYPE_PROMOTION="strict",
+            JAX_NUMPY_RANK_PROMOTION="raise",
+            PYTHONWARNINGS="error",
+        )
+    full.update(env or {})
+    command = [sys.executable, *(("-c", code) if code is not None else ()), *argv]
+    return subprocess.run(
+        command,
+        cwd=cwd or ROOT,
+        env=full,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def output(result: subprocess.CompletedProcess[str]) -> str:
+    """A finished process's output, for an assertion message."""
+    return f"--- stdout ---\n{result.stdout}\n--- stderr ---\n{result.stderr}"
+
+
+# ----------------------------------------------------------------------------------
+
+
+class Bomb:
+    """A pytree node whose flatten raises once armed: any whole-tree walk hits it."""
+
+    armed = False
+
+
+def _flatten_bomb(bomb: Bomb):
+    if Bomb.armed:
+        raise AssertionError("the whole tree was flattened")
+    return (), None
+
+
+jax.tree_util.register_pytree_node(Bomb, _flatten_bomb, lambda aux, children: Bomb())

@@ -1,4 +1,4 @@
-"""Realistic Equinox programs for the differential suite (issue #10, DESIGN §2.0).
+"""Realistic Equinox programs for the differential suite (`test_differential.py`).
 
 Each `Program` builds, on every call of `make()`, a *fresh* function `f` (so no
 wrapper's cache is shared with another run) with a trace counter in its body, and a
@@ -34,6 +34,7 @@ class Program:
     make: Callable[[], types.SimpleNamespace]
     # es.jit may trace fewer times than eqx.filter_jit (default arguments are bound).
     fewer_ok: bool = False
+    slow: bool = False  # over 3 s for the three runs here: `pytest -m slow` runs it
 
 
 def _ns(f: Callable, traces: list[int], calls: list[tuple[tuple, dict]]):
@@ -666,22 +667,22 @@ def big_int_program() -> Callable:
 
 
 PROGRAMS: list[Program] = [
-    Program("mlp_adam", train_program(optax.adam(1e-2), "mlp")),
-    Program("regressor_sgd_eqx", train_program(optax.sgd(1e-2), "eqx")),
-    Program("regressor_sgd_es", train_program(optax.sgd(1e-2), "es")),
-    Program("regressor_adam_es", train_program(optax.adam(1e-2), "es")),
-    Program("ensemble_eqx", ensemble_program("eqx")),
+    Program("mlp_adam", train_program(optax.adam(1e-2), "mlp"), slow=True),
+    Program("regressor_sgd_eqx", train_program(optax.sgd(1e-2), "eqx"), slow=True),
+    Program("regressor_sgd_es", train_program(optax.sgd(1e-2), "es"), slow=True),
+    Program("regressor_adam_es", train_program(optax.adam(1e-2), "es"), slow=True),
+    Program("ensemble_eqx", ensemble_program("eqx"), slow=True),
     Program("ensemble_es", ensemble_program("es")),
-    Program("scan_layers_eqx", scan_program("eqx")),
-    Program("scan_layers_es", scan_program("es")),
+    Program("scan_layers_eqx", scan_program("eqx"), slow=True),
+    Program("scan_layers_es", scan_program("es"), slow=True),
     Program("save_options_eqx", options_program("eqx")),
     Program("save_options_es", options_program("es")),
-    Program("diffrax_saveat", diffrax_program()),
-    Program("batchnorm_eqx", batchnorm_program("eqx")),
-    Program("batchnorm_es", batchnorm_program("es")),
-    Program("dropout_eqx", dropout_program("eqx", eqx.nn.Dropout)),
+    Program("diffrax_saveat", diffrax_program(), slow=True),
+    Program("batchnorm_eqx", batchnorm_program("eqx"), slow=True),
+    Program("batchnorm_es", batchnorm_program("es"), slow=True),
+    Program("dropout_eqx", dropout_program("eqx", eqx.nn.Dropout), slow=True),
     Program("dropout_es", dropout_program("es", eqx.nn.Dropout)),
-    Program("dropout_subclass_eqx", dropout_program("eqx", MyDropout)),
+    Program("dropout_subclass_eqx", dropout_program("eqx", MyDropout), slow=True),
     Program("dropout_subclass_es", dropout_program("es", MyDropout)),
     Program("custom_init_eqx", custom_init_program("eqx")),
     Program("custom_init_es", custom_init_program("es")),

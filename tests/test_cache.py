@@ -4,9 +4,11 @@ under transformations, `jax.disable_jit()`, errors and JAX's persistent
 compilation cache. The counts are checked against a trace counter in the body and
 against JAX's own monitoring events."""
 
-import subprocess
-import sys
+import functools
+import gc
 import textwrap
+import weakref
+from typing import Any
 
 import equinox as eqx
 import eqx_static as es
@@ -14,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import XlaCompiles
+from helpers import run_python, seed, XlaCompiles
 
 
 def _counted():
@@ -79,6 +81,7 @@ def test_a_trace_that_raises_is_a_miss_and_compiles_nothing():
     assert f.compile_info().compiles == 1
 
 
+@pytest.mark.slow
 def test_nothing_leaks_a_tracer():
     """`jax.checking_leaks()` finds no tracer kept by the library, through custom
     rules, callbacks, nested wrappers and shared programs. (`eqx.error_if` is left
@@ -146,15 +149,449 @@ _PERSISTENT = textwrap.dedent(
 def test_the_persistent_compilation_cache_serves_a_second_process(tmp_path):
     outs = []
     for _ in range(2):
-        done = subprocess.run(
-            [sys.executable, "-c", _PERSISTENT, str(tmp_path / "cache")],
-            capture_output=True,
-            text=True,
-            cwd=tmp_path,
-            timeout=120,
-        )
+        done = run_python(str(tmp_path / "cache"), code=_PERSISTENT, cwd=tmp_path)
         assert done.returncode == 0, done.stderr[-3000:]
         outs.append(done.stdout.split())
     # Two programs (`tag` is not in the program): compiled by the first process,
     # read from the cache by the second, which asks for the same two compiles.
     assert outs == [["2", "2"], ["0", "2"]]
+
+
+# --- cache_info, cache_clear and maxsize ----------------------------------------------
+
+
+def test_cache_info_is_reachable_from_class_and_instance():
+    class M(es.Module):
+        w: float
+
+        @es.jit
+        def __call__(self, x):
+            return self.w * x
+
+        @es.jit
+        def predict(self, x):
+            return self.w + x
+
+    m, x = M(2.0), jnp.array(1.0)
+    assert m(x) == 2.0 and m(x) == 2.0
+    assert m.predict(x) == 3.0
+    assert M.__call__.cache_info() == es.CacheInfo(1, 1, None, 1)
+    assert m.__call__.cache_info() == es.CacheInfo(1, 1, None, 1)
+    assert isinstance(M.__call__.cache_info(), es.CacheInfo)
+    assert M.predict.cache_info() == es.CacheInfo(0, 1, None, 1)
+    assert m.predict.cache_info() == es.CacheInfo(0, 1, None, 1)
+
+
+def test_cache_info_fields_follow_lru_cache():
+    info = es.CacheInfo(hits=1, misses=2, maxsize=3, currsize=4)
+    assert tuple(info) == (1, 2, 3, 4)
+    assert info._fields == ("hits", "misses", "maxsize", "currsize")
+
+
+def test_cache_clear_drops_entries_and_statistics():
+    s = seed()
+    c, x = s.Child(dp=2.0, sp=True, dc=3.0, sc=True), jnp.array(1.0)
+    c(x), c(x), c.with_static(sc=False)(x)
+    assert s.Child.__call__.cache_info() == es.CacheInfo(1, 2, None, 2)
+    s.Child.__call__.cache_clear()
+    assert s.Child.__call__.cache_info() == es.CacheInfo(0, 0, None, 0)
+    assert c(x) == 6.0  # compiles again
+    assert s.traces[0] == 3
+    assert c.__call__.cache_info() == es.CacheInfo(0, 1, None, 1)
+    c.__call__.cache_clear()  # from the instance too
+    assert s.Child.__call__.cache_info() == es.CacheInfo(0, 0, None, 0)
+
+
+def test_cache_clear_from_a_bound_method():
+    class M(es.Module):
+        w: float
+
+        @es.jit
+        def predict(self, x):
+            return self.w * x
+
+    m = M(2.0)
+    assert m.predict(jnp.array(2.0)) == 4.0
+    m.predict.cache_clear()
+    assert M.predict.cache_info() == es.CacheInfo(0, 0, None, 0)
+
+
+def test_maxsize_evicts_the_least_recently_used_entry():
+    traces = [0]
+
+    class M(es.Module):
+        w: float
+        k: int = eqx.field(static=True)
+
+        @es.jit(maxsize=2)
+        def __call__(self, x):
+            traces[0] += 1
+            return self.w * x + self.k
+
+    x = jnp.array(1.0)
+    a, b, c = M(1.0, 0), M(1.0, 10), M(1.0, 20)
+    assert a(x) == 1.0 and b(x) == 11.0 and a(x) == 1.0
+    assert traces[0] == 2
+    assert c(x) == 21.0  # evicts b, the least recently used
+    assert traces[0] == 3
+    assert M.__call__.cache_info() == es.CacheInfo(1, 3, 2, 2)
+    assert a(x) == 1.0  # a survived: a hit, and now the most recent
+    assert traces[0] == 3
+    assert b(x) == 11.0  # b was evicted: a miss, which evicts c
+    assert traces[0] == 4
+    assert a(x) == 1.0
+    assert traces[0] == 4
+    assert c(x) == 21.0
+    assert traces[0] == 5
+    assert M.__call__.cache_info() == es.CacheInfo(3, 5, 2, 2)
+
+
+def test_maxsize_counts_shapes_as_entries():
+    traces = [0]
+
+    @es.jit(maxsize=1)
+    def f(x):
+        traces[0] += 1
+        return x + 1
+
+    assert f(jnp.ones(2)).shape == (2,)
+    assert f(jnp.ones(3)).shape == (3,)
+    assert f(jnp.ones(2)).shape == (2,)
+    assert traces[0] == 3
+    assert f.cache_info() == es.CacheInfo(0, 3, 1, 1)
+
+
+@pytest.mark.parametrize("maxsize", [1.5, "2"])
+def test_maxsize_of_the_wrong_type_raises(maxsize):
+    with pytest.raises((ValueError, TypeError), match="maxsize"):
+        es.jit(maxsize=maxsize)(lambda x: x)
+
+
+def test_currsize_never_exceeds_maxsize():
+    class Shapes(es.Module):
+        k: int = eqx.field(static=True)
+
+        @es.jit(maxsize=2)
+        def __call__(self, x):
+            return x * self.k
+
+    for k in range(3):
+        for n in range(1, 4):  # three shapes per entry
+            Shapes(k)(jnp.ones(n))
+            assert Shapes.__call__.cache_info().currsize <= 2
+
+
+# --- booking --------------------------------------------------------------------------
+
+
+def test_a_failed_trace_is_a_miss_that_holds_no_entry():
+    """Every call is booked once: a trace that raised is a miss, and
+    compiled nothing, so `currsize` does not count it."""
+
+    class Gate(es.Module):
+        dp: float
+
+        @es.jit
+        def __call__(self, x):
+            return x if self.dp > 0 else -x
+
+    for _ in range(2):
+        with pytest.raises(es.TracedFieldError):
+            Gate(1.0)(jnp.array(1.0))
+    assert Gate.__call__.cache_info() == es.CacheInfo(0, 2, None, 0)
+
+
+def test_a_failing_run_books_its_compile_and_nothing_else():
+    """A call that traces and compiles but fails at run time counts as one miss."""
+
+    class M(es.Module):
+        w: jax.Array
+
+        @es.jit
+        def f(self, x):
+            return eqx.error_if(self.w * x, x < 0, "negative")
+
+    m = M(w=jnp.ones(3))
+    with pytest.raises(eqx.EquinoxRuntimeError, match="negative"):
+        m.f(-jnp.ones(3))
+    assert M.f.cache_info() == es.CacheInfo(0, 1, None, 1)
+    assert np.array_equal(m.f(jnp.ones(3)), jnp.ones(3))
+    assert M.f.cache_info() == es.CacheInfo(1, 1, None, 1)
+    with pytest.raises(eqx.EquinoxRuntimeError, match="negative"):
+        m.f(-jnp.ones(3))  # a hit that fails at run time: still one call
+    assert M.f.cache_info() == es.CacheInfo(2, 1, None, 1)
+    M.f.cache_clear()
+    m.f(jnp.ones(3))  # one fresh miss; no stale record booked with it
+    assert M.f.cache_info() == es.CacheInfo(0, 1, None, 1)
+    m.f(jnp.ones(3))
+    assert M.f.cache_info() == es.CacheInfo(1, 1, None, 1)
+
+
+@pytest.mark.parametrize(
+    "transform",
+    [
+        lambda f, x: jax.grad(lambda y: f(y).sum())(x),
+        lambda f, x: jax.vmap(f)(x[None]),
+        lambda f, x: jax.jvp(f, (x,), (x,)),
+    ],
+    ids=["grad", "vmap", "jvp"],
+)
+def test_the_first_call_under_an_eager_transform_is_a_miss(transform):
+    @es.jit
+    def f(x):
+        return jnp.sin(x)
+
+    transform(f, jnp.ones(3))
+    assert f.cache_info().misses == 1 and f.cache_info().hits == 0
+    transform(f, jnp.ones(3))
+    info = f.cache_info()
+    assert info.hits + info.misses == 2
+
+
+# --- what the cache keeps alive -------------------------------------------------------
+
+
+def test_cache_keeps_no_module_alive():
+    class M(es.Module):
+        w: float
+        a: jax.Array
+
+        @es.jit
+        def __call__(self, x):
+            return self.w * x + self.a
+
+        @es.jit
+        def predict(self, x):
+            return self.w * x
+
+    @es.jit
+    def f(m, x):
+        return m.a * x
+
+    @es.jit
+    def g(ms, x):
+        return ms[0].a * x
+
+    m, x = M(2.0, jnp.ones(3)), jnp.ones(3)
+    for _ in range(3):  # a first call, then calls on the memoised key
+        m(x), m.predict(x), f(m, x), g([m], x)
+    ref = weakref.ref(m)
+    del m
+    gc.collect()
+    assert ref() is None
+
+
+def test_cache_keeps_no_traced_array_alive():
+    class M(es.Module):
+        a: jax.Array
+
+        @es.jit
+        def __call__(self, x):
+            return self.a * x
+
+    a, x = jnp.ones(3), jnp.full(3, 2.0)
+    m = M(a)
+    assert (m(x) == 2).all() and (m(x) == 2).all()
+    refs = [weakref.ref(a), weakref.ref(x)]
+    del a, x, m
+    gc.collect()
+    assert [r() for r in refs] == [None, None]
+
+
+def test_module_closed_over_by_an_outer_jit_is_still_usable():
+    """Calls inside `jax.jit` must not leave tracers in the per-instance memo."""
+
+    class M(es.Module):
+        w: float
+
+        @es.jit
+        def __call__(self, x):
+            return self.w * x
+
+    m = M(2.0)  # a Python float: the memo puts it on the device on a second call
+    x = jnp.array(1.0)
+    assert float(jax.jit(lambda x: m(x) + m(x))(x)) == 4.0
+    assert float(m(x)) == 2.0
+    assert float(m(x)) == 2.0
+
+
+class SelfReferring(es.Module):
+    w: jax.Array
+    fn: Any = eqx.field(static=True)
+
+    @es.jit
+    def __call__(self, x):
+        return self.w * x
+
+
+def _self_referring() -> SelfReferring:
+    box: list = []
+    m = SelfReferring(jnp.ones(2), fn=lambda: box[0])
+    box.append(m)
+    return m
+
+
+def test_a_module_referring_to_itself_is_freed_by_cache_clear():
+    """Its key holds its static `fn`, which holds the module: the per-instance memo
+    keeps it until `cache_clear()` (or the memo's bound), which frees it."""
+    m = _self_referring()
+    m(jnp.ones(2))
+    m(jnp.ones(2))
+    ref = weakref.ref(m)
+    del m
+    gc.collect()
+    assert ref() is not None  # the documented exception: a key refers back
+    SelfReferring.__call__.cache_clear()
+    gc.collect()
+    assert ref() is None
+
+
+class _Callback:
+    """A static value that references an array (weakly referenceable)."""
+
+    def __init__(self, arr):
+        self.arr = arr
+
+    def __call__(self, x):
+        return x
+
+
+def test_a_static_value_lives_until_cache_clear():
+    class M(es.Module):
+        w: jax.Array
+        fn: object = eqx.field(static=True)
+
+        @es.jit
+        def __call__(self, x):
+            return self.fn(self.w * x)
+
+    fn = _Callback(np.ones(3))
+    ref = weakref.ref(fn)
+    m = M(jnp.ones(3), fn)
+    m(jnp.ones(3))
+    module_ref = weakref.ref(m)
+    del m, fn
+    gc.collect()
+    assert module_ref() is None  # the module is not kept
+    assert ref() is not None  # the static value is, by the cache entry
+    M.__call__.cache_clear()
+    gc.collect()
+    assert ref() is None
+
+
+def test_a_partial_in_a_static_field_is_kept_until_cache_clear():
+    class M(es.Module):
+        w: jax.Array
+        fn: object = eqx.field(static=True)
+
+        @es.jit
+        def __call__(self, x):
+            return self.fn(self.w * x)
+
+    fn = functools.partial(_Callback(np.ones(3)))  # references an array
+    ref = weakref.ref(fn.func)
+    M(jnp.ones(3), fn)(jnp.ones(3))
+    del fn
+    gc.collect()
+    assert ref() is not None
+    M.__call__.cache_clear()
+    gc.collect()
+    assert ref() is None
+
+
+# --- the per-instance memo ------------------------------------------------------------
+
+
+def test_mutable_container_in_a_field_is_read_on_every_call():
+    """A frozen module may hold a list; mutating it in place is seen, as under
+    `eqx.filter_jit`, so a module holding one must not be memoised."""
+
+    class M(es.Module):
+        ws: list
+
+        @es.jit
+        def __call__(self, x):
+            return sum(self.ws) * x
+
+    m, x = M([1.0, 2.0]), jnp.array(1.0)  # stored as a list of 0-d arrays
+    assert float(m(x)) == 3.0 and float(m(x)) == 3.0
+    m.ws[0] = jnp.float32(10.0)  # same structure and avals: a hit, new value seen
+    assert float(m(x)) == 12.0
+    m.ws.append(jnp.float32(5.0))  # new structure: a miss
+    assert float(m(x)) == 17.0
+    assert M.__call__.cache_info().misses == 2
+    m.ws[0] = 1.0  # a Python float, put in place by hand: static, as in filter_jit
+    assert float(m(x)) == 8.0
+    assert M.__call__.cache_info().misses == 3
+
+
+def test_a_module_holding_an_edited_module_is_not_memoised():
+    """A module holding a module still being edited sees that module's later edits."""
+
+    class Inner(es.Module):
+        k: int = eqx.field(static=True)
+
+    class Wrap(es.Module):
+        inner: Inner
+
+        @es.jit
+        def f(self, x):
+            return x * self.inner.k
+
+    x = jnp.ones(())
+    with es.edit(Inner(k=1)) as inner:
+        w = Wrap(inner=inner)
+        assert w.f(x) == w.f(x) == 1.0  # the second call would memoise `w`
+        inner.k = 3
+        assert w.f(x) == Wrap.f.__wrapped__(w, x) == 3.0
+    assert w.f(x) == 3.0
+
+
+def test_memoised_method_with_256_array_arguments():
+    """A memoised module's method takes any number of array arguments (here 256)."""
+
+    class M(es.Module):
+        w: float
+
+        @es.jit
+        def f(self, *xs):
+            return self.w * sum(xs)
+
+    m, xs = M(w=1.0), [jnp.ones(())] * 256
+    for _ in range(3):  # the third call takes the memoised fast path
+        assert m.f(*xs) == 256.0
+    assert M.f.cache_info() == es.CacheInfo(2, 1, None, 1)
+
+
+def test_the_memo_does_not_outlive_the_module():
+    class M(es.Module):
+        w: jax.Array
+
+        @es.jit
+        def __call__(self, x):
+            return self.w * x
+
+    m = M(jnp.arange(3.0))
+    m(jnp.ones(3))
+    m(jnp.ones(3))  # a hit, from the memo
+    leaf = weakref.ref(m.w)
+    del m
+    gc.collect()
+    assert leaf() is None
+
+
+def test_mutating_a_module_in_place_is_not_seen():
+    """Frozen means frozen: the memo keeps the leaves that the first call saw."""
+
+    class M(es.Module):
+        w: jax.Array
+
+        @es.jit
+        def __call__(self, x):
+            return self.w * x
+
+    m = M(jnp.ones(3))
+    m(jnp.ones(3))
+    object.__setattr__(m, "w", jnp.zeros(3))
+    np.testing.assert_array_equal(m(jnp.ones(3)), np.ones(3))  # stale
+    np.testing.assert_array_equal(M(m.w)(jnp.ones(3)), np.zeros(3))

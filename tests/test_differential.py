@@ -1,11 +1,9 @@
-"""Differential suite (issue #10, DESIGN §2.0): for realistic Equinox programs,
-`es.jit(f)(*args)` returns what `f(*args)` and `eqx.filter_jit(f)(*args)` return —
-the same values, leaf types and tree — and traces no more often than
-`eqx.filter_jit`.
+"""The one rule, checked on realistic Equinox programs: `es.jit(f)(*args)` returns
+what `f(*args)` and `eqx.filter_jit(f)(*args)` return, the same values, leaf types
+and tree, and traces no more often than `eqx.filter_jit`.
 
 The programs live in `tests/programs.py`. Each is run three times on fresh copies
-of the same calls: eagerly, under `eqx.filter_jit` and under `es.jit`.
-"""
+of the same calls: eagerly, under `eqx.filter_jit` and under `es.jit`."""
 
 import functools
 import gc
@@ -32,7 +30,8 @@ from programs import (
 
 def _params(aspect: str) -> list:
     del aspect  # no difference is kept on purpose, for results or for traces
-    return [pytest.param(p, id=p.name) for p in PROGRAMS]
+    slow = [pytest.mark.slow]
+    return [pytest.param(p, id=p.name, marks=slow if p.slow else ()) for p in PROGRAMS]
 
 
 _WRAPS = {"eager": None, "filter_jit": eqx.filter_jit, "es.jit": es.jit}
@@ -157,7 +156,7 @@ def test_bound_method_in_a_field_is_partitioned_like_an_argument():
 
 
 def test_default_arguments_are_bound_before_keying():
-    """`f(x)`, `f(x, 2.0)` and `f(x, scale=2.0)` are one call (DESIGN §2.4)."""
+    """`f(x)`, `f(x, 2.0)` and `f(x, scale=2.0)` are one call."""
     traces = 0
 
     def f(x, scale=2.0):

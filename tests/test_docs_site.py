@@ -146,6 +146,7 @@ def test_block_runs(block: Block):
         raise error
 
 
+@pytest.mark.slow
 def test_site_builds_strictly(tmp_path: Path):
     if importlib.util.find_spec("mkdocs") is None:
         pytest.skip("the `docs` extra is not installed")

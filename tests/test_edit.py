@@ -1,4 +1,5 @@
-"""`es.edit` (DESIGN §2.3): mutable-looking edits that produce a validated module."""
+"""`es.edit`: mutable-looking edits that produce a validated, frozen module, copy on
+write; a failed block leaves the original untouched and its copy unusable."""
 
 import abc
 import dataclasses
@@ -8,6 +9,7 @@ import equinox as eqx
 import eqx_static as es
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from helpers import Bomb
 from jaxtyping import Array, Float
@@ -401,7 +403,7 @@ def test_assigning_an_unknown_field_names_the_closest_one():
 
 def test_edit_never_shares_a_mutable_object_with_the_original():
     """A list inside a tuple, a list inside a dict, a list in a tuple in a tuple:
-    editing them in place changes the copy only (issue 15's finding)."""
+    editing them in place changes the copy only."""
 
     class Holder(es.Module):
         pair: tuple
@@ -622,3 +624,55 @@ def test_an_edit_of_a_stacked_module_takes_stacked_values():
     with pytest.raises(TypeError, match=r"holds a stacked value float32\[4, 3\]"):
         with es.edit(stacked) as s3:
             s3.w = jnp.zeros((5, 3))
+
+
+# --- edits in place ----------------------------------------------------------------
+
+
+def test_edit_in_place_on_a_list_or_dict_field_leaves_the_original_alone():
+    """In-place edits of a plain list or dict field inside es.edit change only the copy."""
+
+    class M(es.Module):
+        ws: list
+        names: dict
+        flag: bool = eqx.field(static=True)
+
+    c = M(ws=[jnp.zeros(2), jnp.zeros(2)], names={"a": 1.0}, flag=False)
+    with es.edit(c) as c2:
+        c2.ws[0] = jnp.ones(2)
+        c2.names["a"] = 5.0
+    assert c2.ws is not c.ws and c2.names is not c.names
+    assert np.array_equal(c.ws[0], jnp.zeros(2)) and c.names == {"a": 1.0}
+    assert np.array_equal(c2.ws[0], jnp.ones(2)) and c2.names == {"a": 5.0}
+
+
+def test_a_failed_edit_leaves_no_usable_module():
+    """When es.edit fails validation on exit, the yielded copy cannot be used."""
+
+    class M(es.Module):
+        w: float
+        k: int = eqx.field(static=True)
+
+        def __check_init__(self):
+            if self.k < 0:
+                raise ValueError("k must be >= 0")
+
+        @es.jit
+        def f(self, x):
+            return x * self.w * self.k
+
+    c, x = M(w=1.0, k=1), jnp.ones(())
+    with pytest.raises(ValueError, match="k must be >= 0"):
+        with es.edit(c) as c2:
+            c2.k = -5
+    defunct = "copy made by an `es.edit` block that raised"
+    with pytest.raises(RuntimeError, match=defunct):
+        c2.k  # noqa: B018
+    with pytest.raises(RuntimeError, match=defunct):
+        c2.f(x)
+    with pytest.raises(TypeError, match="unhashable"):
+        with es.edit(c) as c3:
+            c3.k = [1, 2]  # pyright: ignore[reportAttributeAccessIssue]
+    with pytest.raises(RuntimeError, match=defunct):
+        c3.k  # noqa: B018
+    assert c.k == 1 and c.f(x) == 1.0

@@ -5,9 +5,6 @@ failed callback, and honour `EQX_ON_ERROR` (read when Equinox is imported: each
 mode runs in a process of its own). Every case is compared with `eqx.filter_jit`."""
 
 import logging
-import os
-import subprocess
-import sys
 import textwrap
 import traceback
 
@@ -17,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import run_python
 
 
 def _positive(x):
@@ -138,15 +136,12 @@ _MODES = textwrap.dedent(
 
 
 def _run_mode(mode: str, wrapper: str, tmp_path) -> str:
-    env = dict(os.environ, EQX_ON_ERROR=mode, JAX_PLATFORMS="cpu")
-    done = subprocess.run(
-        [sys.executable, "-c", _MODES, wrapper],
-        input="c\n" * 20,  # the debugger of the breakpoint mode: continue
-        capture_output=True,
-        text=True,
-        env=env,
+    done = run_python(
+        wrapper,
+        code=_MODES,
+        env={"EQX_ON_ERROR": mode},
+        stdin="c\n" * 20,  # the debugger of the breakpoint mode: continue
         cwd=tmp_path,
-        timeout=180,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
@@ -168,3 +163,149 @@ def test_eqx_on_error_modes_as_under_filter_jit(mode, tmp_path):
     assert "logged []" in ours
     if mode != "nan":
         assert ours.count("equinox.EquinoxRuntimeError: positive!") == 2
+
+
+# --- a traced field where Python needs a value -------------------------------------
+
+
+def test_traced_field_in_if_names_the_field():
+    class Gate(es.Module):
+        dp: float
+
+        @es.jit
+        def __call__(self, x):
+            if self.dp > 0:
+                return x
+            return -x
+
+    with pytest.raises(es.TracedFieldError) as info:
+        Gate(1.0)(jnp.array(1.0))
+    assert isinstance(info.value, jax.errors.ConcretizationTypeError)
+    message = str(info.value)
+    assert "'dp'" in message
+    assert "Gate`" in message  # the class, by its qualified name
+    assert "eqx.field(static=True)" in message
+
+
+def test_traced_field_error_names_the_field_used_among_several():
+    """The field JAX complained about, not the first dynamic field, and the error
+    keeps the user's line and is also the JAX error it replaces."""
+    import traceback
+
+    class Gate(es.Module):
+        a: float
+        b: float
+        c: float
+
+        @es.jit
+        def __call__(self, x):
+            y = self.a * x + self.c
+            if self.b > 0:  # the offending line
+                return y
+            return -y
+
+    with pytest.raises(es.TracedFieldError) as info:
+        Gate(1.0, 2.0, 3.0)(jnp.array(1.0))
+    message = str(info.value)
+    assert "traced field 'b'" in message and "'a'" not in message
+    assert isinstance(info.value, jax.errors.TracerBoolConversionError)
+    lines = traceback.format_tb(info.value.__traceback__)
+    assert any("if self.b > 0:  # the offending line" in line for line in lines)
+
+
+def test_traced_nested_field_names_the_path():
+    class Enc(es.Module):
+        scale: float
+
+    class Model(es.Module):
+        enc: Enc
+
+        @es.jit
+        def __call__(self, x):
+            return x * int(self.enc.scale)
+
+    with pytest.raises(es.TracedFieldError) as info:
+        Model(Enc(2.0))(jnp.array(1.0))
+    message = str(info.value)
+    assert "'scale'" in message
+    assert "enc.scale" in message
+    assert "Enc`" in message
+    assert "eqx.field(static=True)" in message
+
+
+def test_traced_field_as_a_loop_length_names_the_field():
+    """A static's classic use, an int that sets a loop length, traced instead."""
+
+    class Repeat(es.Module):
+        n: int
+
+        @es.jit
+        def __call__(self, x):
+            for _ in range(self.n):
+                x = x + 1
+            return x
+
+    with pytest.raises((TypeError, jax.errors.JAXTypeError)) as info:
+        Repeat(3)(jnp.array(1.0))
+    message = str(info.value)  # JAX's error names only `_es_leaves[0]`
+    assert "'n'" in message and "Repeat`" in message
+    assert "eqx.field(static=True)" in message
+
+
+def test_traced_field_as_a_shape_names_the_field():
+    class Pad(es.Module):
+        n: int
+
+        @es.jit
+        def __call__(self, x):
+            return jnp.zeros(self.n) + x
+
+    with pytest.raises((TypeError, jax.errors.JAXTypeError)) as info:
+        Pad(3)(jnp.array(1.0))
+    message = str(info.value)  # JAX's error names only `_es_leaves[0]`
+    assert "'n'" in message and "Pad`" in message
+    assert "eqx.field(static=True)" in message
+
+
+def test_traced_argument_keeps_jax_error():
+    """Not a field: nothing to declare static, so JAX's own error is kept."""
+
+    @es.jit
+    def f(x):
+        return x if x > 0 else -x
+
+    with pytest.raises(jax.errors.ConcretizationTypeError) as info:
+        f(jnp.array(1.0))
+    assert not isinstance(info.value, es.TracedFieldError)
+
+
+def test_traced_self_keeps_the_field_order_and_ignores_cached_properties():
+    import functools
+
+    class C(es.Module):
+        x: jax.Array
+        flag: bool = eqx.field(static=True)
+
+        @functools.cached_property
+        def mask(self) -> jax.Array:
+            return self.x * 0
+
+        @es.jit
+        def order(self, y):
+            seen.append(list(vars(self)))
+            return y
+
+    seen: list = []
+    a = C(jnp.ones(2), True)
+    a.mask  # noqa: B018  (computed eagerly: must not enter the key)
+    a.order(jnp.ones(()))
+    b = C(jnp.zeros(2), True)
+    b.mask  # noqa: B018
+    b.order(jnp.ones(()))
+    assert C.order.cache_info().misses == 1
+    # The traced `self` is what Equinox's unflatten makes: dynamic fields, then
+    # the wrapper attributes (set, as the cached value made the dictionary longer
+    # than the fields), then static fields; no cached value.
+    rebuilt = jax.tree_util.tree_unflatten(*reversed(jax.tree_util.tree_flatten(a)))
+    assert seen == [list(vars(rebuilt))]
+    assert seen[0][0] == "x" and seen[0][-1] == "flag" and "mask" not in seen[0]

@@ -1,10 +1,9 @@
 """Explanations (`_explain.py`): the INFO line logged on `"eqx_static"` for each
-compile after the first names what changed, in field terms, old -> new; and the
-error for an unhashable static value names where it is.
+miss after the first names what changed, in field terms, old -> new, and whether
+it compiled; and the error for an unhashable static value names where it is.
 
 Each case makes a fresh wrapper (a new function, so a new cache), calls it with
-the first arguments, then with the second, and checks the exact line.
-"""
+the first arguments, then with the second, and checks the exact line."""
 
 import logging
 import zlib
@@ -15,6 +14,7 @@ import eqx_static as es
 import jax
 import jax.numpy as jnp
 import pytest
+from helpers import seed
 
 
 X = jnp.ones(2, jnp.float32)
@@ -311,3 +311,122 @@ def test_a_key_that_reuses_a_program_says_so(caplog):
         "'b'; same program as compile 1, not compiled again",
         f"{name}: compiling (2 cached): argument x shape (2,) -> (3,)",
     ]
+
+
+# --- the log line of a method ------------------------------------------------------
+
+
+@pytest.fixture
+def explanations(caplog):
+    """The messages logged on `eqx_static` at INFO and above while the test runs."""
+    caplog.set_level(logging.INFO, logger="eqx_static")
+
+    def messages() -> list[str]:
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if r.name == "eqx_static" and r.levelno >= logging.INFO
+        ]
+
+    return messages
+
+
+# The README's classes, named plainly (`Child.__call__`) in the log lines.
+_SEED = seed()
+Parent, Child, OtherChild = _SEED.Parent, _SEED.Child, _SEED.OtherChild
+
+
+@pytest.fixture
+def seed_log(explanations):
+    Parent.__call__.cache_clear()
+    yield explanations
+    Parent.__call__.cache_clear()
+
+
+def test_explanation_static_field_changed(seed_log):
+    c, x = Child(dp=2.0, sp=False, dc=3.0, sc=False), jnp.array(1.0)
+    c(x), c(x)
+    assert seed_log() == []  # the first miss says nothing; hits say nothing
+    c = c.with_static(sp=True)
+    c(x), c(x)
+    assert seed_log() == [
+        "Child.__call__: compiling (1 cached): static field 'sp' changed False -> True"
+    ]
+    c.with_dynamic(dp=5.0, dc=1.0)(x)
+    assert len(seed_log()) == 1
+
+
+def test_explanation_argument_shape(seed_log):
+    c = Child(dp=2.0, sp=False, dc=3.0, sc=False)
+    c(jnp.ones(3))
+    c(jnp.ones(4))
+    assert seed_log() == [
+        "Child.__call__: compiling (1 cached): argument x shape (3,) -> (4,)"
+    ]
+
+
+def test_explanation_class(seed_log):
+    x = jnp.array(1.0)
+    Child(dp=2.0, sp=False, dc=3.0, sc=False)(x)
+    assert OtherChild(dp=2.0, sp=False, dc=3.0, sc=False)(x) == -1.0
+    assert seed_log() == [
+        "OtherChild.__call__: compiling (1 cached): class Child -> OtherChild"
+    ]
+
+
+def test_explanation_picks_the_closest_entry_and_counts_entries(seed_log):
+    x = jnp.array(1.0)
+    c = Child(dp=2.0, sp=False, dc=3.0, sc=False)
+    c(x)
+    c.with_static(sp=True)(x)
+    c.with_static(sp=True, sc=True)(x)  # closest: sp=True, sc=False
+    assert seed_log() == [
+        "Child.__call__: compiling (1 cached): static field 'sp' changed False -> True",
+        "Child.__call__: compiling (2 cached): static field 'sc' changed False -> True",
+    ]
+
+
+def test_explanation_field_dtype_and_weak_type(explanations):
+    class W(es.Module):
+        w: Any
+
+        @es.jit
+        def __call__(self):
+            return self.w * 2
+
+    W(jnp.asarray(2.0))()  # weakly typed
+    W(2.0)()  # a stored number: float32, strongly typed
+    W(jnp.array(2.0, jnp.float16))()
+    lines = explanations()
+    assert len(lines) == 2
+    assert "W.__call__: compiling (1 cached): " in lines[0]
+    assert "field 'w' weak type True -> False" in lines[0]
+    assert "field 'w' dtype float32 -> float16" in lines[1]
+
+
+def test_explanation_nested_static_field(explanations):
+    class Enc(es.Module):
+        act: str = eqx.field(static=True)
+
+    class Model(es.Module):
+        enc: Enc
+
+        @es.jit
+        def __call__(self, x):
+            return jnp.tanh(x) if self.enc.act == "tanh" else x
+
+    x = jnp.array(1.0)
+    Model(Enc("id"))(x)
+    Model(Enc("tanh"))(x)
+    (line,) = explanations()
+    assert "static field 'enc.act' changed 'id' -> 'tanh'" in line
+
+
+def test_no_explanation_below_info(caplog):
+    caplog.set_level(logging.WARNING, logger="eqx_static")
+    s = seed()
+    c, x = s.Child(dp=2.0, sp=False, dc=3.0, sc=False), jnp.array(1.0)
+    c(x)
+    c.with_static(sp=True)(x)
+    assert [r for r in caplog.records if r.name == "eqx_static"] == []
+    assert s.Child.__call__.cache_info().misses == 2

@@ -1,13 +1,19 @@
-"""The compile key (`_key.py`): static values are compared by type *and* value, at
-any depth, so that values that compare equal in Python (`1 == True == 1.0`,
-`0.0 == -0.0`) never share a compiled entry, and `nan` shares one with itself.
+"""The compile key (`_key.py`, `_typed.py`): what keys a call. Static values are
+compared by type *and* value, at any depth, so that values that compare equal in
+Python (`1 == True == 1.0`, `0.0 == -0.0`) never share a compiled entry, and `nan`
+shares one with itself; tree structure, classes, shapes, dtypes, weak types and
+shardings key a call too; non-module arguments follow `eqx.filter_jit`'s rules;
+unhashable statics of plain modules key by `==`; deep nesting and values that
+contain themselves.
 
-A shared entry shows up as a result of the wrong dtype or sign: each call below is
-compared with the eager call on dtype, weak type, value and `np.signbit`.
-"""
+A shared entry shows up as a result of the wrong dtype or sign: calls are compared
+with the eager call on dtype, weak type, value and `np.signbit`."""
 
+import dataclasses
 import math
-from typing import Any
+import textwrap
+import typing
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import eqx_static as es
@@ -17,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import run_python, seed
 
 
 NAN = float("nan")
@@ -101,6 +108,7 @@ def _call(route: str, s: Any, x: jax.Array) -> tuple[Any, Any]:
     return _plain_jit(x, s=s), _plain(x, s=s)
 
 
+@pytest.mark.slow
 @hypothesis.settings(max_examples=60, deadline=None)
 @hypothesis.given(st.lists(st.tuples(routes, statics), min_size=1, max_size=8))
 def test_calls_with_colliding_statics_equal_the_eager_calls(calls):
@@ -169,7 +177,7 @@ def test_minus_nan_keeps_its_sign():
         _assert_same(got, want)
 
 
-# --- large static tuples (keyed once per object) ------------------------------------
+# --- large static tuples (keyed once per object) --------------------------------------
 
 
 def _mixed(n: int, arrays: list) -> tuple:
@@ -228,7 +236,7 @@ def test_a_list_inside_a_large_tuple_is_read_again_after_it_changes():
     assert _table_total.cache_info().misses == 2
 
 
-# --- types with their own equality --------------------------------------------------
+# --- types with their own equality ----------------------------------------------------
 
 
 @es.jit
@@ -300,7 +308,7 @@ def test_a_tuple_subclass_with_its_own_eq_is_compared_by_it():
     assert f.cache_info().misses == 1  # equal by its own `__eq__`: one entry
 
 
-# --- Equinox's wrapper attributes --------------------------------------------------
+# --- Equinox's wrapper attributes -----------------------------------------------------
 
 
 def _square(x: jax.Array) -> jax.Array:
@@ -375,7 +383,7 @@ def test_memoised_module_keys_carry_only_their_own_leaves():
     assert f.cache_info().misses == 2  # (k=1, k=2) and (k=2, k=1)
 
 
-# --- drop-in: statics that plain modules and real programs hold ---------------------
+# --- drop-in: statics that plain modules and real programs hold -----------------------
 
 
 class _Touchy:
@@ -482,3 +490,672 @@ def test_deeply_nested_pytrees_other_than_plain_containers_key_fine():
     f = es.jit(innermost)
     assert float(f(v)) == 2.0 and float(f(v)) == 2.0
     assert f.cache_info().hits == 1
+
+
+def test_unhashable_static_value_in_a_plain_equinox_module():
+    """A plain `eqx.Module` may hold a list in a static field (lineax operators
+    do): it keys by `==`, as Equinox's tree structure compares it, and as under
+    `eqx.filter_jit`. (An `es.Module` refuses it at construction.)"""
+
+    class P(eqx.Module):
+        w: float
+        xs: list = eqx.field(static=True)
+
+    traces = [0]
+
+    def body(m, x):
+        traces[0] += 1
+        return x * m.w * len(m.xs)
+
+    f, g = es.jit(body), eqx.filter_jit(body)
+    x = jnp.ones(2)
+    for xs in ([1, 2], [1, 2], [1.0, 2.0], [1, 2, 3]):
+        p = P(2.0, xs)
+        np.testing.assert_array_equal(f(p, x), g(p, x))
+        np.testing.assert_array_equal(f(p, x), body(p, x))
+    # `[1, 2] == [1.0, 2.0]`: one key, as in filter_jit; `[1, 2, 3]` is another.
+    assert f.cache_info() == es.CacheInfo(6, 2, None, 2)
+    # The key holds the list itself, as JAX's tree structure does: changed in
+    # place, it still equals itself, so the cached program runs, as under
+    # `eqx.filter_jit`. Frozen means frozen (README, "Guarantees").
+    p.xs.append(4)
+    np.testing.assert_array_equal(f(p, x), g(p, x))
+
+
+def test_unhashable_wrapper_attributes_compare_by_value():
+    """Equinox keeps `eqx.module_update_wrapper`'s attributes in the structure and
+    compares them with `==` (equinox 0.13.3 copies a function's `__annotations__`
+    dict onto `eqx.filter_grad(f)`): two equal dicts are one entry."""
+
+    class Wrapped(eqx.Module):
+        w: jax.Array
+
+        def __call__(self, x):
+            return self.w * x
+
+    def wrapped(annotations: dict) -> Wrapped:
+        m = Wrapped(jnp.ones(2))
+        object.__setattr__(m, "__annotations__", annotations)
+        return m
+
+    traces = [0]
+
+    @es.jit
+    def f(m, x):
+        traces[0] += 1
+        return m(x)
+
+    f(wrapped({"x": int}), jnp.ones(2))
+    f(wrapped({"x": int}), jnp.ones(2))  # an equal dict: no retrace
+    assert traces[0] == 1
+    f(wrapped({"x": float}), jnp.ones(2))  # a different one: a new entry
+    assert traces[0] == 2
+
+
+# --- the key of a call ----------------------------------------------------------------
+
+
+def test_static_values_are_keyed_by_type_and_value():
+    traces = [0]
+
+    class S(es.Module):
+        n: Any = eqx.field(static=True)
+
+        @es.jit
+        def __call__(self):
+            traces[0] += 1
+            return jnp.asarray(self.n)
+
+    outs = [S(n)() for n in (1, True, 1.0, 1, True, 1.0)]
+    assert [o.dtype for o in outs] == [jnp.int32, jnp.bool_, jnp.float32] * 2
+    assert [o.item() for o in outs] == [1, True, 1.0] * 2
+    assert [type(o.item()) for o in outs[:3]] == [int, bool, float]
+    assert traces[0] == 3
+    assert S.__call__.cache_info() == es.CacheInfo(3, 3, None, 3)
+
+
+def test_static_tuples_are_keyed_by_element_types():
+    class S(es.Module):
+        n: tuple = eqx.field(static=True)
+
+        @es.jit
+        def __call__(self):
+            return jnp.asarray(self.n[0])
+
+    assert [S(n)().dtype for n in ((1,), (True,), (1.0,))] == [
+        jnp.int32,
+        jnp.bool_,
+        jnp.float32,
+    ]
+    assert S.__call__.cache_info().misses == 3
+
+
+class _Cfg(NamedTuple):
+    n: Any
+
+
+def test_static_namedtuples_are_keyed_by_element_types():
+    """A config `NamedTuple` in a static field is common; `Cfg(1) == Cfg(True)`."""
+
+    class S(es.Module):
+        cfg: _Cfg = eqx.field(static=True)
+
+        @es.jit
+        def __call__(self):
+            return jnp.asarray(self.cfg.n)
+
+    assert S(_Cfg(1))().dtype == jnp.int32
+    assert S(_Cfg(True))().dtype == jnp.bool_
+    assert S(_Cfg(1.0))().dtype == jnp.float32
+    assert S.__call__.cache_info().misses == 3
+
+
+def test_negative_zero_is_its_own_static_value():
+    class S(es.Module):
+        z: float = eqx.field(static=True)
+
+        @es.jit
+        def __call__(self, x):
+            return x * self.z
+
+    x = jnp.array(1.0)
+    assert not jnp.signbit(S(0.0)(x))
+    assert jnp.signbit(S(-0.0)(x))
+    assert S.__call__.cache_info().misses == 2
+
+
+def test_concrete_class_is_part_of_the_key():
+    s = seed()
+
+    class Doubled(s.Child):
+        def g(self, x):
+            return 2.0 * x
+
+    class Same(s.Child):  # no override at all: still another class
+        pass
+
+    x = jnp.array(1.5)
+    kw = dict(dp=2.0, sp=True, dc=3.0, sc=True)
+    assert s.Child(**kw)(x) == 9.0
+    assert Doubled(**kw)(x) == 6.0
+    assert Same(**kw)(x) == 9.0
+    assert s.Child(**kw)(x) == 9.0
+    assert Doubled(**kw)(x) == 6.0
+    assert s.traces[0] == 3
+    assert s.Parent.__call__.cache_info() == es.CacheInfo(2, 3, None, 3)
+
+
+def test_tree_structure_is_part_of_the_key():
+    traces = [0]
+
+    class T(es.Module):
+        ws: tuple
+        bias: jax.Array | None
+
+        @es.jit
+        def __call__(self, x):
+            traces[0] += 1
+            out = x * sum(self.ws)
+            return out if self.bias is None else out + self.bias
+
+    x = jnp.array(2.0)
+    assert T((1.0, 2.0), None)(x) == 6.0
+    assert T((3.0, 4.0), None)(x) == 14.0  # same structure: reuse
+    assert traces[0] == 1
+    assert T((1.0, 2.0, 3.0), None)(x) == 12.0
+    assert traces[0] == 2
+    assert T((1.0, 2.0), jnp.array(1.0))(x) == 7.0
+    assert traces[0] == 3
+    assert T((1.0, 2.0), None)(x) == 6.0
+    assert traces[0] == 3
+    assert T.__call__.cache_info().misses == 3
+
+
+def test_shape_and_dtype_of_a_field_are_part_of_the_key():
+    traces = [0]
+
+    class W(es.Module):
+        w: jax.Array
+
+        @es.jit
+        def __call__(self):
+            traces[0] += 1
+            return self.w * 2
+
+    assert (W(jnp.ones(3))() == 2).all()
+    assert (W(jnp.zeros(3))() == 0).all()
+    assert traces[0] == 1
+    assert W(jnp.ones(4))().shape == (4,)
+    assert traces[0] == 2
+    out = W(jnp.ones(3, jnp.float16))()
+    assert out.dtype == jnp.float16
+    assert traces[0] == 3
+    assert W(jnp.ones(3, jnp.float32))().dtype == jnp.float32
+    assert W(jnp.ones(4))().shape == (4,)
+    assert traces[0] == 3
+    assert W.__call__.cache_info() == es.CacheInfo(3, 3, None, 3)
+
+
+def test_weak_type_of_a_field_is_part_of_the_key():
+    traces = [0]
+
+    class W(es.Module):
+        w: Any
+
+        @es.jit
+        def __call__(self):
+            traces[0] += 1
+            return self.w * 2
+
+    # `jnp.asarray(2.0)` is weakly typed; a Python 2.0 is stored strongly typed.
+    weak, strong = W(jnp.asarray(2.0)), W(jnp.array(2.0, jnp.float32))
+    assert jax.typeof(weak()).weak_type
+    assert jax.typeof(weak()).weak_type
+    assert not jax.typeof(strong()).weak_type
+    assert not jax.typeof(W(5.0)()).weak_type  # a stored number: strong
+    assert traces[0] == 2
+    assert W.__call__.cache_info().misses == 2
+    assert float(W(5.0)()) == 10.0 and float(strong()) == 4.0
+
+
+@pytest.mark.slow
+def test_sharding_is_part_of_the_key(tmp_path):
+    """Eight simulated CPU devices need a fresh process: XLA reads the flag once.
+
+    JAX traces once per aval and compiles once per input layout, so a new sharding
+    need not retrace: it is a hit that compiled, counted by `compile_info()` and
+    explained."""
+    script = textwrap.dedent(
+        """
+        import logging
+        import jax, jax.numpy as jnp, numpy as np, eqx_static as es
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+        assert len(jax.devices()) == 8
+        lines = []
+        handler = logging.Handler()
+        handler.emit = lambda record: lines.append(record.getMessage())
+        logging.getLogger("eqx_static").addHandler(handler)
+        logging.getLogger("eqx_static").setLevel(logging.INFO)
+        compiles = []
+        jax.monitoring.register_event_duration_secs_listener(
+            lambda event, duration, **kw: compiles.append(event)
+            if event == "/jax/core/compile/backend_compile_duration"
+            else None
+        )
+
+        class W(es.Module):
+            w: jax.Array
+
+            @es.jit
+            def __call__(self, x):
+                return self.w * x
+
+        mesh = Mesh(np.array(jax.devices()), ("i",))
+        split = NamedSharding(mesh, P("i"))
+        whole = NamedSharding(mesh, P())
+        x = jnp.array(2.0)
+        a = W(jax.device_put(jnp.arange(8.0), split))
+        b = W(jax.device_put(jnp.arange(8.0), whole))
+        c = W(jax.device_put(jnp.ones(8), split))
+        del compiles[:]
+        for m in (a, c, b, a, b):
+            out = m(x)
+            assert out.sharding.is_equivalent_to(m.w.sharding, 1), out.sharding
+            np.testing.assert_array_equal(np.asarray(out), 2 * np.asarray(m.w))
+        print("compiles", len(compiles))
+        print("info", tuple(W.__call__.cache_info()))
+        print("xla", W.__call__.compile_info().compiles)
+        print("lines", lines)
+        """
+    )
+    done = run_python(
+        code=script,
+        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"},
+        cwd=tmp_path,  # not the repository: import the package as installed
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "compiles 2\n" in out, out  # once per layout
+    assert "info (4, 1, None, 2)\n" in out, out  # one trace, two entries
+    assert "xla 2\n" in out, out  # ...and counted as such
+    assert "sharding" in out.split("lines", 1)[1], out  # ...and explained
+
+
+# --- arguments that are not modules: eqx.filter_jit's rules ---------------------------
+
+
+def _compare_with_filter_jit(calls: list[tuple]) -> tuple[list[int], list[int]]:
+    """Trace counts after each call, under `es.jit` and under `eqx.filter_jit`."""
+    ours, theirs = [0], [0]
+
+    @es.jit
+    def f(*args):
+        ours[0] += 1
+        return jnp.zeros(())
+
+    @eqx.filter_jit
+    def g(*args):
+        theirs[0] += 1
+        return jnp.zeros(())
+
+    a, b = [], []
+    for args in calls:
+        f(*args)
+        g(*args)
+        a.append(ours[0])
+        b.append(theirs[0])
+    return a, b
+
+
+def test_non_module_arguments_follow_filter_jit():
+    fn1, fn2 = jnp.sin, jnp.cos
+    calls = [
+        (jnp.ones(3),),
+        (jnp.zeros(3),),  # array values are traced
+        (np.ones(3, np.float32),),  # a NumPy array: traced too
+        (jnp.ones(4),),  # new shape
+        (2.5,),  # a Python float outside a module is static...
+        (2.5,),
+        (3.5,),  # ...so a new value recompiles
+        ("relu",),
+        ("relu",),
+        ("tanh",),
+        (fn1,),
+        (fn1,),
+        (fn2,),
+        ((1.0, jnp.ones(2)),),
+        ((2.0, jnp.zeros(2)),),
+        ([1.0, jnp.ones(2)],),
+        (None,),
+        ({"a": jnp.ones(2), "b": 3},),
+        ({"a": jnp.zeros(2), "b": 3},),
+    ]
+    ours, theirs = _compare_with_filter_jit(calls)
+    assert ours == theirs
+    assert ours[-1] == 13
+
+
+def test_python_float_argument_recompiles_per_value_and_is_a_python_float():
+    seen = []
+
+    @es.jit
+    def f(x, scale):
+        seen.append(type(scale))
+        return x * scale
+
+    x = jnp.ones(2)
+    assert (f(x, 2.0) == 2).all() and (f(x, 2.0) == 2).all()
+    assert (f(x, 3.0) == 3).all()
+    assert seen == [float, float]
+    assert f.cache_info() == es.CacheInfo(1, 2, None, 2)
+
+
+def test_static_arguments_are_keyed_by_type_and_value():
+    """Stricter than `eqx.filter_jit`, which lets `1`, `True` and `1.0` share."""
+
+    @es.jit
+    def f(n):
+        return jnp.asarray(n)
+
+    assert [f(n).dtype for n in (1, True, 1.0)] == [jnp.int32, jnp.bool_, jnp.float32]
+    assert f.cache_info().misses == 3
+
+
+def test_string_and_function_arguments_are_static():
+    @es.jit
+    def f(x, act, fn):
+        assert isinstance(act, str)
+        return fn(x) if act == "fn" else x
+
+    x = jnp.array([0.5, 1.0])
+    assert (f(x, "fn", jnp.sin) == jnp.sin(x)).all()
+    assert (f(x, "fn", jnp.cos) == jnp.cos(x)).all()
+    assert (f(x, "id", jnp.cos) == x).all()
+    assert (f(x, "fn", jnp.sin) == jnp.sin(x)).all()
+    assert f.cache_info() == es.CacheInfo(1, 3, None, 3)
+
+
+# --- typed static values --------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore:A JAX array is being set as static")
+def test_numpy_scalar_statics_are_keyed_by_sign():
+    """np.float32(0.0) and np.float32(-0.0) as static values compile separately."""
+
+    class N(es.Module):
+        v: object = eqx.field(static=True)
+
+        @es.jit
+        def f(self, x):
+            return x + 1 / jnp.asarray(self.v)
+
+    z = jnp.zeros((), jnp.float32)
+    for v in (np.float32(0.0), np.float32(-0.0)):
+        assert N(v=v).f(z) == z + 1 / jnp.asarray(v)
+    assert N.f.cache_info() == es.CacheInfo(0, 2, None, 2)
+
+
+def test_complex_statics_are_keyed_by_sign_and_nan_equals_itself():
+    """Complex static values differ by the sign of zero; a nan part still hits."""
+
+    class C(es.Module):
+        c: complex = eqx.field(static=True)
+
+        @es.jit
+        def f(self, x):
+            return x + 1 / jnp.asarray(self.c).imag
+
+    z = jnp.zeros((), jnp.float32)
+    for v in (complex(1, 0.0), complex(1, -0.0)):
+        assert C(c=v).f(z) == z + 1 / jnp.asarray(v).imag
+    assert C.f.cache_info() == es.CacheInfo(0, 2, None, 2)
+    C.f.cache_clear()
+    for _ in range(5):
+        C(c=complex(float("nan"), 0)).f(z)  # equal-valued modules
+    assert C.f.cache_info() == es.CacheInfo(4, 1, None, 1)
+
+
+def test_frozenset_statics_are_keyed_by_element_types():
+    """frozenset({1}), frozenset({True}) and frozenset({1.0}) compile separately."""
+
+    class S(es.Module):
+        s: frozenset = eqx.field(static=True)
+
+        @es.jit
+        def f(self, x):
+            return jnp.asarray(next(iter(self.s)))
+
+    z = jnp.zeros((), jnp.float32)
+    for v in (frozenset({1}), frozenset({True}), frozenset({1.0})):
+        out = S(s=v).f(z)
+        assert out.dtype == jnp.asarray(next(iter(v))).dtype
+    assert S.f.cache_info() == es.CacheInfo(0, 3, None, 3)
+
+
+class Dims(tuple):
+    def __new__(cls, *dims):
+        return super().__new__(cls, dims)
+
+
+def test_tuple_subclass_static_reaches_the_trace_unchanged():
+    """A static tuple subclass with a *args constructor is the same value inside the trace."""
+
+    class M(es.Module):
+        dims: Dims = eqx.field(static=True)
+
+        @es.jit
+        def f(self, x):
+            assert type(self.dims) is Dims
+            return x * len(self.dims)
+
+    m, x = M(dims=Dims(4, 5, 6)), jnp.ones(())
+    assert m.f(x) == M.f.__wrapped__(m, x) == 3.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Cfg:
+    scale: Any
+
+
+class Inner(eqx.Module):
+    n: Any = eqx.field(static=True)
+
+
+class Pair(typing.NamedTuple):
+    a: Any
+    b: Any
+
+
+class ConfigHolder(es.Module):
+    cfg: Any = eqx.field(static=True)
+
+    @es.jit
+    def as_array(self):
+        return jnp.asarray(_first(self.cfg))
+
+    @es.jit
+    def reciprocal(self, x):
+        return x / _first(self.cfg)
+
+
+def _first(cfg: Any) -> Any:
+    if isinstance(cfg, Cfg):
+        return cfg.scale
+    if isinstance(cfg, Inner):
+        return cfg.n
+    if isinstance(cfg, frozenset):
+        return next(iter(cfg))
+    while isinstance(cfg, tuple):
+        cfg = cfg[0]
+    return cfg
+
+
+WRAPS = {
+    "dataclass": Cfg,
+    "module": Inner,
+    "named tuple": lambda v: Pair(v, 0),
+    "tuple": lambda v: (v,),
+    "nested tuple": lambda v: ((v,),),
+    "frozenset": lambda v: frozenset([v]),
+}
+
+
+@pytest.mark.parametrize("wrap", sorted(WRAPS))
+def test_one_true_and_one_point_zero_differ_inside_a_static_value(wrap):
+    make = WRAPS[wrap]
+    got = [ConfigHolder(make(v)).as_array().dtype for v in (1, True, 1.0)]
+    eager = [
+        ConfigHolder.as_array.fn(ConfigHolder(make(v))).dtype for v in (1, True, 1.0)
+    ]
+    assert got == eager == [jnp.int32, jnp.bool_, jnp.float32]
+
+
+@pytest.mark.parametrize("wrap", ["dataclass", "module", "tuple", "named tuple"])
+def test_minus_zero_and_nan_inside_a_static_value(wrap):
+    make = WRAPS[wrap]
+    x = jnp.ones(())
+    assert float(ConfigHolder(make(0.0)).reciprocal(x)) == np.inf
+    assert (
+        float(ConfigHolder(make(-0.0)).reciprocal(x)) == -np.inf
+    )  # not the +0.0 entry
+    before = ConfigHolder.reciprocal.cache_info().misses
+    for _ in range(2):  # nan equals itself: one entry, then hits
+        assert np.isnan(float(ConfigHolder(make(float("nan"))).reciprocal(x * 0)))
+    assert ConfigHolder.reciprocal.cache_info().misses == before + 1
+
+
+class Tagged(tuple):
+    """A tuple subclass with its own equality: the unit takes part in it."""
+
+    unit: str
+
+    def __new__(cls, values: tuple, unit: str):
+        self = super().__new__(cls, values)
+        self.unit = unit
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, Tagged)
+            and tuple(self) == tuple(other)
+            and self.unit == other.unit
+        )
+
+    def __hash__(self) -> int:
+        return hash((tuple(self), self.unit))
+
+
+class Distance(es.Module):
+    d: Tagged = eqx.field(static=True)
+
+    @es.jit
+    def metres(self, x):
+        return x * sum(self.d) * (1000.0 if self.d.unit == "km" else 1.0)
+
+
+def test_a_tuple_subclass_is_compared_by_its_own_eq():
+    x = jnp.ones(())
+    assert float(Distance(Tagged((1, 1), "m")).metres(x)) == 2.0
+    assert float(Distance(Tagged((1, 1), "km")).metres(x)) == 2000.0
+
+
+def test_a_large_static_tuple_argument_is_keyed_once_per_object(monkeypatch):
+    """A lookup table passed as a plain argument: its key is made on the first
+    call and reused while the same tuple object is passed again."""
+    from eqx_static import _key
+
+    table = tuple(range(1000))
+    calls = [0]
+    walk = _key.node
+
+    def counting(*args: Any) -> Any:
+        calls[0] += 1
+        return walk(*args)
+
+    monkeypatch.setattr(_key, "node", counting)
+
+    @es.jit
+    def f(x, t):
+        return x + t[3]
+
+    assert float(f(jnp.ones(()), table)) == 4.0
+    first = calls[0]
+    assert first > 1000  # walked element by element once
+    assert float(f(jnp.ones(()), table)) == 4.0
+    assert calls[0] - first == 1  # the tuple itself only
+    assert float(f(jnp.ones(()), tuple(range(1000)))) == 4.0  # another object
+    assert f.cache_info().misses == 1
+
+
+def test_a_static_value_is_hashed_once_per_instance_it_is_held_by():
+    hashes = [0]
+
+    class Config:
+        def __hash__(self):
+            hashes[0] += 1
+            return 0
+
+        def __eq__(self, other):
+            return isinstance(other, Config)
+
+    class M(es.Module):
+        w: jax.Array
+        config: Config = eqx.field(static=True)
+
+        @es.jit
+        def __call__(self, x):
+            return self.w * x
+
+    m = M(jnp.ones(3), Config())
+    m(jnp.ones(3))
+    before = hashes[0]
+    for _ in range(5):
+        jax.tree.map(lambda a: a + 0, m)(jnp.ones(3))  # a new instance each call
+    assert hashes[0] == before
+    assert M.__call__.cache_info().misses == 1
+
+
+# --- nesting --------------------------------------------------------------------------
+
+
+class Node(es.Module):
+    w: jax.Array
+    child: Any
+    k: int = eqx.field(static=True)
+
+
+def _total(m: Any) -> Any:
+    s = 0.0
+    while m is not None:
+        s = s + m.w * m.k
+        m = m.child
+    return s
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("depth", [450, 900])
+def test_modules_nested_as_deep_as_filter_jit_takes(depth):
+    m = None
+    for i in range(depth):
+        m = Node(jnp.ones(()), m, i % 3)
+    want = float(eqx.filter_jit(_total)(m))
+    assert float(es.jit(_total)(m)) == want == float(_total(m))
+
+
+def test_nested_lists_and_static_tuples_900_deep():
+    x: Any = jnp.ones(())
+    for _ in range(900):
+        x = [x]
+
+    def unwrap(v):
+        while isinstance(v, list):
+            v = v[0]
+        return 2 * v
+
+    assert float(es.jit(unwrap)(x)) == float(eqx.filter_jit(unwrap)(x)) == 2.0
+    t: Any = (1,)
+    for _ in range(900):
+        t = (t, 1.0)
+    assert float(ConfigHolder(t).as_array()) == 1.0

@@ -1,4 +1,6 @@
-"""`es.Module` (DESIGN §2.1): a drop-in `eqx.Module` with checked static fields."""
+"""`es.Module`: a drop-in `eqx.Module` with checked static fields, numbers stored as
+arrays, defaults set, and what Equinox's training loops, serialisation and
+`eqx.tree_at` see."""
 
 import abc
 import contextlib
@@ -286,123 +288,6 @@ def test_edit_rejects_a_non_module_with_its_own_message():
     )
 
 
-def test_jit_rejects_a_non_callable_with_its_own_message():
-    with pytest.raises(TypeError) as info:
-        es.jit(staticmethod(3))  # pyright: ignore[reportArgumentType]
-    assert str(info.value) == "`es.jit` takes a function or method, got int."
-
-
-@pytest.fixture
-def _no_runtime_typechecks(monkeypatch):
-    import jaxtyping
-
-    monkeypatch.setattr(jaxtyping.config, "jaxtyping_disable", True)
-
-
-@pytest.mark.usefixtures("_no_runtime_typechecks")
-@pytest.mark.parametrize("donate", ["some", "None", None, True])
-def test_jit_rejects_an_unknown_donate_with_its_own_message(donate):
-    with pytest.raises(ValueError) as info:
-        es.jit(donate=donate)(lambda x: x)
-    assert str(info.value) == (
-        "`es.jit(donate=...)` must be one of 'none', 'all', 'all-except-first', "
-        f"'warn', 'warn-except-first'; got {donate!r}."
-    )
-
-
-@pytest.mark.usefixtures("_no_runtime_typechecks")
-@pytest.mark.parametrize("name", ["maxsize", "max_compiles", "warn_after"])
-@pytest.mark.parametrize("value", [0, -1, 1.5, "2", True])
-def test_jit_rejects_a_bad_count_with_its_own_message(name, value):
-    with pytest.raises(ValueError) as info:
-        es.jit(**{name: value})(lambda x: x)
-    counts = "compiled entries" if name == "maxsize" else "XLA compiles"
-    assert str(info.value) == (
-        f"`{name}` must be None or a positive int, got {value!r}: "
-        f"`es.jit({name}=...)` counts {counts}."
-    )
-
-
-@pytest.mark.parametrize("form", ["decorator", "call"])
-def test_depends_on_was_removed_and_the_error_says_what_replaced_it(form):
-    with pytest.raises(TypeError) as info:
-        if form == "decorator":
-            es.jit(depends_on="auto")
-        else:
-            es.jit(lambda x: x, depends_on=("a",))
-    message = str(info.value)
-    assert message.startswith("`es.jit(depends_on=...)` was removed in eqx_static 0.2.")
-    assert "compiles once per distinct program" in message
-    assert message.endswith("Drop `depends_on=`.")
-
-
-def test_an_unknown_jit_option_is_named():
-    with pytest.raises(TypeError) as info:
-        es.jit(lambda x: x, static_argnums=0, donate_argnums=1)
-    assert str(info.value) == (
-        "`es.jit` got unexpected keyword arguments 'donate_argnums', "
-        "'static_argnums'; it takes `donate`, `maxsize`, `max_compiles` and "
-        "`warn_after`."
-    )
-
-
-@pytest.mark.parametrize("name", ["maxsize", "max_compiles", "warn_after"])
-def test_jit_accepts_good_counts(name):
-    for value in (None, 1, 5):
-        f = es.jit(**{name: value})(lambda x: x + 1)
-        assert f(jnp.array(1.0, jnp.float32)) == 2.0
-
-
-# --- donation ----------------------------------------------------------------------------
-
-
-class _Donor(es.Module):
-    w: jax.Array
-
-    @es.jit(donate="all")
-    def all(self, x):
-        return self.w + x, self.w * x  # two outputs: both buffers are usable
-
-    @es.jit(donate="all-except-first")
-    def except_first(self, x):
-        return self.w + x, self.w * x
-
-    @es.jit(donate="none")
-    def none(self, x):
-        return self.w + x, self.w * x
-
-
-@pytest.mark.parametrize(
-    "method, w_deleted, x_deleted",
-    [("all", True, True), ("except_first", False, True), ("none", False, False)],
-)
-def test_donation_deletes_exactly_the_donated_buffers(method, w_deleted, x_deleted):
-    m = _Donor(jnp.arange(3.0))
-    x = jnp.ones(3)
-    total, product = getattr(m, method)(x)
-    np.testing.assert_array_equal(total, np.arange(3.0) + 1)
-    np.testing.assert_array_equal(product, np.arange(3.0))
-    assert m.w.is_deleted() is w_deleted
-    assert x.is_deleted() is x_deleted
-
-
-@pytest.mark.parametrize("donate", ["all", "all-except-first"])
-def test_donation_of_plain_function_arguments(donate):
-    @es.jit(donate=donate)
-    def f(a, b):
-        return a * 2 + b, a - b  # two outputs: both buffers are usable
-
-    a, b = jnp.ones(4), jnp.arange(4.0)
-    total, difference = f(a, b)
-    np.testing.assert_array_equal(total, 2 + np.arange(4.0))
-    np.testing.assert_array_equal(difference, 1 - np.arange(4.0))
-    assert a.is_deleted() is (donate == "all")
-    assert b.is_deleted()
-    c = jnp.ones(4)
-    f(c, jnp.ones(4))  # a second call hits the entry and donates again
-    assert c.is_deleted() is (donate == "all")
-
-
 # --- drop-in: what an Equinox training loop, serialisation and `tree_at` see --------
 
 
@@ -510,3 +395,17 @@ def test_a_default_left_unset_by_init_compiles_once_in_a_training_loop(base):
         assert "decay" in vars(Net(jnp.ones(3)))
     else:  # a plain module keeps Equinox's rule: read through the class
         assert net.decay == 0.5 and "decay" not in vars(Net(jnp.ones(3)))
+
+
+# --- repr --------------------------------------------------------------------------
+
+
+class Shown(es.Module):
+    dp: float
+    sp: bool = eqx.field(static=True)
+
+
+def test_repr_shows_stored_numbers_as_numbers():
+    c = Shown(dp=2.0, sp=False)
+    assert isinstance(c.dp, jax.Array) and c.dp.shape == ()
+    assert repr(c) == "Shown(dp=2.0, sp=False)"

@@ -15,31 +15,19 @@ They are skipped, with the reason, only when a one-process
 """
 
 import functools
-import os
 import re
 import subprocess
-import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
+from helpers import output, ROOT, run_python
 
 
-ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow  # two processes, gloo collectives
+
 SCRIPT = ROOT / "examples" / "multihost.py"
 TIMEOUT = 240  # seconds; the quick run takes about 10 on 2 cores
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(
-        JAX_PLATFORMS="cpu",
-        JAX_NUMPY_DTYPE_PROMOTION="strict",
-        JAX_NUMPY_RANK_PROMOTION="raise",
-        PYTHONWARNINGS="error",
-    )
-    return env
 
 
 _PROBE = textwrap.dedent(
@@ -65,13 +53,7 @@ _PROBE = textwrap.dedent(
 def _unavailable() -> str | None:
     """Why `jax.distributed` with gloo cannot run here, or None if it can."""
     try:
-        probe = subprocess.run(
-            [sys.executable, "-c", _PROBE],
-            env=_env(),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        probe = run_python(code=_PROBE, strict=True, timeout=120)
     except subprocess.TimeoutExpired:
         return "a one-process jax.distributed.initialize with gloo timed out"
     if probe.returncode != 0 or probe.stdout.strip() != "3.0":
@@ -85,23 +67,12 @@ def _launch(*args: str, timeout: float = TIMEOUT) -> subprocess.CompletedProcess
     if reason is not None:
         pytest.skip(reason)
     # --launch: the local launcher even inside a SLURM job (CI may run in one).
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), "--launch", *args],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_python(str(SCRIPT), "--launch", *args, strict=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
 def quick_run() -> subprocess.CompletedProcess[str]:
     return _launch("--quick", "--num-processes", "2", "--timeout", str(TIMEOUT - 30))
-
-
-def _output(result: subprocess.CompletedProcess[str]) -> str:
-    return f"--- stdout ---\n{result.stdout}\n--- stderr ---\n{result.stderr}"
 
 
 def _counts(stdout: str) -> dict[int, dict[str, str]]:
@@ -114,7 +85,7 @@ def _counts(stdout: str) -> dict[int, dict[str, str]]:
 
 
 def test_two_processes_run_and_agree(quick_run):
-    out = _output(quick_run)
+    out = output(quick_run)
     assert quick_run.returncode == 0, out
     assert "OK: 2 processes agree" in quick_run.stdout, out
     for pid in (0, 1):  # each worker's own allgather-based check passed
@@ -126,7 +97,7 @@ def test_two_processes_run_and_agree(quick_run):
 
 def test_compile_counts_are_the_same_on_both_processes(quick_run):
     counts = _counts(quick_run.stdout)
-    assert set(counts) == {0, 1}, _output(quick_run)
+    assert set(counts) == {0, 1}, output(quick_run)
     assert counts[0] == counts[1]
     c = counts[0]
     # the one static switch costs one compile; the Python counter agrees
@@ -139,7 +110,7 @@ def test_programs_are_shared_the_same_way_on_every_process(quick_run):
     """Same calls -> the same traces, programs and XLA compiles everywhere: the
     same cache entries and statistics, no compile for the unread field."""
     counts = _counts(quick_run.stdout)
-    assert set(counts) == {0, 1}, _output(quick_run)
+    assert set(counts) == {0, 1}, output(quick_run)
     infos = {
         pid: re.search(
             rf"^\[p{pid}\] MLP\.predict\.cache_info\(\) = (CacheInfo\([^)]*\)); entries (\d+)$",
@@ -148,7 +119,7 @@ def test_programs_are_shared_the_same_way_on_every_process(quick_run):
         )
         for pid in (0, 1)
     }
-    assert all(m is not None for m in infos.values()), _output(quick_run)
+    assert all(m is not None for m in infos.values()), output(quick_run)
     assert infos[0].groups() == infos[1].groups()  # pyright: ignore[reportOptionalMemberAccess]
     c = counts[0]
     assert c["unread_flip_compiles"] == "0"  # log_every: not in the program
@@ -164,7 +135,7 @@ def test_the_launcher_times_out_cleanly():
     start = time.monotonic()
     result = _launch("--quick", "--timeout", "1", timeout=60)
     elapsed = time.monotonic() - start
-    out = _output(result)
+    out = output(result)
     assert result.returncode != 0, out
     assert "did not finish within 1s (killed)" in result.stdout, out
     assert elapsed < 30, out

@@ -106,6 +106,7 @@ class Route(NamedTuple):
     grad: bool = False  # also compare `jax.grad`, and `vmap(grad)`, of the method
     jvp: bool = False  # and `jax.jvp`
     programs: int = 4  # one per `flag, k`; `name` is never read
+    slow: bool = False  # over 5 s: `pytest -m slow` runs it
 
 
 ROUTES: dict[str, Route] = {
@@ -152,13 +153,16 @@ ROUTES: dict[str, Route] = {
     "warm jax.jit helper": Route(lambda m, x: _jax_jit_helper(m, x)),
     "warm eqx.filter_jit helper": Route(lambda m, x: _filter_jit_helper(m, x)),
     "warm es.jit helper": Route(lambda m, x: _es_jit_helper(m, x)),
-    "custom_jvp rule under grad": Route(_custom_jvp_term, grad=True, jvp=True),
+    "custom_jvp rule under grad": Route(
+        _custom_jvp_term, grad=True, jvp=True, slow=True
+    ),
     "custom_jvp rule inside lax.cond under grad": Route(
         lambda m, x: lax.cond(x > 0, lambda y: _custom_jvp_term(m, y), jnp.negative, x),
         grad=True,
         jvp=True,
+        slow=True,
     ),
-    "custom_vjp backward rule": Route(_custom_vjp_term, grad=True),
+    "custom_vjp backward rule": Route(_custom_vjp_term, grad=True, slow=True),
     # The callback of each key closes over its own module: never the same program.
     "pure_callback": Route(_pure_callback_term, programs=7),
 }
@@ -208,7 +212,13 @@ def _configurations(cls: Any) -> Iterator[Any]:
         yield cls(**fields)
 
 
-@pytest.mark.parametrize("route", ROUTES.values(), ids=ROUTES.keys())
+@pytest.mark.parametrize(
+    "route",
+    [
+        pytest.param(r, id=name, marks=[pytest.mark.slow] if r.slow else [])
+        for name, r in ROUTES.items()
+    ],
+)
 def test_every_read_route_gives_the_eager_result(route):
     cls = _route_class(route.term)
     modules = list(_configurations(cls))
@@ -601,3 +611,78 @@ def test_weak_types_of_outputs_are_part_of_the_program():
     assert weak.weak_type == M.f.__wrapped__(M(True), x).weak_type
     assert strong.weak_type == M.f.__wrapped__(M(False), x).weak_type
     assert weak.weak_type != strong.weak_type
+
+
+# --- a program shared by keys: each key keeps what its own trace returned ----------
+
+
+def test_returning_self_from_a_program_shared_with_another_value_of_a_field():
+    """Keys that differ only in `tag` share one program; each returns its own
+    `self`, with its own `tag`."""
+
+    def body(self, x):
+        y = self.w * x
+        return (y, self) if x.ndim == 2 else y
+
+    class M(es.Module):
+        w: jax.Array
+        tag: str = eqx.field(static=True)
+        f = es.jit(body)
+
+    x1, x2 = jnp.ones(3), jnp.ones((2, 3))
+    M(w=jnp.ones(()), tag="a").f(x1)
+    M(w=jnp.ones(()), tag="b").f(x1)  # the same program, another `tag`
+    M(w=jnp.ones(()), tag="a").f(x2)
+    m = M(w=jnp.ones(()), tag="b")
+    y, out = m.f(x2)  # the same program as `tag="a"` at this shape
+    y0, out0 = body(m, x2)
+    assert out.tag == out0.tag == "b"
+    assert np.array_equal(y, y0)
+    assert M.f.compile_info().compiles == 2
+
+
+def test_returning_a_submodule_from_a_shared_program():
+    class Sub(es.Module):
+        k: int = eqx.field(static=True)
+
+    def body(self, x):
+        y = self.w * x
+        return (y, self.sub) if x.ndim == 2 else y
+
+    class M(es.Module):
+        w: jax.Array
+        sub: Sub
+        name: str = eqx.field(static=True)  # never used
+        f = es.jit(body)
+
+    x2 = jnp.ones((2, 3))
+    M(w=jnp.ones(()), sub=Sub(k=1), name="a").f(x2)
+    y, sub = M(w=jnp.ones(()), sub=Sub(k=2), name="b").f(x2)
+    assert sub == Sub(k=2)
+    assert M.f.compile_info().compiles == 1
+
+
+# --- real network code: unused statics compile nothing -----------------------------
+
+
+@pytest.mark.parametrize("inner_base", [es.Module, eqx.Module])
+def test_an_unused_static_field_of_any_nested_module_compiles_nothing(inner_base):
+    """The program decides, whatever class holds the field: an `es.Module` or a
+    plain `eqx.Module` nested in `self`."""
+
+    class Inner(inner_base):
+        w: jax.Array
+        tag: str = eqx.field(static=True)  # never used
+
+    class Outer(es.Module):
+        inner: Inner
+
+        @es.jit
+        def __call__(self, x):
+            return self.inner.w * x
+
+    m = Outer(Inner(jnp.ones(3), "a"))
+    m(jnp.ones(3))
+    m.with_static(**{"inner.tag": "b"})(jnp.ones(3))
+    assert Outer.__call__.cache_info().misses == 2
+    assert Outer.__call__.compile_info().compiles == 1

@@ -1,9 +1,6 @@
-"""`es.jit` (DESIGN §2.4) under JAX transforms, with inheritance, and in every way
-it can be applied: methods, `__call__`, static methods, plain functions, keywords.
-
-Values are compared with the same arithmetic done eagerly, and traces are counted
-with a Python side effect in the traced body.
-"""
+"""`es.jit` under transformations: `jax.grad` and `eqx.filter_grad` reach the
+module's dynamic fields, `jax.vmap` and `eqx.filter_vmap` over stacked modules, an
+outer `jax.jit` or `eqx.filter_jit`, and decorated methods calling each other."""
 
 from typing import Any
 
@@ -11,19 +8,15 @@ import equinox as eqx
 import eqx_static as es
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from helpers import seed
-
-
-_seed = seed
 
 
 # --- transforms ---------------------------------------------------------------------
 
 
 def test_jax_grad_reaches_python_float_fields():
-    s = _seed()
+    s = seed()
     c = s.Child(dp=2.0, sp=True, dc=3.0, sc=True)
     x = jnp.array(1.5)
     grads = jax.grad(lambda m: m(x))(c)
@@ -38,14 +31,14 @@ def test_jax_grad_reaches_python_float_fields():
 
 
 def test_jax_grad_with_respect_to_the_argument():
-    s = _seed()
+    s = seed()
     c = s.Child(dp=2.0, sp=True, dc=3.0, sc=True)
     dx = jax.grad(lambda x: c(x) ** 2)(jnp.array(1.5))
     assert float(dx) == pytest.approx(2 * 9.0 * 6.0)
 
 
 def test_filter_grad_reaches_array_fields():
-    s = _seed()
+    s = seed()
     c = s.Child(dp=jnp.array(2.0), sp=True, dc=jnp.array(3.0), sc=True)
     grads = eqx.filter_grad(lambda m, x: m(x))(c, jnp.array(1.5))
     assert float(grads.dp) == 4.5 and float(grads.dc) == 3.0
@@ -54,7 +47,7 @@ def test_filter_grad_reaches_array_fields():
 def test_filter_grad_differentiates_stored_numbers_as_eager_does():
     """A Python float in a dynamic field of an `es.Module` is stored as an array, so
     `eqx.filter_grad` differentiates it, eagerly and under `es.jit` alike."""
-    s = _seed()
+    s = seed()
     c = s.Child(dp=2.0, sp=True, dc=jnp.array(3.0), sc=True)
     compiled = eqx.filter_grad(lambda m, x: m(x))(c, jnp.array(1.5))
     eager = eqx.filter_grad(s.Child.__call__.__wrapped__)(c, jnp.array(1.5))
@@ -63,7 +56,7 @@ def test_filter_grad_differentiates_stored_numbers_as_eager_does():
 
 
 def test_value_and_grad_inside_jax_jit():
-    s = _seed()
+    s = seed()
     c = s.Child(dp=2.0, sp=True, dc=3.0, sc=True)
 
     @jax.jit
@@ -81,7 +74,7 @@ def _stack(modules: list) -> Any:
 
 @pytest.mark.parametrize("vmap", [jax.vmap, eqx.filter_vmap])
 def test_vmap_over_stacked_modules(vmap):
-    s = _seed()
+    s = seed()
     cs = [s.Child(dp=float(i), sp=True, dc=float(i + 1), sc=True) for i in range(4)]
     xs = jnp.arange(4.0) + 0.5
     out = vmap(lambda m, x: m(x))(_stack(cs), xs)
@@ -91,7 +84,7 @@ def test_vmap_over_stacked_modules(vmap):
 
 
 def test_vmap_over_the_argument_only():
-    s = _seed()
+    s = seed()
     c = s.Child(dp=2.0, sp=True, dc=3.0, sc=False)
     xs = jnp.arange(5.0)
     assert (jax.vmap(c)(xs) == 2.0 * xs).all()
@@ -99,7 +92,7 @@ def test_vmap_over_the_argument_only():
 
 
 def test_outer_jax_jit():
-    s = _seed()
+    s = seed()
     outer_traces = [0]
 
     @jax.jit
@@ -119,7 +112,7 @@ def test_outer_jax_jit():
 
 
 def test_outer_filter_jit():
-    s = _seed()
+    s = seed()
     c = s.Child(dp=2.0, sp=True, dc=3.0, sc=True)
     out = eqx.filter_jit(lambda m, x: m(x) * 2)(c, jnp.array(1.5))
     assert float(out) == 18.0
@@ -153,7 +146,7 @@ def test_decorated_method_calls_another():
 
 
 def test_decorated_function_takes_a_decorated_module():
-    s = _seed()
+    s = seed()
 
     @es.jit
     def twice(m, x):
@@ -163,296 +156,3 @@ def test_decorated_function_takes_a_decorated_module():
     assert float(twice(c, jnp.array(1.0))) == 36.0
     assert float(twice(c.with_dynamic(dp=1.0), jnp.array(1.0))) == 9.0
     assert twice.cache_info() == es.CacheInfo(1, 1, None, 1)
-
-
-# --- inheritance --------------------------------------------------------------------
-
-
-def test_parent_method_uses_subclass_overrides_and_fields():
-    s = _seed()
-
-    class Tripled(s.Child):
-        extra: float
-
-        def g(self, x):
-            return 3.0 * x + self.extra
-
-    x = jnp.array(2.0)
-    c = s.Child(dp=2.0, sp=True, dc=3.0, sc=True)
-    t = Tripled(dp=2.0, sp=True, dc=3.0, sc=True, extra=1.0)
-    assert float(c(x)) == 12.0
-    assert float(t(x)) == 14.0
-    assert float(t.with_dynamic(extra=5.0)(x)) == 22.0
-    assert s.traces[0] == 2
-    assert s.Parent.__call__.cache_info().misses == 2
-
-
-def test_super_inside_decorated_methods():
-    traces = {"A": 0, "B": 0}
-
-    class A(es.Module):
-        a: float
-
-        @es.jit
-        def __call__(self, x):
-            traces["A"] += 1
-            return self.a * x
-
-        @es.jit
-        def predict(self, x):
-            return self.a + x
-
-    class B(A):
-        b: float
-        neg: bool = eqx.field(static=True)
-
-        @es.jit
-        def __call__(self, x):
-            traces["B"] += 1
-            out = super().__call__(x) + self.b * x
-            return -out if self.neg else out
-
-        @es.jit
-        def predict(self, x):
-            return super().predict(x) * self.b
-
-    x = jnp.array(2.0)
-    assert float(A(3.0)(x)) == 6.0
-    assert float(B(3.0, 5.0, False)(x)) == 16.0
-    assert float(B(1.0, 1.0, False)(x)) == 4.0
-    assert float(B(3.0, 5.0, True)(x)) == -16.0
-    assert traces["B"] == 2
-    assert B.__call__.cache_info().misses == 2
-    assert float(B(3.0, 5.0, False).predict(x)) == 25.0
-    assert float(A(3.0).predict(x)) == 5.0
-
-
-def test_super_from_an_undecorated_override():
-    class A(es.Module):
-        a: float
-
-        @es.jit
-        def __call__(self, x):
-            return self.a * x
-
-    class B(A):
-        def __call__(self, x):
-            return super().__call__(x) + 1
-
-    assert float(B(3.0)(jnp.array(2.0))) == 7.0
-    assert A.__call__.cache_info().misses == 1
-
-
-def test_subclass_overrides_a_decorated_method():
-    counts = {"A": 0, "B": 0, "C": 0}
-
-    class A(es.Module):
-        a: float
-
-        @es.jit
-        def __call__(self, x):
-            counts["A"] += 1
-            return self.a * x
-
-        @es.jit
-        def predict(self, x):
-            counts["A"] += 1
-            return self.a * x
-
-    class B(A):  # decorated override
-        @es.jit
-        def __call__(self, x):
-            counts["B"] += 1
-            return self.a + x
-
-        @es.jit
-        def predict(self, x):
-            counts["B"] += 1
-            return self.a + x
-
-    class C(A):  # plain override: runs eagerly, every call
-        def __call__(self, x):
-            counts["C"] += 1
-            return self.a - x
-
-        def predict(self, x):
-            counts["C"] += 1
-            return self.a - x
-
-    x = jnp.array(2.0)
-    for _ in range(2):
-        assert float(A(3.0)(x)) == 6.0 and float(A(3.0).predict(x)) == 6.0
-        assert float(B(3.0)(x)) == 5.0 and float(B(3.0).predict(x)) == 5.0
-        assert float(C(3.0)(x)) == 1.0 and float(C(3.0).predict(x)) == 1.0
-    assert counts == {"A": 2, "B": 2, "C": 4}
-    assert A.__call__.cache_info().misses == 1
-    assert B.__call__.cache_info().misses == 1
-    assert A.predict.cache_info().misses == 1
-
-
-# --- ways of applying es.jit --------------------------------------------------------
-
-
-def test_non_dunder_method():
-    traces = [0]
-
-    class M(es.Module):
-        w: float
-        shift: bool = eqx.field(static=True)
-
-        @es.jit
-        def predict(self, x):
-            traces[0] += 1
-            return self.w * x + (1.0 if self.shift else 0.0)
-
-    x = jnp.array(2.0)
-    assert float(M(3.0, False).predict(x)) == 6.0
-    assert float(M(4.0, False).predict(x)) == 8.0
-    assert float(M(4.0, True).predict(x)) == 9.0
-    assert float(M.predict(M(4.0, True), x)) == 9.0  # unbound, from the class
-    assert traces[0] == 2
-    assert M.predict.cache_info().misses == 2
-
-
-def test_keyword_arguments():
-    class M(es.Module):
-        w: float
-
-        @es.jit
-        def predict(self, x, *, bias=0.0, square=False):
-            y = x * x if square else x
-            return self.w * y + bias
-
-        @es.jit
-        def __call__(self, x, y=None):
-            return self.w * x if y is None else self.w * x + y
-
-    m, x = M(2.0), jnp.array(3.0)
-    assert float(m.predict(x)) == 6.0
-    assert float(m.predict(x=x)) == 6.0
-    assert float(m.predict(x, bias=1.0)) == 7.0
-    assert float(m.predict(x, bias=jnp.array(2.0))) == 8.0
-    assert float(m.predict(x, square=True)) == 18.0
-    assert float(m(x, y=jnp.array(1.0))) == 7.0
-    assert float(m(x=x)) == 6.0
-    assert float(m(x)) == 6.0
-    before = M.predict.cache_info().misses
-    assert float(m.predict(x, bias=jnp.array(5.0))) == 11.0  # traced: reuse
-    assert M.predict.cache_info().misses == before
-
-
-def test_keyword_order_does_not_matter():
-    @es.jit
-    def f(x, a, b):
-        return x * a - b
-
-    x = jnp.array(2.0)
-    assert float(f(x, a=jnp.array(3.0), b=jnp.array(1.0))) == 5.0
-    assert float(f(x, b=jnp.array(1.0), a=jnp.array(3.0))) == 5.0
-    assert f.cache_info() == es.CacheInfo(1, 1, None, 1)
-
-
-def test_plain_function():
-    traces = [0]
-
-    @es.jit
-    def f(m, x):
-        traces[0] += 1
-        return m(x) * 2
-
-    s = _seed()
-    c = s.Child(dp=2.0, sp=True, dc=3.0, sc=True)
-    x = jnp.array(1.0)
-    assert float(f(c, x)) == 12.0
-    assert float(f(c.with_dynamic(dp=1.0), x)) == 6.0
-    assert float(f(c.with_static(sc=False), x)) == 4.0
-    assert float(f(m=c, x=x)) == 12.0  # bound to positions: the first call's key
-    assert traces[0] == 2
-    assert f.__name__ == "f" and f.__wrapped__ is not None
-
-
-def test_staticmethod_under_jit():
-    """`@es.jit` over `@staticmethod`."""
-    traces = [0]
-
-    class M(es.Module):
-        w: float
-
-        @es.jit
-        @staticmethod
-        def scale(x, k):
-            traces[0] += 1
-            return x * k
-
-        def __call__(self, x):
-            return self.scale(x, self.w)
-
-    x = jnp.array(2.0)
-    assert float(M.scale(x, 3)) == 6.0
-    assert float(M(3.0).scale(x, 3)) == 6.0
-    assert float(M(3.0)(x)) == 6.0  # k=3.0, a Python float: static, a new entry
-    assert traces[0] == 2
-    assert M.scale.cache_info().misses == 2
-    assert M(3.0).scale.cache_info().misses == 2
-
-
-def test_staticmethod_over_jit():
-    """`@staticmethod` over `@es.jit`."""
-    traces = [0]
-
-    class M(es.Module):
-        w: float
-
-        @staticmethod
-        @es.jit
-        def scale(x, k):
-            traces[0] += 1
-            return x * k
-
-    x = jnp.array(2.0)
-    assert float(M.scale(x, 3)) == 6.0
-    assert float(M(3.0).scale(x, 3)) == 6.0
-    assert float(M.scale(x, 4)) == 8.0
-    assert traces[0] == 2
-    assert M.scale.cache_info().misses == 2
-
-
-def test_staticmethod_taking_a_module():
-    class M(es.Module):
-        w: float
-        neg: bool = eqx.field(static=True)
-
-        @es.jit
-        @staticmethod
-        def apply(m, x):
-            return -m.w * x if m.neg else m.w * x
-
-    x = jnp.array(2.0)
-    assert float(M.apply(M(3.0, False), x)) == 6.0
-    assert float(M.apply(M(4.0, False), x)) == 8.0
-    assert float(M(4.0, True).apply(M(4.0, True), x)) == -8.0
-    assert M.apply.cache_info().misses == 2
-
-
-def test_decorator_with_arguments_and_without():
-    @es.jit()
-    def f(x):
-        return x + 1
-
-    @es.jit(maxsize=4)
-    def g(x):
-        return x + 2
-
-    assert float(f(jnp.array(1.0))) == 2.0
-    assert float(g(jnp.array(1.0))) == 3.0
-    assert g.cache_info().maxsize == 4
-
-
-def test_numpy_result_matches_eager_for_a_batch():
-    s = _seed()
-    rng = np.random.default_rng(0)
-    xs = rng.standard_normal(16).astype(np.float32)
-    c = s.Child(dp=1.25, sp=True, dc=-0.5, sc=True)
-    out = np.asarray(c(jnp.asarray(xs)))
-    expected = np.float32(1.25) * (np.float32(-0.5) * xs)
-    np.testing.assert_array_equal(out, expected)

@@ -1,0 +1,61 @@
+"""Ahead-of-time compilation: `lower(...)` from the function, the class or an
+instance, `.compile()`, and the compiled callable, which takes the arguments that
+`lower` took. Lowering books no call."""
+
+import eqx_static as es
+import jax.numpy as jnp
+import pytest
+from helpers import seed
+
+
+# --- lowering and compiling ahead of time ------------------------------------------
+
+
+def test_lower_from_the_class():
+    s = seed()
+    c, x = s.Child(dp=2.0, sp=True, dc=3.0, sc=True), jnp.array(1.0)
+    lowered = s.Child.__call__.lower(c, x)
+    assert isinstance(lowered, es.Lowered)
+    assert "multiply" in lowered.as_text()
+    compiled = lowered.compile()
+    assert isinstance(compiled, es.Compiled)
+    assert compiled(c, x) == c(x) == 6.0  # the wrapper's own arguments
+    assert c.__call__.lower(x).compile()(x) == 6.0  # from an instance: `c` bound
+
+
+def test_lower_from_a_bound_method():
+    class M(es.Module):
+        w: float
+
+        @es.jit
+        def predict(self, x):
+            return self.w * x
+
+    m, x = M(2.0), jnp.ones(3)
+    lowered = m.predict.lower(x)
+    assert isinstance(lowered, es.Lowered)
+    assert "multiply" in lowered.as_text()
+    assert (lowered.compile()(x) == 2.0).all()  # `m` is bound, as in `m.predict`
+    assert (M.predict.lower(m, x).compile()(m, x) == 2.0).all()
+    with pytest.raises(TypeError, match="lowered for other static values"):
+        lowered.compile()(x, x)
+
+
+def test_lower_books_no_call_and_erases_no_hits():
+    """lower() is not a call: it books nothing, and the calls around it keep
+    their counts. Nor does its trace let a later call compile behind the miss
+    path: each new shape is a miss, and compiles once."""
+
+    @es.jit
+    def f(x):
+        return 2 * x
+
+    f(jnp.ones(3))
+    for n in (4, 5, 6):
+        f.lower(jnp.ones(n))
+    for _ in range(3):
+        f(jnp.ones(3))
+    assert f.cache_info() == es.CacheInfo(3, 1, None, 1)
+    f(jnp.ones(4))
+    assert f.cache_info() == es.CacheInfo(3, 2, None, 2)
+    assert f.compile_info().compiles == 2
