@@ -23,7 +23,7 @@ class FieldInfo(typing.NamedTuple):
     static: frozenset[str]
     dynamic: frozenset[str]
     converters: Mapping[str, Callable[[Any], Any]]
-    defaults: Mapping[str, Any]  # the plain defaults (not factories), by field
+    defaults: Mapping[str, Any]  # what an unset field reads as: plain defaults only
     check_inits: tuple[Callable[[Any], None], ...]
     array_annotations: Mapping[str, Any]
     annotations: Mapping[str, Any]
@@ -60,6 +60,17 @@ def field_info(cls: type) -> FieldInfo:
         return info
 
 
+def _reads_as_default(cls: type, f: dataclasses.Field) -> bool:
+    """Whether a field that a custom `__init__` leaves unset reads as its plain
+    default. Equinox then reads the class attribute, found through the MRO: when a
+    subclass overrides it, or it is a descriptor (a property), that is what is
+    read, and the field is left unset, as Equinox leaves it."""
+    if f.default is dataclasses.MISSING or hasattr(type(f.default), "__get__"):
+        return False
+    owner = next((k for k in cls.__mro__ if f.name in k.__dict__), None)
+    return owner is not None and owner.__dict__[f.name] is f.default
+
+
 def _make_info(cls: type) -> FieldInfo:
     fields = dataclasses.fields(cls)
     static = tuple(f.name for f in fields if f.metadata.get("static", False))
@@ -69,9 +80,7 @@ def _make_info(cls: type) -> FieldInfo:
         for f in fields
         if f.metadata.get("converter") is not None
     }
-    defaults = {
-        f.name: f.default for f in fields if f.default is not dataclasses.MISSING
-    }
+    defaults = {f.name: f.default for f in fields if _reads_as_default(cls, f)}
     check_inits = tuple(
         k.__dict__["__check_init__"]
         for k in cls.__mro__

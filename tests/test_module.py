@@ -397,6 +397,48 @@ def test_a_default_left_unset_by_init_compiles_once_in_a_training_loop(base):
         assert net.decay == 0.5 and "decay" not in vars(Net(jnp.ones(3)))
 
 
+def test_a_field_read_through_a_subclass_attribute_is_left_as_equinox_leaves_it():
+    """Equinox reads a field that `__init__` left unset through the class, so a
+    subclass's class attribute or a property is what is read. Only a plain default
+    that is itself what is read is stored. (Regression: Equinox's
+    `test_class_attribute_of_static_field_with_abstract_property`, where storing the
+    dataclass default put the property object itself in the tree.)"""
+
+    class AbstractBase(es.Module):
+        config: list[str] = eqx.field(static=True)
+
+        @property
+        @abc.abstractmethod
+        def config(self):  # noqa: F811  (as in Equinox's test)
+            pass
+
+    class Concrete(AbstractBase):
+        config = ["a", "b"]  # pyright: ignore[reportAssignmentType]
+
+        def __init__(self):
+            pass
+
+    def f(m):
+        return len(m.config)
+
+    m = Concrete()
+    assert "config" not in vars(m) and m.config == ["a", "b"]
+    assert jax.jit(f)(m) == eqx.filter_jit(f)(m) == es.jit(f)(m) == 2
+
+    class Net(es.Module):
+        w: jax.Array
+        decay: float = 0.5
+
+        def __init__(self):
+            self.w = jnp.ones(2)
+
+    class Slower(Net):
+        decay = 0.25  # pyright: ignore[reportAssignmentType]
+
+    assert isinstance(vars(Net())["decay"], jax.Array)  # its own plain default
+    assert "decay" not in vars(Slower()) and Slower().decay == 0.25
+
+
 # --- repr --------------------------------------------------------------------------
 
 
