@@ -34,7 +34,7 @@ class Program:
     make: Callable[[], types.SimpleNamespace]
     # es.jit may trace fewer times than eqx.filter_jit (default arguments are bound).
     fewer_ok: bool = False
-    slow: bool = False  # over 3 s for the three runs here: `pytest -m slow` runs it
+    slow: bool = False  # the heaviest; the fast suite keeps one of each kind
 
 
 def _ns(f: Callable, traces: list[int], calls: list[tuple[tuple, dict]]):
@@ -672,7 +672,7 @@ PROGRAMS: list[Program] = [
     Program("regressor_sgd_es", train_program(optax.sgd(1e-2), "es"), slow=True),
     Program("regressor_adam_es", train_program(optax.adam(1e-2), "es"), slow=True),
     Program("ensemble_eqx", ensemble_program("eqx"), slow=True),
-    Program("ensemble_es", ensemble_program("es")),
+    Program("ensemble_es", ensemble_program("es"), slow=True),
     Program("scan_layers_eqx", scan_program("eqx"), slow=True),
     Program("scan_layers_es", scan_program("es"), slow=True),
     Program("save_options_eqx", options_program("eqx")),
@@ -681,7 +681,7 @@ PROGRAMS: list[Program] = [
     Program("batchnorm_eqx", batchnorm_program("eqx"), slow=True),
     Program("batchnorm_es", batchnorm_program("es"), slow=True),
     Program("dropout_eqx", dropout_program("eqx", eqx.nn.Dropout), slow=True),
-    Program("dropout_es", dropout_program("es", eqx.nn.Dropout)),
+    Program("dropout_es", dropout_program("es", eqx.nn.Dropout), slow=True),
     Program("dropout_subclass_eqx", dropout_program("eqx", MyDropout), slow=True),
     Program("dropout_subclass_es", dropout_program("es", MyDropout)),
     Program("custom_init_eqx", custom_init_program("eqx")),
@@ -694,7 +694,7 @@ PROGRAMS: list[Program] = [
     Program("default_arguments", defaults_program(), fewer_ok=True),
     Program("returns_module_eqx", returns_module_program("eqx")),
     Program("returns_module_es", returns_module_program("es")),
-    Program("filter_grad_temperature_eqx", grad_program("eqx")),
+    Program("filter_grad_temperature_eqx", grad_program("eqx"), slow=True),
     Program("filter_grad_temperature_es", grad_program("es")),
     Program("big_int_unread", big_int_program()),
 ]

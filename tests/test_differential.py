@@ -209,7 +209,10 @@ def test_wrapping_twice_shares_one_cache(wrap):
 
 @pytest.mark.parametrize(
     "wrap",
-    [pytest.param(eqx.filter_jit, id="filter_jit"), pytest.param(es.jit, id="es.jit")],
+    [
+        pytest.param(eqx.filter_jit, id="filter_jit", marks=pytest.mark.slow),
+        pytest.param(es.jit, id="es.jit"),
+    ],
 )
 @pytest.mark.parametrize("kind", ["eqx", "es"])
 def test_rewrapped_filter_grad_does_not_retrace(wrap, kind):

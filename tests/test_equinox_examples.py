@@ -43,6 +43,10 @@ import numpy as np
 import pytest
 
 
+# Whole training runs, each a few seconds: the full suite runs them.
+pytestmark = pytest.mark.slow
+
+
 # --- comparison helpers ---------------------------------------------------------
 
 
@@ -167,7 +171,6 @@ def _train_rnn(version: str, hidden_static: bool) -> dict[str, Any]:
     )
 
 
-@pytest.mark.slow
 def test_train_rnn_unchanged_port_raises_where_a_dynamic_int_is_a_shape():
     """Documented difference. The notebook declares `hidden_size: int` as a plain
     (dynamic) field and uses it as a shape, `jnp.zeros((self.hidden_size,))`. In an
@@ -281,7 +284,6 @@ def test_frozen_layer():
 # --- stateful -------------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_stateful():
     """BatchNorm and SpectralNorm state through `eqx.nn.make_with_state`, training
     and `eqx.nn.inference_mode` + `eqx.Partial` evaluation of the user's `Model`."""
@@ -449,7 +451,6 @@ _BERT_KEYS = (
 )  # fmt: skip
 
 
-@pytest.mark.slow
 def test_bert():
     """The notebook's training and evaluation under `eqx.filter_pmap` (no
     `filter_jit` in it: the port changes the base class only), with a 1-layer,

@@ -106,7 +106,7 @@ class Route(NamedTuple):
     grad: bool = False  # also compare `jax.grad`, and `vmap(grad)`, of the method
     jvp: bool = False  # and `jax.jvp`
     programs: int = 4  # one per `flag, k`; `name` is never read
-    slow: bool = False  # over 5 s: `pytest -m slow` runs it
+    slow: bool = False  # the heaviest: `pytest -m slow` runs them
 
 
 ROUTES: dict[str, Route] = {
@@ -143,15 +143,19 @@ ROUTES: dict[str, Route] = {
     "lax.cond closure": Route(
         lambda m, x: lax.cond(
             x > 0, lambda y: _term(m.flag, m.k, y), lambda y: -_term(m.flag, m.k, y), x
-        )
+        ),
+        slow=True,
     ),
     "lax.scan body": Route(
         lambda m, x: lax.scan(
             lambda c, _: (_term(m.flag, m.k, c), None), x, None, length=2
-        )[0]
+        )[0],
+        slow=True,
     ),
-    "warm jax.jit helper": Route(lambda m, x: _jax_jit_helper(m, x)),
-    "warm eqx.filter_jit helper": Route(lambda m, x: _filter_jit_helper(m, x)),
+    "warm jax.jit helper": Route(lambda m, x: _jax_jit_helper(m, x), slow=True),
+    "warm eqx.filter_jit helper": Route(
+        lambda m, x: _filter_jit_helper(m, x), slow=True
+    ),
     "warm es.jit helper": Route(lambda m, x: _es_jit_helper(m, x)),
     "custom_jvp rule under grad": Route(
         _custom_jvp_term, grad=True, jvp=True, slow=True
@@ -397,7 +401,14 @@ def _branchy() -> tuple[type, list[int]]:
     return Branchy, traces
 
 
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize(
+    "seed",
+    [
+        0,
+        pytest.param(1, marks=pytest.mark.slow),
+        pytest.param(2, marks=pytest.mark.slow),
+    ],
+)
 def test_branch_stress_compiles_once_per_distinct_program(seed):
     """Mode 0 uses `a`, mode 1 uses `b`, mode 2 neither: 3 + 3 + 1 = 7 programs
     among 27 configurations, whatever the order of the calls."""
