@@ -500,6 +500,138 @@ def test_a_callback_that_captures_a_list_is_shared_only_with_itself():
     assert M.f.compile_info().compiles == 2
 
 
+def _callback_class(compute: Callable[[Any, Any], Any]) -> Any:
+    """A module whose program calls back into Python with `compute(self.cfg, y)`:
+    its module text is the same for every `cfg`, only the callback differs."""
+
+    class M(es.Module):
+        cfg: Any = eqx.field(static=True)
+        tag: str = eqx.field(static=True, default="a")  # never read
+
+        @es.jit
+        def f(self, x):
+            cfg = self.cfg
+            return jax.pure_callback(
+                lambda y: np.asarray(compute(cfg, np.asarray(y)), np.float32),
+                jax.ShapeDtypeStruct((), jnp.float32),
+                x,
+            )
+
+    return M
+
+
+@dataclasses.dataclass(frozen=True)
+class _Add:
+    v: int
+
+    def apply(self, y: Any) -> Any:
+        return y + self.v
+
+
+@dataclasses.dataclass(frozen=True)
+class _Mul:  # the same fields as `_Add`, another behaviour
+    v: int
+
+    def apply(self, y: Any) -> Any:
+        return y * self.v
+
+
+class _RaisingEq:
+    """Hashable by value, and its `==` raises."""
+
+    def __init__(self, v: int):
+        self.v = v
+
+    def __hash__(self) -> int:
+        return hash(self.v)
+
+    def __eq__(self, other: object) -> bool:
+        raise TypeError("no comparison")
+
+
+@dataclasses.dataclass(frozen=True)
+class _NoDict:
+    """A value whose `__dict__` raises something other than `AttributeError`."""
+
+    v: int
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "__dict__":
+            raise RuntimeError("no __dict__ here")
+        return object.__getattribute__(self, name)
+
+
+@pytest.mark.parametrize(
+    "first, second, compute",
+    [
+        pytest.param(
+            _Add(2), _Mul(2), lambda c, y: c.apply(y), id="another class, equal fields"
+        ),
+        pytest.param(
+            (_Add(1), _Add(2)),
+            (_Add(1), _Add(1)),
+            lambda c, y: c[0].apply(y) + 10 * c[1].v,
+            id="one object met twice",
+        ),
+        pytest.param(
+            _RaisingEq(1), _RaisingEq(2), lambda c, y: y + c.v, id="a raising __eq__"
+        ),
+    ],
+)
+def test_callbacks_over_captures_that_are_not_provably_the_same_are_not_shared(
+    first, second, compute
+):
+    """Each pair differs in a way a looser comparison would miss: values of two
+    classes with equal fields; a tuple whose second item is the object its first
+    was compared with (a comparison that remembered only one side of each pair would
+    call the second item the same); an `__eq__` that raises (not provably the same,
+    and no error). Each pair compiles twice and gives the eager results."""
+    M = _callback_class(compute)  # noqa: N806
+    x = jnp.float32(3.0)
+    compiles = XlaCompiles()
+    got = [float(M(cfg).f(x)) for cfg in (first, second)]
+    want = [float(compute(cfg, np.float32(3.0))) for cfg in (first, second)]
+    assert got == want and want[0] != want[1]
+    assert compiles.count == M.f.compile_info().compiles == 2
+
+
+def test_a_capture_whose_comparison_raises_is_not_the_same():
+    """A callback may capture what is not in the key at all (here a value looked up
+    by a static name). If comparing two captures raises, they are not provably the
+    same: compile, and raise nothing."""
+    registry = {"a": _NoDict(1), "b": _NoDict(2)}
+
+    class M(es.Module):
+        name: str = eqx.field(static=True)
+
+        @es.jit
+        def f(self, x):
+            cfg = registry[self.name]
+            return jax.pure_callback(
+                lambda y: np.asarray(np.asarray(y) + cfg.v, np.float32),
+                jax.ShapeDtypeStruct((), jnp.float32),
+                x,
+            )
+
+    x = jnp.float32(3.0)
+    compiles = XlaCompiles()
+    assert [float(M(name).f(x)) for name in "ab"] == [4.0, 5.0]
+    assert compiles.count == M.f.compile_info().compiles == 2
+
+
+def test_a_callback_over_equal_captures_made_anew_by_each_trace_is_shared():
+    """Two traces of the same code capture equal values that are distinct objects
+    (a tuple built in the trace): the callbacks are the same, so an unread static
+    costs no compile."""
+    M = _callback_class(lambda c, y: y * c[0] + len(c[1]))  # noqa: N806
+    x = jnp.float32(3.0)
+    compiles = XlaCompiles()
+    results = [float(M((2, "ab"), tag=tag).f(x)) for tag in "ab"]
+    assert results == [8.0, 8.0]
+    assert compiles.count == M.f.compile_info().compiles == 1
+    assert M.f.cache_info().misses == 2
+
+
 def test_error_if_programs_are_shared_across_an_unread_static():
     class Solver(es.Module):
         w: jax.Array
