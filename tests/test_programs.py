@@ -8,7 +8,9 @@ library's `compile_info()` and with JAX's own monitoring events (`XlaCompiles`).
 """
 
 import dataclasses
+import functools
 import inspect
+import operator
 import random
 import threading
 from collections.abc import Callable, Iterator
@@ -576,6 +578,15 @@ class _NoDict:
         pytest.param(
             _RaisingEq(1), _RaisingEq(2), lambda c, y: y + c.v, id="a raising __eq__"
         ),
+        pytest.param(
+            functools.partial(operator.mul, 2),
+            functools.partial(operator.mul, 3),
+            lambda c, y: c(y),
+            id="partials over other arguments",
+        ),
+        pytest.param(
+            _Add(2).apply, _Add(3).apply, lambda c, y: c(y), id="methods of others"
+        ),
     ],
 )
 def test_callbacks_over_captures_that_are_not_provably_the_same_are_not_shared(
@@ -619,17 +630,53 @@ def test_a_capture_whose_comparison_raises_is_not_the_same():
     assert compiles.count == M.f.compile_info().compiles == 2
 
 
-def test_a_callback_over_equal_captures_made_anew_by_each_trace_is_shared():
-    """Two traces of the same code capture equal values that are distinct objects
-    (a tuple built in the trace): the callbacks are the same, so an unread static
-    costs no compile."""
-    M = _callback_class(lambda c, y: y * c[0] + len(c[1]))  # noqa: N806
+@dataclasses.dataclass(frozen=True, slots=True)
+class _SlottedAdd:
+    v: int
+
+    def apply(self, y: Any) -> Any:
+        return y + self.v
+
+
+class _Scale(NamedTuple):
+    k: int
+
+
+_EQUAL_CAPTURES = {
+    "tuple": (lambda: tuple([2, "ab"]), lambda c, y: y * c[0] + len(c[1])),
+    "frozen dataclass": (lambda: _Add(2), lambda c, y: c.apply(y)),
+    "slotted frozen dataclass": (lambda: _SlottedAdd(2), lambda c, y: c.apply(y)),
+    "named tuple": (lambda: _Scale(2), lambda c, y: y * c.k),
+    "partial": (lambda: functools.partial(operator.mul, 2), lambda c, y: c(y)),
+    "bound method": (lambda: _Add(2).apply, lambda c, y: c(y)),
+}
+
+
+@pytest.mark.parametrize("name", _EQUAL_CAPTURES)
+def test_a_callback_over_equal_captures_made_anew_is_shared(name):
+    """Two keys capture equal values that are distinct objects (made anew for each
+    module): the callbacks are provably the same, so an unread static costs no
+    compile."""
+    make, compute = _EQUAL_CAPTURES[name]
+    M = _callback_class(compute)  # noqa: N806
     x = jnp.float32(3.0)
     compiles = XlaCompiles()
-    results = [float(M((2, "ab"), tag=tag).f(x)) for tag in "ab"]
-    assert results == [8.0, 8.0]
+    modules = [M(make(), tag=tag) for tag in "ab"]
+    assert modules[0].cfg is not modules[1].cfg
+    results = [float(m.f(x)) for m in modules]
+    assert results == [float(compute(make(), np.float32(3.0)))] * 2
     assert compiles.count == M.f.compile_info().compiles == 1
     assert M.f.cache_info().misses == 2
+
+
+def test_a_compile_argument_that_cannot_be_compared_is_not_the_same():
+    """`==` on two compile arguments that raises (arrays, say) proves nothing."""
+    from eqx_static._program import Fingerprint, same_program
+
+    def fp(v: np.ndarray) -> Fingerprint:
+        return Fingerprint(b"d", b"text", (("arg", v),), ())
+
+    assert not same_program(fp(np.array([1, 2])), fp(np.array([1, 3])))
 
 
 def test_error_if_programs_are_shared_across_an_unread_static():
