@@ -522,6 +522,41 @@ def _callback_class(compute: Callable[[Any, Any], Any]) -> Any:
     return M
 
 
+def _with_default(v: int) -> Callable:
+    def g(y, k=tuple([v])):  # a default made anew by each call
+        return y * k[0]
+
+    return g
+
+
+def _with_keyword_default(v: int) -> Callable:
+    def g(y, *, k=tuple([v])):
+        return y * k[0]
+
+    return g
+
+
+def _with_attribute(v: int) -> Callable:
+    def g(y):  # refers to itself: a cycle through its closure
+        return y * g.k[0]  # pyright: ignore[reportFunctionMemberAccess]
+
+    g.k = tuple([v])  # pyright: ignore[reportFunctionMemberAccess]
+    return g
+
+
+def _times(y: Any, k: tuple) -> Any:
+    return y * k[0]
+
+
+# A function, a partial: what each holds besides its code.
+_HOLDERS = {
+    "defaults": _with_default,
+    "keyword defaults": _with_keyword_default,
+    "function attributes": _with_attribute,
+    "partial keywords": lambda v: functools.partial(_times, k=tuple([v])),
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class _Add:
     v: int
@@ -587,6 +622,10 @@ class _NoDict:
         pytest.param(
             _Add(2).apply, _Add(3).apply, lambda c, y: c(y), id="methods of others"
         ),
+        *(
+            pytest.param(make(2), make(3), lambda c, y: c(y), id=f"other {name}")
+            for name, make in _HOLDERS.items()
+        ),
     ],
 )
 def test_callbacks_over_captures_that_are_not_provably_the_same_are_not_shared(
@@ -649,6 +688,10 @@ _EQUAL_CAPTURES = {
     "named tuple": (lambda: _Scale(2), lambda c, y: y * c.k),
     "partial": (lambda: functools.partial(operator.mul, 2), lambda c, y: c(y)),
     "bound method": (lambda: _Add(2).apply, lambda c, y: c(y)),
+    **{
+        name: (functools.partial(make, 2), lambda c, y: c(y))
+        for name, make in _HOLDERS.items()
+    },
 }
 
 
