@@ -4,6 +4,7 @@ import dataclasses
 import difflib
 import operator
 import sys
+import types
 import typing
 import weakref
 from collections.abc import Callable, Mapping
@@ -152,16 +153,21 @@ def _resolve(ann: Any, globalns: Mapping[str, Any], localns: Mapping[str, Any]) 
         return ann
 
 
+def is_jaxtyping_array(ann: Any) -> bool:
+    """Whether `ann` is a jaxtyping array annotation, such as `Float[Array, "n"]`."""
+    return isinstance(ann, type) and issubclass(ann, jaxtyping.AbstractArray)
+
+
 def _is_array_annotation(ann: Any) -> bool:
-    if isinstance(ann, type) and issubclass(ann, jaxtyping.AbstractArray):
+    if is_jaxtyping_array(ann):
         return True
     args = typing.get_args(ann)
-    return typing.get_origin(ann) in (typing.Union, _UnionType) and any(
+    return typing.get_origin(ann) in UNIONS and any(
         _is_array_annotation(a) for a in args
     )
 
 
-_UnionType: Final = type(int | str)
+UNIONS: Final = (typing.Union, types.UnionType)  # `Union[a, b]` and `a | b`
 
 
 def unknown_field_error(cls: type, name: str, names: tuple[str, ...]) -> AttributeError:

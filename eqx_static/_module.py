@@ -77,8 +77,9 @@ class Module(eqx.Module):
     array of JAX's default dtype for its kind (`float32`, `int32`, `bool`,
     `complex64`), strongly typed, as an optimiser step or deserialisation gives it
     back. So eager code sees what compiled code sees, and [`eqx_static.jit`][]
-    (like `eqx.filter_jit`) traces it: changing it never recompiles. A default that
-    a custom `__init__` leaves unset is set, as a dataclass's `__init__` would. The
+    (like `eqx.filter_jit`) traces it: changing it never recompiles. A plain default
+    that a custom `__init__` leaves unset is set, as a dataclass's `__init__` would
+    (a subclass's class attribute or a property is left to be read). The
     consequence to know: a dynamic field is data, so `eqx.filter_grad`
     differentiates it and optax updates it. To keep a number fixed in training,
     keep it out of the optimiser (a filter spec, or `optax.multi_transform` with
@@ -165,7 +166,8 @@ class Module(eqx.Module):
         # At construction only; updates run the same field checks on what they
         # change. Runs last among the `__check_init__`s, after the converters (which
         # Equinox has applied). A field that a custom `__init__` left unset gets its
-        # default, as a dataclass's own `__init__` would set it.
+        # plain default, as a dataclass's own `__init__` would set it; one that reads
+        # as something else (a subclass's attribute, a property) is left unset.
         info = field_info(type(self))
         d = instance_dict(self)
         for name, default in info.defaults.items():

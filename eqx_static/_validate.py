@@ -1,6 +1,5 @@
 """The checks every new field value goes through: construction, updates, edits."""
 
-import types
 import typing
 from collections.abc import Collection, Mapping
 from typing import Any, Final
@@ -9,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._fields import FieldInfo
+from ._fields import FieldInfo, is_jaxtyping_array, UNIONS
 from ._key import CyclicValue, deep
 from ._typecheck import check_fields
 from ._typed import is_hashable
@@ -147,7 +146,7 @@ def _same_layout(a: object, b: object) -> bool:
 def _matches(value: object, ann: Any) -> bool:
     # `isinstance` against a `typing.Union` only checks `type(value)`, which cannot
     # see a jaxtyping shape or dtype, so unions are checked member by member.
-    if typing.get_origin(ann) in _UNIONS:
+    if typing.get_origin(ann) in UNIONS:
         return any(_matches(value, a) for a in typing.get_args(ann))
     try:
         return isinstance(value, ann)
@@ -156,17 +155,14 @@ def _matches(value: object, ann: Any) -> bool:
 
 
 def _ann_repr(ann: Any) -> str:
-    if typing.get_origin(ann) in _UNIONS:
+    if typing.get_origin(ann) in UNIONS:
         return " | ".join(_ann_repr(a) for a in typing.get_args(ann))
     if ann is type(None):
         return "None"
-    if hasattr(ann, "dim_str") and hasattr(ann, "array_type"):  # jaxtyping's
+    if is_jaxtyping_array(ann):
         array = "Array" if ann.array_type is jax.Array else ann.array_type.__name__
         return f"{ann.dtype.__name__}[{array}, {ann.dim_str!r}]"
     return getattr(ann, "__name__", None) or repr(ann)
-
-
-_UNIONS: Final = (typing.Union, types.UnionType)
 
 
 def convert_and_check(
