@@ -3,14 +3,18 @@ compile once per distinct program, and one-line updates."""
 
 import importlib.metadata
 
-from ._aot import Compiled as Compiled, Lowered as Lowered
-from ._budget import RecompileError as RecompileError
-from ._cache import CacheInfo as CacheInfo, CompileInfo as CompileInfo
-from ._edit import edit as edit
-from ._errors import TracedFieldError as TracedFieldError
-from ._jit import jit as jit
+from ._compile import CacheInfo as CacheInfo, CompileInfo as CompileInfo
+from ._jit import Compiled as Compiled, jit as jit, Lowered as Lowered
 from ._module import Module as Module
-from ._update import with_dynamic as with_dynamic, with_static as with_static
+from ._report import (
+    RecompileError as RecompileError,
+    TracedFieldError as TracedFieldError,
+)
+from ._update import (
+    edit as edit,
+    with_dynamic as with_dynamic,
+    with_static as with_static,
+)
 
 
 __all__ = [

@@ -1,11 +1,12 @@
 """Every private name of JAX, Equinox and jaxtyping, and every CPython detail, that
-`eqx_static` relies on, in one place.
-
-Each is checked on import, so that an unsupported release fails here, with the
-supported range, rather than somewhere deep in a call. `tests/test_compat.py`
-checks that each still means what the library relies on."""
+`eqx_static` relies on, in one place. `tests/test_compat.py` checks that each still
+means what the library relies on, so that a release that changes one fails there,
+by name, before it fails somewhere deep in a call."""
 
 import dataclasses
+import dis
+import sys
+import types
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Final
@@ -22,6 +23,7 @@ try:
     # `eqx.error_if` raises inside a callback; `eqx.filter_jit` turns that into an
     # `EquinoxRuntimeError` with this message, from what the callback left here,
     # and hides JAX's log of the failed callback with this filter.
+    import equinox._errors as _eqx_errors
     import equinox._jit as _eqx_jit  # equinox 0.13
     from equinox._jit import (
         _FilterCallback as FilterCallback,
@@ -29,9 +31,8 @@ try:
     )
 
     # Equinox's flatten: a module whose instance dictionary holds more or fewer
-    # entries than it has fields (a field left unset by `__init__`, the wrapper
-    # attributes of `eqx.module_update_wrapper`) carries these attributes in its
-    # tree structure, `MISSING` for those absent; unflatten sets all of them.
+    # entries than it has fields carries these attributes in its tree structure,
+    # `MISSING` for those absent; unflatten sets all of them.
     from equinox._module._flatten import (  # equinox 0.13.3
         MISSING as EQX_MISSING,
         WRAPPER_FIELD_NAMES as WRAPPER_FIELD_NAMES,
@@ -55,9 +56,8 @@ except ImportError as e:  # pragma: no cover
 
 module_eq: Final[Callable[..., Any]] = eqx.Module.__eq__
 
-# The ids in `currently_initialising`, as a dict the key's walk reads in C: a module
-# in it may still change, so its key is not memoised. (Equinox keeps a copied or
-# unpickled module there for good: test membership, not size.)
+# The ids in `currently_initialising`, as a dict read in C. (Equinox keeps a copied
+# or unpickled module there for good: test membership, not size.)
 initialising_ids: Final[dict[int, Any]] = currently_initialising._dict  # pyright: ignore[reportAttributeAccessIssue]
 
 
@@ -66,24 +66,41 @@ def equinox_error_info() -> tuple[str, list] | None:
     return _eqx_jit.last_error_info
 
 
-# The marker `eqx.error_if` looks for in the frames of the call that traced it, to
-# cut its stack there (a local variable of that name; see `equinox._jit._call`).
-EQX_JIT_ID: Final = "__equinox_jit_id__"
+def is_equinox_error_callback(fn: Any) -> bool:
+    """Whether `fn` is one of the functions `eqx.error_if` calls back into (they
+    read only their messages, and record their stack for the message)."""
+    code = getattr(fn, "__code__", None)
+    return code is not None and code.co_filename == _eqx_errors.__file__
+
+
+# Captured by `eqx.error_if`'s callbacks for the error message only.
+EQUINOX_MESSAGE_ONLY: Final = frozenset({"stack"})
 
 
 # ----------------------------------------------------------------------------------
-# JAX. A lowering (`jax.stages.Lowered`) holds the computation `jax.jit` compiles and
-# then runs: `jitted.trace(...).lower()` and a later `jitted(...)` with the same
-# arguments share it (JAX caches both the trace and the lowering), and its compiled
-# executable is kept on it. So the miss path can compile it, or install an
-# executable compiled for an identical program, and the call that follows runs that.
-# (jax 0.8.1 - 0.10.2: `Lowered._lowering` is a `pxla.MeshComputation`.)
+# JAX.
 
 from jax._src import (  # noqa: E402  (grouped with its reason)
     api as _api,
+    callback as _callback,
+    config as _config,
     core as _core,
+    pjit as _pjit,
+    source_info_util as _source_info,
     traceback_util as _traceback_util,
+    tree_util as _tree_util,
 )
+from jax._src.interpreters import pxla as _pxla  # noqa: E402
+
+
+try:  # jax 0.10
+    from jax._src.lib import _jax
+
+    _pjit_function: Callable[..., Any] = _jax.pjit
+except ImportError:  # jax 0.9
+    from jax._src.lib import xla_client as _xc
+
+    _pjit_function = _xc._xla.pjit  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def hide_frames(file: str) -> None:
@@ -92,32 +109,29 @@ def hide_frames(file: str) -> None:
     _traceback_util.register_exclusion(file)
 
 
-# The logger on which JAX reports an exception raised in a host callback (which is
-# how `eqx.error_if` fails at run time).
+# The logger on which JAX reports an exception raised in a host callback.
 CALLBACK_LOGGER: Final = "jax._src.callback"
+
+# The `jax.monitoring` event around every XLA compile: a scalar is recorded when it
+# starts, a duration when it ends, each with `fun_name="jit(<function name>)"`.
+COMPILE_EVENT: Final = "/jax/core/compile/backend_compile_duration"
 
 
 # `jax.jit` itself. Under `EQX_ON_ERROR=breakpoint` Equinox replaces the name
-# `jax.jit` with a function (its workaround for JAX issue #16732) that inlines a
-# nested `jax.jit` and has no `.trace`; the miss path needs `.trace`, and stages a
-# nested call through the replacement, as `eqx.filter_jit` does.
+# `jax.jit` with a function (for JAX issue #16732) that has no `.trace`.
 jax_jit: Final = _api.jit
 
 
 def jit_is_replaced() -> bool:
-    """Whether someone (Equinox's breakpoint mode) replaced `jax.jit`."""
     return jax.jit is not jax_jit
 
 
-def lowering_of(lowered: Any) -> Any:
-    """The computation inside a `jax.stages.Lowered`, or None if it is not one
-    whose executable this library knows how to read and set."""
-    lowering = getattr(lowered, "_lowering", None)
-    if lowering is None or not all(hasattr(lowering, a) for a in _LOWERING_ATTRIBUTES):
-        return None
-    return lowering
-
-
+# A lowering (`jax.stages.Lowered`) holds the computation that `jax.jit` compiles
+# and then runs: `jitted.trace(...).lower()` and a later `jitted(...)` with the same
+# arguments share it (JAX caches the trace and the lowering), and its executable is
+# kept on it. So the miss path can compile it, or install an executable compiled
+# for an identical program, and the call that follows runs that.
+# (jax 0.9 - 0.10: `Lowered._lowering` is a `pxla.MeshComputation`.)
 _LOWERING_ATTRIBUTES: Final = (
     "_executable",
     "compile_args",
@@ -129,12 +143,21 @@ _LOWERING_ATTRIBUTES: Final = (
 )
 
 
+def lowering_of(lowered: Any) -> Any:
+    """The computation inside a `jax.stages.Lowered`, or None if it is not one whose
+    executable this library knows how to read and set."""
+    lowering = getattr(lowered, "_lowering", None)
+    if lowering is None or not all(hasattr(lowering, a) for a in _LOWERING_ATTRIBUTES):
+        return None
+    return lowering
+
+
 def program_options(lowering: Any) -> tuple:
     """What a lowering compiles with besides its module and compile arguments."""
     return (
         ("donated", tuple(lowering._donated_invars)),
         ("compiler_options", tuple(lowering._compiler_options_kvs)),
-        ("devices", lowering._device_list),
+        ("devices", tuple(lowering._device_list)),
         ("platforms", tuple(lowering._platforms)),
     )
 
@@ -144,9 +167,8 @@ def executable_of(lowering: Any) -> Any:
     return lowering._executable
 
 
-def compiled_of(executable: Any) -> Any:
-    """The XLA executable inside JAX's executable (two lowerings whose modules JAX
-    found the same in its own caches share one, in two wrappers)."""
+def xla_executable(executable: Any) -> Any:
+    """The XLA executable inside JAX's: JAX's own caches may wrap one in two."""
     return getattr(executable, "xla_executable", executable)
 
 
@@ -155,14 +177,57 @@ def set_executable(lowering: Any, executable: Any) -> None:
     lowering._executable = executable
 
 
+def dispatcher(name: str, fun: Callable, cache_miss: Callable, donate: tuple) -> Any:
+    """A `jax.jit`-like C++ dispatcher (JAX's own `PjitFunction`) whose cache miss
+    calls `cache_miss(*args)`, which returns `(outputs, fastpath_data, rebuild)` as
+    the miss of a `jax.jit` does (`jitted._cache_miss`); under `jax.disable_jit()` it
+    calls `fun(*args)`. Built as `pjit._cpp_pjit` builds one (jax 0.9 - 0.10)."""
+    ji = jax_jit(fun, donate_argnums=donate)._jit_info  # pyright: ignore[reportAttributeAccessIssue]
+    key = _pxla.JitGlobalCppCacheKeys(
+        donate_argnums=ji.donate_argnums,
+        donate_argnames=ji.donate_argnames,
+        device=ji.device,
+        backend=ji.backend,
+        in_shardings_treedef=ji.in_shardings_treedef,
+        in_shardings_leaves=ji.in_shardings_leaves,
+        out_shardings_treedef=ji.out_shardings_treedef,
+        out_shardings_leaves=ji.out_shardings_leaves,
+        in_layouts_treedef=ji.in_layouts_treedef,
+        in_layouts_leaves=ji.in_layouts_leaves,
+        out_layouts_treedef=ji.out_layouts_treedef,
+        out_layouts_leaves=ji.out_layouts_leaves,
+        compiler_options_kvs=ji.compiler_options_kvs,
+    )
+    explicit: bool = key.contains_explicit_attributes  # pyright: ignore[reportAssignmentType]
+    cpp_cache = _pjit._get_cpp_global_cache(explicit)
+    return _pjit_function(
+        name, fun, cache_miss, ji.static_argnums, ji.static_argnames, key,
+        _tree_util.dispatch_registry, _pxla.cc_shard_arg, cpp_cache,
+    )  # fmt: skip
+
+
+def jit_miss(jitted: Any, *args: Any) -> tuple:
+    """What a `jax.jit`'s own cache miss returns for `args`: it traces (or reads its
+    trace), lowers (or reads its lowering) and compiles (or reads the executable
+    installed on that lowering), runs the program, and returns `(outputs,
+    fastpath_data, rebuild)` for a dispatcher's C++ cache."""
+    return jitted._cache_miss(*args)
+
+
+def trace_context() -> Any:
+    """The configuration JAX keys its caches by besides the arguments (x64, the
+    default device, `threefry_partitionable`, ...)."""
+    return _config.trace_context()
+
+
+def pgle_enabled() -> bool:
+    """Whether JAX profiles programs and compiles them again with the profile."""
+    return bool(jax.config.jax_enable_pgle) and jax.config.jax_pgle_profiling_runs > 0  # pyright: ignore[reportAttributeAccessIssue]
+
+
 def trace_state_clean() -> bool:
     """Whether this thread is outside any JAX transformation or trace."""
     return _core.trace_state_clean()
-
-
-def cache_size(jitted: Any) -> int:
-    """The number of compiled signatures in a `jax.jit` function's C++ cache."""
-    return jitted._cache_size()
 
 
 def open_jaxpr(j: Any) -> Any:
@@ -177,6 +242,23 @@ def nested_jaxprs(params: dict[str, Any]) -> Iterator[Any]:
                 yield v
 
 
+def flat_callback(cb: Any) -> tuple[Callable, Any] | None:
+    """The Python function and argument structure of the `callback` parameter of a
+    `pure_callback`/`io_callback` equation (None if it is not JAX's wrapper)."""
+    if type(cb) is _callback._FlatCallback:
+        return cb.callback_func, cb.in_tree
+    return None
+
+
+def user_frame(source_info: Any) -> tuple[str, int, str] | None:
+    """The innermost frame of user code (not JAX's, Equinox's or this library's)
+    where an equation was traced: file, line and function."""
+    frame = _source_info.user_frame(source_info.traceback)
+    if frame is None:
+        return None
+    return frame.file_name, frame.start_line, frame.function_name
+
+
 JaxRuntimeError: Final = jax.errors.JaxRuntimeError
 
 
@@ -187,8 +269,7 @@ from jaxtyping._array_types import _NamedDim  # noqa: E402  (grouped with its re
 
 
 def is_named_dim(dim: Any) -> bool:
-    """Whether a dimension of a jaxtyping annotation is a plain named one (`"n"`),
-    as opposed to a fixed size, `"..."`, `"*n"` or a symbolic expression."""
+    """Whether a dimension of a jaxtyping annotation is a plain named one (`"n"`)."""
     return type(dim) is _NamedDim
 
 
@@ -206,7 +287,6 @@ def jaxtyped_class(cls: type) -> bool:
 # not the user's. `dataclasses` marks nothing on the function it writes, so it is
 # recognised by its code: the same bytecode, names and constants as the `__eq__`
 # this interpreter writes for a dataclass with the same fields.
-
 
 _generated_eq: Final[weakref.WeakKeyDictionary[type, bool]] = (
     weakref.WeakKeyDictionary()
@@ -238,37 +318,132 @@ def _is_generated_eq(t: type) -> bool:
     return _code_parts(code) == _code_parts(ref)
 
 
-def _code_parts(code: Any) -> tuple:
+def _code_parts(code: types.CodeType) -> tuple:
     return (code.co_code, code.co_names, code.co_consts, code.co_varnames)
 
 
+# A closure cell can be rebound by the frame that made it (an assignment run again,
+# in a loop or a later statement) and by any function nested in that frame's code
+# that declares the name `nonlocal` and assigns it. Both are in the bytecode: a
+# cell is provably bound once if the code that owns it stores it at most once,
+# outside any loop, and no code nested in it stores it. The owner is found among
+# the code objects reachable from the function's module (functions and classes,
+# at any depth); a function made elsewhere (by `exec`, say) is not provable.
+
+_STORES: Final = frozenset({"STORE_DEREF", "DELETE_DEREF"})
+_BACKWARD: Final = frozenset({"JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT"})
+_parents: Final[dict[str, dict[types.CodeType, types.CodeType]]] = {}
+
+
+def cell_bound_once(fn: types.FunctionType, name: str) -> bool:
+    """Whether the closure cell `name` of `fn` provably keeps its value forever."""
+    owner = fn.__code__
+    while name not in owner.co_cellvars:
+        parent = _parent_code(fn.__module__, owner)
+        if parent is None:
+            return False
+        owner = parent
+    stores = [
+        i
+        for i in dis.get_instructions(owner)
+        if i.opname in _STORES and i.argval == name
+    ]
+    if len(stores) > 1 or (stores and _in_loop(owner, stores[0].offset)):
+        return False
+    return not any(
+        i.opname in _STORES and i.argval == name
+        for code in _nested(owner)
+        if name in code.co_freevars
+        for i in dis.get_instructions(code)
+    )
+
+
+def _in_loop(code: types.CodeType, offset: int) -> bool:
+    return any(
+        i.opname in _BACKWARD and i.argval <= offset < i.offset
+        for i in dis.get_instructions(code)
+    )
+
+
+def _nested(code: types.CodeType) -> Iterator[types.CodeType]:
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            yield c
+            yield from _nested(c)
+
+
+def _parent_code(module: str | None, code: types.CodeType) -> types.CodeType | None:
+    parents = _parents.get(module or "")
+    if parents is None or code not in parents:  # a module grows: look again
+        parents = _parents[module or ""] = _code_tree(sys.modules.get(module or ""))
+    return parents.get(code)
+
+
+def _code_tree(module: Any) -> dict[types.CodeType, types.CodeType]:
+    """Each code object reachable from `module`'s functions and classes, mapped to
+    the code object it is nested in."""
+    parents: dict[types.CodeType, types.CodeType] = {}
+    if module is None:
+        return parents
+    seen: set[int] = set()
+    stack = list(vars(module).values())
+    while stack:
+        v = stack.pop()
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        if isinstance(v, type) and v.__module__ == module.__name__:
+            stack += vars(v).values()
+        elif isinstance(v, types.FunctionType) and v.__module__ == module.__name__:
+            _link(v.__code__, parents)
+        for attr in ("__wrapped__", "__func__", "fn", "fget", "fset"):
+            inner = getattr(v, attr, None) if not isinstance(v, type) else None
+            if inner is not None:
+                stack.append(inner)
+    return parents
+
+
+def _link(code: types.CodeType, parents: dict) -> None:
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            parents[c] = code
+            _link(c, parents)
+
+
 __all__ = [
-    "EQX_JIT_ID",
+    "CALLBACK_LOGGER",
+    "COMPILE_EVENT",
     "EQX_MISSING",
-    "on_error_message",
+    "EQUINOX_MESSAGE_ONLY",
     "SUPPORTED",
     "WRAPPER_FIELD_NAMES",
-    "CALLBACK_LOGGER",
     "BoundMethod",
     "FilterCallback",
     "JaxRuntimeError",
-    "cache_size",
-    "compiled_of",
+    "cell_bound_once",
     "currently_initialising",
+    "dispatcher",
     "equinox_error_info",
     "executable_of",
+    "flat_callback",
     "generated_dataclass_eq",
     "hide_frames",
     "initialising_ids",
+    "is_equinox_error_callback",
     "is_named_dim",
     "jax_jit",
     "jaxtyped_class",
     "jit_is_replaced",
+    "jit_miss",
     "lowering_of",
     "module_eq",
     "nested_jaxprs",
+    "on_error_message",
     "open_jaxpr",
+    "pgle_enabled",
     "program_options",
     "set_executable",
-    "trace_state_clean",
+    "trace_context",
+    "user_frame",
+    "xla_executable",
 ]

@@ -1,26 +1,30 @@
-"""`es.jit`: the wrapper, its options and its hit path.
+"""`es.jit`: the wrapper, its options, the hit path, bound methods and AOT.
 
-A call is keyed (`_key.py`) and looked up in the function's cache (`_cache.py`); a
-hit calls the entry's own `jax.jit`, whose C++ dispatch checks the avals. Anything
-else is a miss (`_miss.py`)."""
+A call is keyed (`_key.py`) and looked up in its function's cache; a hit calls the
+entry's own `jax.jit`, whose C++ dispatch checks the avals. Anything else goes to
+the miss path (`_compile.py`)."""
 
 import functools
 import inspect
-import logging
+import threading
+import types
+import weakref
 from collections.abc import Callable
 from typing import Any, Final, Generic, Literal, overload, ParamSpec, TypeVar
 
 import equinox as eqx
-import jax
+import jax.tree_util as jtu
 
-from ._aot import lower, Lowered
-from ._bound import BoundJit, special_method
-from ._budget import RecompileError
-from ._cache import Cache, CacheInfo, CompileInfo, Entry, shared_cache
-from ._compat import cache_size, hide_frames, jax_jit
-from ._errors import reporting_errors, TracedFieldError
-from ._explain import find_unhashable, leaf_origins
-from ._fields import is_es_module_class
+from ._compat import hide_frames
+from ._compile import (
+    Cache,
+    CacheInfo,
+    combine,
+    CompileInfo,
+    Function,
+    lower_call,
+    new_entry,
+)
 from ._key import (
     argname,
     array_types,
@@ -32,19 +36,16 @@ from ._key import (
     node,
     top_node,
 )
-from ._miss import layout_miss, miss, quiet_donation, Refused, traced_function
-from ._outputs import combine
+from ._module import is_es_module_class
+from ._report import RecompileError, TracedFieldError, unhashable_message
 
 
 hide_frames(__file__)
-
-logger: Final = logging.getLogger("eqx_static")
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 Donate = Literal["none", "all", "all-except-first", "warn", "warn-except-first"]
 _DONATE: Final = ("none", "all", "all-except-first", "warn", "warn-except-first")
-
 
 _MSG_DECORATOR_ORDER: Final = """An `es.jit` wrapper has no `__globals__`: it is not a plain function.
 If this comes from `@jaxtyped(...)` above `@es.jit`:
@@ -70,12 +71,17 @@ def f(cls, x): ...
 
 
 class _Signature:
-    """Binds a call's arguments as `inspect.Signature.bind` would, with defaults
-    applied, so that `f(x)`, `f(x, 2.0)` and `f(x, scale=2.0)` are one call."""
+    """Binds a call's arguments with the callable's own signature, defaults applied,
+    so that `f(x)`, `f(x, 2.0)` and `f(x, scale=2.0)` are one call. The signature is
+    the callable's own, not the one `functools.wraps` copied from what it wraps:
+    a decorator's defaults are its own. Where it cannot be read, the arguments are
+    passed as given."""
 
     def __init__(self, fn: Callable):
         try:
-            self.sig: inspect.Signature | None = inspect.signature(fn)
+            self.sig: inspect.Signature | None = inspect.signature(
+                fn, follow_wrapped=False
+            )
         except (TypeError, ValueError):
             self.sig = None
             self.n, self.names, self.tail = -1, (), ()
@@ -103,7 +109,7 @@ class _Signature:
         try:
             bound = self.sig.bind(*args, **kwargs)
         except TypeError:
-            return args, kwargs  # let the function itself raise, as it would eagerly
+            return args, kwargs  # the function raises, as it would eagerly
         bound.apply_defaults()
         return bound.args, bound.kwargs
 
@@ -132,32 +138,28 @@ class _Jit(Generic[_P, _R]):
         functools.update_wrapper(self, fn)  # pyright: ignore[reportArgumentType]
         self.fn = fn
         self.qualname: str = getattr(fn, "__qualname__", repr(fn))
-        self._donate = donate
-        self.quiet_donation = donate in ("all", "all-except-first")
-        self._max_compiles = max_compiles
-        self._warn_after = warn_after
-        self._signature = _Signature(fn)
-        self._argnames = self._signature.names
-        fn_leaves: list = []
-        self._fn_node = node(fn, fn_leaves)
-        self._fn_leaves = tuple(fn_leaves)
         self._options = (donate, maxsize, max_compiles, warn_after)
-        identity = (self._fn_node, self._options)
-        self.cache: Cache = shared_cache(fn, identity, maxsize)
+        self._signature = _Signature(fn)
+        fn_leaves: list = []
+        fn_node = None if type(fn) is types.FunctionType else node(fn, fn_leaves)
+        self._fn_leaves = tuple(fn_leaves)
+        self.cache = _shared_cache(fn, (fn_node, self._options), maxsize)
+        self.f = Function(
+            fn, fn_node, len(fn_leaves), self._signature.names, donate,
+            max_compiles, warn_after, self.cache,
+        )  # fmt: skip
         self._owner: type | None = None
         self._name: str | None = None
         self.method, self._call = self._make_call()
 
-    # -- binding ---------------------------------------------------------------
-
     @property
     def __globals__(self) -> dict[str, Any]:
-        # A wrapper has no globals. `@jaxtyped(...)` above `@es.jit` reads them first,
-        # so the error names the order to use; `getattr(jit, "__globals__", d)` works.
+        # `@jaxtyped(...)` above `@es.jit` reads it first: name the order to use.
         raise AttributeError(_MSG_DECORATOR_ORDER)
 
     def __set_name__(self, owner: type, name: str) -> None:
         self._owner, self._name = owner, name
+        self.f.method = True
         if (
             name.startswith("__")
             and name.endswith("__")
@@ -167,10 +169,8 @@ class _Jit(Generic[_P, _R]):
         ):
             # `m(x)` looks `__call__` up on the class and calls a plain function
             # without binding anything: install one, saving the descriptor call.
-            # (`es.Module.__getattribute__` still gives `m.__call__` as `BoundJit`.)
-            # Not in `__main__`, whose classes cloudpickle copies by value: the
-            # wrapper pickles, its closures do not.
-            setattr(owner, name, special_method(self))
+            # Not in `__main__`, whose classes cloudpickle copies by value.
+            setattr(owner, name, _special_method(self, owner, name))
 
     def __get__(self, obj: object, owner: type | None = None) -> Any:
         if obj is None or self._is_static:
@@ -186,14 +186,13 @@ class _Jit(Generic[_P, _R]):
             raise
 
     def __reduce__(self) -> Any:
-        # By reference, as functions pickle: the wrapper holds a lock and a cache.
-        # A wrapper that cannot be found by name (in a class or function defined in
-        # `__main__` or a function body, copied by value by cloudpickle) is made
+        # By reference, as functions pickle. A wrapper that cannot be found by name
+        # (in `__main__` or a function body, copied by value by cloudpickle) is made
         # again from its function and options, and shares the cache here.
         owner, where = self._owner, getattr(self.fn, "__module__", None)
         if "<locals>" not in self.qualname and where != "__main__":
             return (getattr, (owner, self._name)) if owner else self.qualname
-        return (_remake, (self.fn, *self._options))
+        return (_Jit, (self.fn, *self._options))
 
     def __copy__(self) -> "_Jit[_P, _R]":
         return self
@@ -204,18 +203,15 @@ class _Jit(Generic[_P, _R]):
     def __repr__(self) -> str:
         return f"<es.jit {self.qualname}>"
 
-    # -- the hot path ----------------------------------------------------------
-
     def _make_call(self) -> tuple[Callable, Callable]:
-        """The call paths as closures: no attribute look-ups on a cache hit.
-        `method(obj, *args)` is the path of `obj.f(*args)`."""
-        cache = self.cache
-        entries, local = cache.entries, cache.local
-        signature = self._signature
+        """The call paths as closures, so that a hit looks up no attribute:
+        `method(obj, *args)` is the path of `obj.f(*args)`, `call` the general one."""
+        f, cache = self.f, self.cache
+        entries, calls, clock = cache.entries, cache.calls, cache.clock
+        signature, fn_leaves = self._signature, self._fn_leaves
         n = signature.n
-        fn_leaves = self._fn_leaves
         lru = cache.maxsize is not None
-        arrays = array_types  # the concrete array types seen so far
+        arrays = array_types
 
         def method(obj: Any, /, *args: Any, **kwargs: Any) -> Any:
             __tracebackhide__ = True
@@ -236,7 +232,7 @@ class _Jit(Generic[_P, _R]):
             try:
                 return dispatch(key, leaves, (obj, *args), kwargs)
             except eqx.EquinoxRuntimeError as e:
-                e.__traceback__ = None  # as `eqx.filter_jit`: the user's frames only
+                e.__traceback__ = None
                 raise
 
         def call(args: tuple, kwargs: dict[str, Any]) -> Any:
@@ -246,97 +242,51 @@ class _Jit(Generic[_P, _R]):
             try:
                 key, leaves = key_and_leaves(args, kwargs, fn_leaves)
             except CyclicValue as e:
-                raise _cyclic_error(self.qualname, self._argnames, e) from None
+                raise _cyclic_error(self.qualname, signature.names, e) from None
             return dispatch(key, leaves, args, kwargs)
 
         def dispatch(key: Key, leaves: list, args: tuple, kwargs: dict) -> Any:
+            """Call the key's dispatcher: JAX's C++ runs what it has for these
+            avals, and calls the miss path (which books a miss) for anything else."""
             __tracebackhide__ = True
+            next(calls)
             try:
                 entry = entries.get(key)
             except TypeError:  # an unhashable static value: say which
-                raise TypeError(_unhashable_message(self.qualname, key)) from None
-            except RecursionError:  # keys nested deeper than the limit compare
+                raise TypeError(unhashable_message(self.qualname, key)) from None
+            except RecursionError:
                 entry = deep(entries.get, key)
-            if entry is None or entry.busy:
-                return miss(self, key, leaves, args, kwargs)
-            try:
-                out = entry.call(*leaves)
-            except Refused as r:  # new shapes, a transformation, or `disable_jit`
-                if r.entry is not entry:
-                    raise
-                return miss(self, key, leaves, args, kwargs)
-            except BaseException:
-                cache.count_hit()  # it ran a compiled program, which raised
-                raise
-            if cache_size(entry.jitted) != entry.size:  # more signatures than made
-                layout_miss(self, entry, leaves, args)
-            else:
-                try:
-                    local.hits[0] += 1
-                except AttributeError:
-                    cache.count_hit()
-                if lru:
-                    cache.touch(key)
+            if entry is None:
+                entry = new_entry(f, key, leaves)
+            if lru:
+                entry.used = next(clock)
+            out = entry.call(*leaves)
             return combine(*out) if type(out) is tuple else out
 
         method.es_jit = self  # pyright: ignore[reportFunctionMemberAccess]
         return method, call
-
-    # -- entries ---------------------------------------------------------------
-
-    def make_jitted(self, key: Any, leaves: list) -> Callable[[Entry], Any]:
-        """How to make the `jax.jit` of a new entry for the call `key`."""
-        donated = _donated(self, key, leaves)
-
-        def make(entry: Entry) -> Any:
-            return jax_jit(traced_function(self, entry), donate_argnums=donated)
-
-        return make
-
-    def call_for(self, entry: Entry) -> Callable:
-        """What a hit on `entry` calls: its `jax.jit`, made to raise Equinox's
-        run-time errors if a program of it calls back into Python, and to hide
-        JAX's unusable-donation warning if `donate` says so."""
-        call = entry.jitted
-        if any(p.has_callbacks for p in entry.programs.values()):
-            call = reporting_errors(call)
-        if self.quiet_donation:
-            call = _quietly(call, self)
-        return call
-
-    def name(self, args: tuple) -> str:
-        """`Class.method` for a method called on a module, else the qualname."""
-        short = getattr(self.fn, "__name__", "fn")
-        if (
-            self._owner is not None
-            and args
-            and hasattr(args[0], "__dataclass_fields__")
-        ):
-            return f"{type(args[0]).__qualname__}.{short}"
-        return self.qualname
 
     def leaves_of(self, args: tuple, kwargs: dict[str, Any]) -> tuple[Key, list]:
         """The key and traced leaves of a call, as the hot path computes them."""
         args, kwargs = self._signature.bind(args, kwargs)
         return key_and_leaves(args, kwargs, self._fn_leaves)
 
-    # -- introspection ---------------------------------------------------------
-
-    def lower(self, *args: Any, **kwargs: Any) -> Lowered:
+    def lower(self, *args: Any, **kwargs: Any) -> "Lowered":
         """Lower the call for these arguments ahead of time.
 
         Returns an object with JAX's `as_text()` and `cost_analysis()`, whose
         `compile()` gives a callable that takes the same arguments as the wrapper.
         """
-        return lower(self, args, kwargs)
+        return self.lower_bound((), args, kwargs)
 
-    def lower_bound(self, bound: tuple, args: tuple, kwargs: dict) -> Lowered:
+    def lower_bound(self, bound: tuple, args: tuple, kwargs: dict) -> "Lowered":
         """`lower` for a method bound to an instance: the compiled callable takes
         the arguments after `bound`, as the bound method does."""
-        return lower(self, args, kwargs, bound)
+        key, leaves = self.leaves_of((*bound, *args), kwargs)
+        return Lowered(lower_call(self.f, key, leaves), self, key, bound)
 
     def cache_info(self) -> CacheInfo:
-        """Hits, misses (calls that traced), `maxsize` and entries held."""
+        """Hits, misses, `maxsize` and the compiled signatures held."""
         return self.cache.info()
 
     def compile_info(self) -> CompileInfo:
@@ -346,38 +296,10 @@ class _Jit(Generic[_P, _R]):
 
     def cache_clear(self) -> None:
         """Drop every compiled entry and program, and reset the statistics."""
+        from ._key import forget_all
+
+        forget_all()  # the per-instance memo too: it may hold static values
         self.cache.clear()
-
-
-def _quietly(call: Callable, wrapper: Any) -> Callable:
-    def quiet(*leaves: Any) -> Any:
-        __tracebackhide__ = True
-        with quiet_donation(wrapper):
-            return call(*leaves)
-
-    return quiet
-
-
-def _remake(fn: Any, *options: Any) -> "_Jit":
-    return _Jit(fn, *options)
-
-
-def _donated(self: Any, key: Key, leaves: list) -> tuple[int, ...]:
-    """The positions of the leaves whose buffers `donate` gives to XLA."""
-    if self._donate == "none":
-        return ()
-    skip = 0
-    if self._donate.endswith("except-first") and key.args:
-        skip = len(self._fn_leaves) + _count_leaves(key.args[0])
-    return tuple(
-        i
-        for i, x in enumerate(leaves)
-        if (i >= skip or i < len(self._fn_leaves)) and isinstance(x, jax.Array)
-    )
-
-
-def _count_leaves(n: Any) -> int:
-    return len(leaf_origins(Key((n,), (), ()), ()))
 
 
 def _check_options(
@@ -388,6 +310,11 @@ def _check_options(
             f"`es.jit(donate=...)` must be one of {', '.join(map(repr, _DONATE))}; "
             f"got {donate!r}."
         )
+    counts = {
+        "maxsize": "compiled entries",
+        "max_compiles": "XLA compiles",
+        "warn_after": "XLA compiles",
+    }
     for name, v in (
         ("maxsize", maxsize),
         ("max_compiles", max_compiles),
@@ -396,13 +323,13 @@ def _check_options(
         if v is not None and (type(v) is not int or v < 1):
             raise ValueError(
                 f"`{name}` must be None or a positive int, got {v!r}: "
-                f"`es.jit({name}=...)` counts {_COUNTS[name]}."
+                f"`es.jit({name}=...)` counts {counts[name]}."
             )
 
 
 def _cyclic_error(name: str, argnames: tuple, e: CyclicValue) -> ValueError:
-    """Name the argument of a call that contains itself (`e.path` starts at
-    `[0][i]` for the i-th positional argument, `[1]['k']` for a keyword)."""
+    """Name the argument that contains itself (`e.path` starts at `[0][i]` for the
+    i-th positional argument, `[1]['k']` for a keyword)."""
     head, _, rest = e.path[1:].partition("]")
     if head == "0":
         index, _, rest = rest[1:].partition("]")
@@ -418,20 +345,221 @@ def _cyclic_error(name: str, argnames: tuple, e: CyclicValue) -> ValueError:
     )
 
 
-_COUNTS: Final = {
-    "maxsize": "compiled entries",
-    "max_compiles": "XLA compiles",
-    "warn_after": "XLA compiles",
-}
+# The caches, as `eqx.filter_jit` keeps its own: a plain function's for as long as
+# the function lives (wrapping it again finds it), any other callable's (a module,
+# `eqx.filter_grad(f)`) by its structure and static parts, for the process.
+_by_function: Final[weakref.WeakKeyDictionary[Callable, dict[Any, Cache]]] = (
+    weakref.WeakKeyDictionary()
+)
+_by_structure: Final[dict[Any, Cache]] = {}
+_caches_lock: Final = threading.Lock()
 
 
-def _unhashable_message(name: str, key: Key) -> str:
-    culprit = find_unhashable(key) or "a static value"
-    return (
-        f"`{name}` got {culprit}, which is not hashable. Static field values and "
-        "non-array arguments key the compilation cache, so they must be hashable: "
-        "store a tuple instead of a list, or make an array a dynamic field."
-    )
+def _shared_cache(fn: Callable, identity: Any, maxsize: int | None) -> Cache:
+    with _caches_lock:
+        if type(fn) is types.FunctionType:
+            caches = _by_function.setdefault(fn, {})
+        else:
+            caches = _by_structure
+        try:
+            cache = caches.get(identity)
+        except TypeError:  # an unhashable callable: its own cache
+            return Cache(maxsize)
+        if cache is None:
+            cache = caches[identity] = Cache(maxsize)
+        return cache
+
+
+# ----------------------------------------------------------------------------------
+# Methods.
+
+
+class BoundJit(functools.partial):
+    """An [`eqx_static.jit`][] method bound to an instance.
+
+    A pytree, as Equinox's `BoundMethod` is: its leaves are the instance's, so it
+    can be passed through `jax.jit` or `eqx.filter_grad`, or stored in a field. A
+    `functools.partial` made in C, so that reading `module.f` walks nothing."""
+
+    __slots__ = ()
+
+    @property
+    def __self__(self) -> Any:
+        return self.args[0]
+
+    @property
+    def __func__(self) -> "_Jit":
+        return self.func.es_jit  # pyright: ignore[reportFunctionMemberAccess]
+
+    @property
+    def __wrapped__(self) -> Any:
+        return self.__func__.fn
+
+    def cache_info(self) -> CacheInfo:
+        """See [`eqx_static.jit`][]."""
+        return self.__func__.cache_info()
+
+    def cache_clear(self) -> None:
+        """See [`eqx_static.jit`][]."""
+        self.__func__.cache_clear()
+
+    def compile_info(self) -> CompileInfo:
+        """See [`eqx_static.jit`][]."""
+        return self.__func__.compile_info()
+
+    def lower(self, *args: Any, **kwargs: Any) -> "Lowered":
+        """Lower the call for these arguments ahead of time; see `es.jit`."""
+        return self.__func__.lower_bound((self.__self__,), args, kwargs)
+
+    def __reduce__(self) -> Any:
+        return (_rebind, (self.__func__, self.__self__))
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            type(other) is BoundJit
+            and other.func is self.func
+            and other.__self__ is self.__self__
+        )
+
+    def __hash__(self) -> int:
+        return hash((id(self.func), id(self.__self__)))
+
+    def __repr__(self) -> str:
+        name = self.__func__.qualname
+        return f"<bound es.jit {name} of {type(self.__self__).__qualname__}>"
+
+
+def _rebind(wrapper: Callable, obj: Any) -> BoundJit:
+    # A special method of an `es.Module` class is found by name as the function
+    # installed on the class (see `_Jit.__set_name__`), not as the wrapper.
+    return BoundJit(getattr(wrapper, "method", wrapper), obj)
+
+
+jtu.register_pytree_with_keys(
+    BoundJit,
+    lambda b: (((jtu.GetAttrKey("__self__"), b.args[0]),), b.func),
+    lambda func, children: BoundJit(func, *children),
+    lambda b: ((b.args[0],), b.func),
+)
+
+
+def _special_method(wrapper: "_Jit", owner: type, name: str) -> Callable:
+    """The plain function installed on an `es.Module` class for a special method:
+    the wrapper's method path, carrying the wrapper's attributes."""
+    method = wrapper.method
+    functools.update_wrapper(method, wrapper.fn)
+    method.__qualname__ = f"{owner.__qualname__}.{name}"
+    for attr in ("cache_info", "cache_clear", "compile_info", "lower", "fn"):
+        setattr(method, attr, getattr(wrapper, attr))
+    return method
+
+
+# ----------------------------------------------------------------------------------
+# Ahead of time: `wrapper.lower(*args).compile()`, as `eqx.filter_jit` offers it,
+# with a compiled callable that takes the arguments `lower` took. Lowering traces
+# with a `jax.jit` of its own: it books no call, and an AOT compile is the caller's
+# own, not one of the function's cached programs.
+
+
+class Lowered:
+    """A call lowered ahead of time by [`eqx_static.jit`][]'s `lower`: JAX's
+    `as_text()`, `cost_analysis()` and `compile()`.
+
+    !!! example
+
+        ```python
+        import jax.numpy as jnp
+        import eqx_static as es
+
+        @es.jit
+        def f(x, y):
+            return x * y
+
+        compiled = f.lower(jnp.ones(3), jnp.ones(3)).compile()
+        assert (compiled(jnp.ones(3), 2 * jnp.ones(3)) == 2).all()
+        ```
+    """
+
+    def __init__(self, lowered: Any, wrapper: _Jit, key: Key, bound: tuple):
+        self.lowered = lowered
+        self._wrapper = wrapper
+        self._key = key
+        self._bound = bound  # `m` for `m.f.lower(x)`: the compiled call takes `x`
+
+    def as_text(self, *args: Any, **kwargs: Any) -> str:
+        """JAX's `Lowered.as_text`."""
+        return self.lowered.as_text(*args, **kwargs)
+
+    def cost_analysis(self) -> Any:
+        """JAX's `Lowered.cost_analysis`."""
+        return self.lowered.cost_analysis()
+
+    def compile(self, compiler_options: dict[str, Any] | None = None) -> "Compiled":
+        """Compile; the result is called with the same arguments as the wrapper."""
+        if compiler_options is None:
+            compiled = self.lowered.compile()
+        else:
+            compiled = self.lowered.compile(compiler_options=compiler_options)
+        return Compiled(compiled, self._wrapper, self._key, self._bound)
+
+
+class Compiled:
+    """A call compiled ahead of time; call it with the wrapper's arguments.
+
+    Arguments with other static values or tree structure than the lowered ones
+    raise `TypeError`; avals are checked by JAX.
+
+    !!! example
+
+        ```python
+        import equinox as eqx
+        import jax.numpy as jnp
+        import eqx_static as es
+
+        class Model(es.Module):
+            scale: float
+            square: bool = eqx.field(static=True)
+
+            @es.jit
+            def __call__(self, x):
+                return self.scale * (x**2 if self.square else x)
+
+        m = Model(scale=2.0, square=True)
+        compiled = Model.__call__.lower(m, jnp.ones(2)).compile()
+        assert (compiled(m.with_dynamic(scale=3.0), jnp.ones(2)) == 3.0).all()
+        from_instance = m.__call__.lower(jnp.ones(2)).compile()
+        assert (from_instance(jnp.ones(2)) == 2.0).all()  # `m` is bound
+        ```
+    """
+
+    def __init__(self, compiled: Any, wrapper: _Jit, key: Key, bound: tuple):
+        self.compiled = compiled
+        self._wrapper = wrapper
+        self._key = key
+        self._bound = bound
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        key, leaves = self._wrapper.leaves_of((*self._bound, *args), kwargs)
+        if key != self._key:
+            raise TypeError(
+                f"This compiled `{self._wrapper.qualname}` was lowered for other "
+                "static values or tree structure than these arguments have. Lower "
+                "it again for them, or call the `es.jit` wrapper, which compiles as "
+                "needed."
+            )
+        out = self.compiled(*leaves)
+        return combine(*out) if type(out) is tuple else out
+
+    def as_text(self, *args: Any, **kwargs: Any) -> str:
+        """JAX's `Compiled.as_text`."""
+        return self.compiled.as_text(*args, **kwargs)
+
+    def cost_analysis(self) -> Any:
+        """JAX's `Compiled.cost_analysis`."""
+        return self.compiled.cost_analysis()
+
+
+# ----------------------------------------------------------------------------------
 
 
 @overload
@@ -488,8 +616,8 @@ def jit(
     - `donate`: as in `eqx.filter_jit`: `"none"`, `"all"`, `"all-except-first"`,
         `"warn"` or `"warn-except-first"`: which arrays' buffers XLA may reuse for
         the outputs (`"all"` includes the buffers of `self`).
-    - `maxsize`: at most this many compiled entries; the least recently used is
-        evicted. `None` (the default) keeps them all.
+    - `maxsize`: at most this many compiled signatures; the least recently used
+        key is evicted. `None` (the default) keeps them all.
     - `max_compiles`: raise [`eqx_static.RecompileError`][] instead of making more
         than this many XLA compiles (a test-suite guard that says why).
     - `warn_after`: after this many XLA compiles in which the same field or

@@ -1,25 +1,27 @@
-"""The compile key: the one description of a call that everything else reads.
+"""The compile key: the one description of a call that the cache, the explanations
+and the budget read.
 
-`es.jit` partitions a call exactly as `eqx.filter_jit` does: every leaf for which
-`eqx.is_array` holds is traced, every other leaf is static. A `Key` mirrors the
-call's arguments as a tree of hashable nodes:
+`es.jit` partitions a call as `eqx.filter_jit` does: every leaf for which
+`eqx.is_array` holds is traced, every other leaf is static. A key mirrors the
+arguments as a tree of hashable nodes, walked in Python once per call so that
+static values are compared by type *and* value (`1`, `True` and `1.0` are three
+values; so are `0.0` and `-0.0`), at any depth: in module fields, tuples, dict keys
+and the metadata of registered pytrees. The walk is specialised once per type
+(`_walker`): a module class gets a function that reads its fields in C.
 
-- `LEAF`, a traced array: its shape, dtype, weak type and sharding are checked by
-  `jax.jit`'s own dispatch, not held here;
-- `ModuleNode`: an `eqx.Module`, with its class, its static field values compared
-  by type and value (`_typed.py`), the nodes of its dynamic fields, and Equinox's
-  wrapper attributes when its dictionary holds other than exactly its fields;
-- `SeqNode`, `ArraysNode`, `DictNode`: a plain tuple or list, one holding only
-  arrays, a plain dict (keys sorted, as JAX sorts them);
-- `TreeNode`: any other pytree node (a named tuple, a registered class), one level;
-- `StaticNode`: a leaf that is not an array, compared by type and value; `None`.
+Nodes (tuples, first item says which; the traced leaves are listed apart):
 
-Every node's first field is its kind, so nodes of two kinds never compare equal.
-`build` turns a key and the traced leaves back into the arguments; `walk` visits a
-key's nodes with their paths, for the explanations.
+- `LEAF`: a traced array; `jax.jit`'s dispatch checks its shape, dtype, weak type
+  and sharding;
+- a module: `(cls, statics, static_types, children, wrapper)`; `children` is the
+  number of dynamic fields when all of them are traced leaves;
+- `(SEQ, type, children)`, `(ARRAYS, type, n)`, `(NAMED, type, children)`,
+  `(DICT, keys, key_types, children)`, `(TREE, treedef, aux, children)`, `(STATIC, type,
+  value)`, `None`.
 """
 
 import functools
+import math
 import operator
 import sys
 import weakref
@@ -31,14 +33,163 @@ import jax.tree_util as jtu
 import numpy as np
 from jax.core import Tracer
 
-from ._compat import EQX_MISSING, initialising_ids, WRAPPER_FIELD_NAMES
-from ._fields import field_info, FieldInfo, infos, instance_dict, is_module_type
-from ._typed import ByEq, forget, SIMPLE, static_value, typed, UNSET, value_of
+from ._compat import (
+    EQX_MISSING,
+    generated_dataclass_eq,
+    initialising_ids,
+    module_eq,
+    WRAPPER_FIELD_NAMES,
+)
+from ._module import field_info, instance_dict, is_module_type, UNSET
+
+
+# ----------------------------------------------------------------------------------
+# Static values, compared by type and value.
+
+# Value types whose `==` already tells types apart from each other's values.
+SIMPLE: Final = frozenset({bool, int, str, bytes, type(None), type})
+
+
+class Typed:
+    """A hashable static value as a key: its type and value (`form`), hashed once,
+    so that a large static tuple is hashed once per object."""
+
+    __slots__ = ("_hash", "form", "value")
+
+    def __init__(self, value: Any, form: Any):
+        self.value = value
+        self.form = form
+        try:
+            self._hash: int | None = hash(form)
+        except TypeError:  # `static_value` compares it with `==` instead
+            self._hash = None
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if type(other) is not Typed or self._hash != other._hash:
+            return False
+        try:
+            return bool(self.form == other.form)
+        except Exception:  # an `__eq__` that raises: unequal
+            return False
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            raise TypeError(f"unhashable static value: {type(self.value).__name__}")
+        return self._hash
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+class ByEq:
+    """An unhashable static value of a plain `eqx.Module` (a list in a static field):
+    compared with `==`, as Equinox's tree structure compares it; hashed by type."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: object):
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not ByEq:
+            return False
+        try:
+            return other.value is self.value or bool(other.value == self.value)
+        except Exception:
+            return False
+
+    def __hash__(self) -> int:
+        return hash(type(self.value))
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+_typed_memo: Final[dict[int, Typed]] = {}
+
+
+def typed(v: Any) -> Any:
+    """`v` as a key: itself if its type is `SIMPLE`, else a `Typed` (made once per
+    object while the object is recent; the memo keeps it alive, so its id is safe)."""
+    if type(v) in SIMPLE:
+        return v
+    hit = _typed_memo.get(id(v))
+    if hit is not None and hit.value is v:
+        return hit
+    out = Typed(v, (type(v), form(v)))
+    if len(_typed_memo) >= 4096:
+        _typed_memo.clear()
+    _typed_memo[id(v)] = out
+    return out
+
+
+def static_value(v: Any) -> Any:
+    """A module's static value as a key: typed if hashable, else compared by `==`."""
+    if type(v) in SIMPLE:
+        return v
+    key = typed(v)
+    return key if key._hash is not None else ByEq(v)
+
+
+def is_hashable(v: object) -> bool:
+    return type(v) in SIMPLE or typed(v)._hash is not None
+
+
+def value_of(s: Any) -> Any:
+    """The Python value of a static entry of a key."""
+    return s.value if type(s) is Typed or type(s) is ByEq else s
+
+
+def form(v: Any) -> Any:
+    """What `v` is compared by: its type and value, recursively. Floats by their
+    bits (every nan is one value, its sign kept); tuples, frozensets, dataclasses
+    and modules (with the generated `__eq__`) item by item; a treedef node by node;
+    anything else by its own `__eq__`."""
+    t = type(v)
+    if t in SIMPLE:
+        return v
+    if t is float:
+        if math.isnan(v):
+            return "-nan" if math.copysign(1.0, v) < 0 else "nan"
+        return v.hex()
+    if t is complex:
+        return (form(v.real), form(v.imag))
+    if isinstance(v, np.generic):
+        return (v.dtype.str, v.tobytes())
+    if t is tuple or (isinstance(v, tuple) and _default_eq(t, tuple)):
+        return tuple([(type(x), form(x)) for x in v])
+    if t is frozenset:
+        return frozenset([(type(x), form(x)) for x in v])
+    if t is jtu.PyTreeDef:
+        return treedef_form(v)
+    fields = getattr(t, "__dataclass_fields__", None)
+    if fields is not None and (t.__eq__ is module_eq or generated_dataclass_eq(t)):
+        d = getattr(v, "__dict__", None)
+        if d is not None:
+            items = [(k, d.get(k, UNSET)) for k in fields]
+            return tuple([(k, type(x), form(x)) for k, x in items])
+    return v
+
+
+def treedef_form(td: Any) -> tuple:
+    """A treedef compared node by node, each node's metadata by type and value (a
+    treedef's own `==` compares metadata with `==`: `0.0` equals `-0.0`)."""
+    data = td.node_data()
+    here = None if data is None else (data[0], type(data[1]), form(data[1]))
+    return (td.num_leaves, here, tuple(map(treedef_form, td.children())))
+
+
+def _default_eq(t: type, base: type) -> bool:
+    return t.__eq__ is base.__eq__ and t.__hash__ is base.__hash__
+
+
+# ----------------------------------------------------------------------------------
+# Making a key.
 
 
 class Kind:
-    """The first field of every node: what kind of node it is."""
-
     __slots__ = ("name",)
 
     def __init__(self, name: str):
@@ -48,58 +199,176 @@ class Kind:
         return self.name
 
 
-MODULE, SEQ, ARRAYS, DICT, TREE, STATIC = map(
-    Kind, ("module", "sequence", "arrays", "dict", "pytree", "static")
+LEAF: Final = Kind("·")
+SEQ, ARRAYS, NAMED, DICT, TREE, STATIC = map(
+    Kind, ("sequence", "arrays", "named tuple", "dict", "pytree", "static")
 )
 
+# What `eqx.is_array` accepts. (A tracer is a `jax.Array` to `isinstance` only.)
+ARRAY_TYPES: Final = (jax.Array, np.ndarray, np.generic, Tracer)
+array_types: Final[set[type]] = set()  # the concrete array types seen so far
 
-class _Leaf:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "·"
-
-
-LEAF: Final = _Leaf()
+Walker = Callable[[Any, list, int], Any]  # (value, leaves, depth) -> node
+_walkers: Final[dict[type, Walker]] = {}
 
 
-class ModuleNode(NamedTuple):
-    kind: Kind
-    cls: type
-    statics: tuple  # the static field values, in declaration order, as keys
-    static_types: tuple  # and their types: `1` and `True` are equal as values
-    children: tuple  # the nodes of the dynamic fields, in declaration order
-    wrapper: tuple | None  # Equinox's wrapper attributes (see `_wrapper`)
+def node(v: Any, leaves: list, depth: int = 0) -> Any:
+    """The key node of `v`; appends its traced leaves to `leaves`."""
+    t = type(v)
+    return (_walkers.get(t) or _walker(t, v))(v, leaves, depth)
 
 
-class SeqNode(NamedTuple):
-    kind: Kind
-    type: type  # tuple or list
-    children: tuple
+def _walker(t: type, v: Any) -> Walker:
+    """How to key values of type `t` (`v` is one), decided once per type."""
+    if is_module_type(t):
+        w = _module_walker(t)
+    elif issubclass(t, ARRAY_TYPES):
+        array_types.add(t)
+        w = _leaf
+    elif t is tuple or t is list:
+        w = _seq
+    elif t is dict:
+        w = _dict
+    elif t is type(None):
+        w = _none
+    elif issubclass(t, tuple) and one_level(v)[1].node_data() == (t, None):
+        w = _named  # a named tuple, which JAX flattens as its items
+    else:
+        w = _other
+    _walkers[t] = w
+    return w
 
 
-class ArraysNode(NamedTuple):
-    kind: Kind
-    type: type  # tuple or list
-    n: int  # of arrays, each a traced leaf
+def _leaf(v: Any, leaves: list, depth: int) -> Any:
+    leaves.append(v)
+    return LEAF
 
 
-class DictNode(NamedTuple):
-    kind: Kind
-    keys: tuple  # sorted, as JAX flattens a dict
-    children: tuple
+def _none(v: Any, leaves: list, depth: int) -> Any:
+    return None
 
 
-class TreeNode(NamedTuple):
-    kind: Kind
-    treedef: Any  # one level: its leaves are the children
-    children: tuple
+def all_arrays(values: Any) -> bool:
+    """Whether every value is an array (in C when their types were seen before)."""
+    if array_types.issuperset(map(type, values)):
+        return True
+    return all(_walker_of(type(x), x) is _leaf for x in values)
 
 
-class StaticNode(NamedTuple):
-    kind: Kind
-    type: type
-    value: Any  # typed: compared by type and value
+def _walker_of(t: type, v: Any = None) -> Walker:
+    return _walkers.get(t) or _walker(t, v)
+
+
+def _seq(v: Any, leaves: list, depth: int) -> Any:
+    if all_arrays(v):
+        leaves += v
+        return (ARRAYS, type(v), len(v))
+    if type(v) is tuple and len(v) >= _BIG:
+        return _big_tuple(v, leaves, depth)
+    return (SEQ, type(v), tuple([node(x, leaves, depth + 1) for x in v]))
+
+
+# A large tuple of static values (a lookup table passed as an argument) is keyed
+# once per object: its node holds no traced leaf and nothing mutable, so it is the
+# same while the tuple lives (kept here, so that its id is not reused).
+_BIG: Final = 64
+_big_tuples: Final[dict[int, tuple]] = {}
+
+
+def _big_tuple(v: tuple, leaves: list, depth: int) -> Any:
+    hit = _big_tuples.get(id(v))
+    if hit is not None and hit[0] is v:
+        return hit[1]
+    start = len(leaves)
+    n = (SEQ, tuple, tuple([node(x, leaves, depth + 1) for x in v]))
+    if len(leaves) == start and _memoisable(v):
+        if len(_big_tuples) >= 64:
+            _big_tuples.clear()
+        _big_tuples[id(v)] = (v, n)
+    return n
+
+
+def _named(v: Any, leaves: list, depth: int) -> Any:
+    return (NAMED, type(v), tuple([node(x, leaves, depth + 1) for x in v]))
+
+
+def _dict(v: dict, leaves: list, depth: int) -> Any:
+    try:
+        keys = sorted(v)  # as JAX flattens a dict
+    except TypeError:  # keys that do not sort: JAX's flatten says so
+        return _other(v, leaves, depth)
+    children = tuple([node(v[k], leaves, depth + 1) for k in keys])
+    keys = tuple(keys)
+    return (DICT, keys, _typed_items(keys), children)
+
+
+def _typed_items(items: tuple) -> Any:
+    """What the items of a tuple are compared by besides `==`: their types, or
+    their typed forms if a type's `==` does not tell types apart."""
+    types = tuple(map(type, items))
+    return types if SIMPLE.issuperset(types) else Typed(items, (tuple, form(items)))
+
+
+def _other(v: Any, leaves: list, depth: int) -> Any:
+    """A registered pytree node, keyed one level at a time with its metadata typed;
+    or a static leaf."""
+    if depth > _max_depth[0]:  # never near the recursion limit inside JAX's C++
+        raise RecursionError("es.jit: nested too deep for this recursion limit")
+    flat, treedef = one_level(v)
+    if treedef.num_nodes == 1 and treedef.num_leaves == 1 and flat[0] is v:
+        return (STATIC, type(v), typed(v))
+    data = treedef.node_data()
+    aux = None if data is None else typed(data[1])
+    children = tuple([node(x, leaves, depth + 1) for x in flat])
+    return (TREE, treedef, aux, children)
+
+
+def one_level(v: Any) -> tuple[list, Any]:
+    """The children of the pytree node `v` and its one-level structure. (A walk that
+    recurses in Python raises a clean `RecursionError` on a value that contains
+    itself; inside JAX's C++ flatten it would not.)"""
+    return jtu.tree_flatten(v, is_leaf=functools.partial(operator.is_not, v))
+
+
+def _module_walker(cls: type) -> Walker:
+    """The walker of one module class: its fields read in C, its node a constant
+    when it has no static field and all its dynamic fields are traced arrays."""
+    info = field_info(cls)
+    get_dynamic, get_static = info.get_dynamic, info.get_static
+    n_fields, n_dynamic = len(info.names), len(info.dynamic_names)
+    plain = (cls, (), (), n_dynamic, None)
+
+    def walk(v: Any, leaves: list, depth: int) -> Any:
+        d = instance_dict(v)
+        try:
+            if len(d) != n_fields:
+                raise KeyError
+            dynamic, statics = get_dynamic(d), get_static(d)
+            wrapper = None
+        except KeyError:  # unset fields, wrapper attributes, cached properties
+            dynamic = tuple([d.get(k, UNSET) for k in info.dynamic_names])
+            statics = tuple([d.get(k, UNSET) for k in info.static_names])
+            wrapper = _wrapper(d) if len(d) != n_fields else None
+        if all_arrays(dynamic):
+            leaves += dynamic
+            children: Any = n_dynamic
+            if not statics and wrapper is None:
+                return plain
+        else:
+            children = tuple([node(x, leaves, depth + 1) for x in dynamic])
+        types = tuple(map(type, statics))
+        if not SIMPLE.issuperset(types):
+            statics = tuple(map(static_value, statics))
+        return (cls, statics, types, children, wrapper)
+
+    return walk
+
+
+def _wrapper(d: dict) -> tuple:
+    """As in Equinox's flatten, for a module whose dictionary does not hold exactly
+    its fields: the wrapper attributes (`eqx.module_update_wrapper`), `MISSING`
+    where absent."""
+    return tuple([static_value(d.get(k, EQX_MISSING)) for k in WRAPPER_FIELD_NAMES])
 
 
 class Key(NamedTuple):
@@ -108,81 +377,28 @@ class Key(NamedTuple):
     kwargs: tuple  # and their nodes
 
 
-_new: Final = tuple.__new__  # a node without the named tuple's Python `__new__`
-
-# What `eqx.is_array` accepts: these leaves are traced, everything else is static.
-# (A tracer is a `jax.Array` to `isinstance`, not to `issubclass`.)
-ARRAY_TYPES: Final = (jax.Array, np.ndarray, np.generic, Tracer)
-
-
-def plan(cls: type) -> FieldInfo:
-    """The field facts of a module class (`infos.get` first: this is hot)."""
-    return infos.get(cls) or field_info(cls)
-
-
-# ----------------------------------------------------------------------------------
-# Making a key.
-
-
-_ARR, _MOD, _SEQ, _DICT, _NONE, _OTHER = range(1, 7)
-_kinds: Final[dict[type, int]] = {}
-array_types: Final[set[type]] = set()  # the concrete array types seen so far
-
-
-def kind_of(t: type) -> int:
-    """How to key a value of type `t` (cached: `isinstance` on ABCs is slow)."""
-    k = _kinds.get(t)
-    if k is not None:
-        return k
-    if is_module_type(t):
-        k = _MOD
-    elif issubclass(t, ARRAY_TYPES):
-        k = _ARR
-        array_types.add(t)
-    elif t is tuple or t is list:
-        k = _SEQ
-    elif t is dict:
-        k = _DICT
-    elif t is type(None):
-        k = _NONE
-    else:
-        k = _OTHER
-    _kinds[t] = k
-    return k
-
-
-def array_types_only(values: Any) -> bool:
-    """Whether every value in `values` is an array (in C when the types are known)."""
-    if array_types.issuperset(map(type, values)):
-        return True
-    for t in map(type, values):
-        if (_kinds.get(t) or kind_of(t)) is not _ARR:
-            return False
-    return True
+_new: Final = tuple.__new__
 
 
 def make_key(args: tuple, kwargs: dict[str, Any], leaves: list) -> Key:
-    """The key of a call; appends its traced leaves to `leaves`, in key order."""
+    """The key of a call; appends its traced leaves to `leaves` (in key order)."""
     nodes = []
-    for a in args:  # the common cases first: this is the hot path
-        kind = _kinds.get(type(a)) or kind_of(type(a))
-        if kind is _ARR:
+    for a in args:
+        if type(a) in array_types:
             leaves.append(a)
             nodes.append(LEAF)
-        elif kind is _MOD:
-            nodes.append(top_node(a, leaves))
         else:
             nodes.append(node(a, leaves))
     if kwargs:
         names = tuple(sorted(kwargs))
-        kw = tuple([node(kwargs[k], leaves) for k in names])
-        return _new(Key, (tuple(nodes), names, kw))
+        return _new(
+            Key, (tuple(nodes), names, tuple(node(kwargs[k], leaves) for k in names))
+        )
     return _new(Key, (tuple(nodes), (), ()))
 
 
 def key_and_leaves(args: tuple, kwargs: dict[str, Any], first: tuple) -> tuple:
-    """The key of a call and its traced leaves, after the leaves `first`; at any
-    depth of nesting (see `deep`)."""
+    """The key of a call and its traced leaves (after `first`), at any nesting."""
 
     def attempt(args: tuple, kwargs: dict[str, Any]) -> tuple:
         leaves = [*first]
@@ -191,149 +407,93 @@ def key_and_leaves(args: tuple, kwargs: dict[str, Any], first: tuple) -> tuple:
     return deep(attempt, args, kwargs)
 
 
-def node(v: Any, leaves: list, mutable: list | None = None, depth: int = 0) -> Any:
-    """The key of `v`, `depth` levels down. Appends to `mutable` if `v` holds a
-    list, dict or other pytree that could change after the call."""
-    t = type(v)
-    kind = _kinds.get(t) or kind_of(t)
-    if kind is _ARR:
-        leaves.append(v)
-        return LEAF
-    if kind is _MOD:
-        return _module_node(v, t, leaves, mutable, depth)
-    if kind is _SEQ:
-        if t is list and mutable is not None:
-            mutable.append(v)
-        if t is tuple and len(v) >= _BIG and (hit := _big_tuples.get(id(v))):
-            if hit[0] is v:
-                return hit[1]
-        if array_types_only(v):
-            leaves += v
-            return _new(ArraysNode, (ARRAYS, t, len(v)))
-        if t is tuple and len(v) >= _BIG:
-            return _big_tuple(v, leaves, mutable, depth)
-        children = tuple([node(x, leaves, mutable, depth + 1) for x in v])
-        return _new(SeqNode, (SEQ, t, children))
-    if kind is _NONE:
-        return None
-    if kind is _DICT:
-        try:
-            keys = tuple(sorted(v))
-        except TypeError:  # keys that do not sort: JAX's flatten says so
-            return _tree_node(v, t, leaves, mutable, depth)
-        if mutable is not None:
-            mutable.append(v)
-        values = [v[k] for k in keys]
-        children = tuple([node(x, leaves, mutable, depth + 1) for x in values])
-        return _new(DictNode, (DICT, keys, children))
-    return _tree_node(v, t, leaves, mutable, depth)
+# ----------------------------------------------------------------------------------
+# The per-instance memo: a module called again keys in one look-up.
+#
+# A module is frozen, so its node and leaves stay the same while it lives, unless
+# it holds something mutable (a list, a dict, another pytree, an unhashable static
+# value) or a module still being initialised or edited: those are never memoised.
+# A module is memoised the second time in a row it is seen, so that a loop making
+# a new module every step pays nothing for the memo.
+
+_memo: Final[dict[int, tuple]] = {}
+_MEMO_MAX: Final = 4096
+_last: Final = [0]  # the id of the module keyed last
 
 
-def _module_node(v: Any, t: type, leaves: list, mutable: list | None, depth: int):
-    p = infos.get(t) or field_info(t)
-    d = instance_dict(v)
-    if _being_made and id(v) in _being_made and mutable is not None:
-        mutable.append(v)  # still being initialised or edited: never memoised
-    try:
-        statics = p.get_static(d)
-        dynamic = p.get_dynamic(d)
-    except KeyError:  # a field not set (yet), as Equinox allows
-        statics = tuple([d.get(k, UNSET) for k in p.static_names])
-        dynamic = tuple([d.get(k, UNSET) for k in p.dynamic_names])
-    types = tuple(map(type, statics))
-    if not SIMPLE.issuperset(types):
-        statics = tuple(map(static_value, statics))
-        if mutable is not None and any(type(s) is ByEq for s in statics):
-            mutable.append(v)  # a list in a static field may change: no memo
-    if array_types_only(dynamic):
-        leaves += dynamic
-        children = _leaf_runs.get(len(dynamic)) or _leaf_run(len(dynamic))
-    else:
-        children = tuple([node(x, leaves, mutable, depth + 1) for x in dynamic])
-    wrapper = None if len(d) == len(p.names) else _wrapper(d)
-    return _new(ModuleNode, (MODULE, t, statics, types, children, wrapper))
-
-
-_leaf_runs: Final[dict[int, tuple]] = {}
-
-
-def _leaf_run(n: int) -> tuple:
-    """`(LEAF,) * n`, made once per `n`: the children of a module of arrays."""
-    run = _leaf_runs[n] = (LEAF,) * n
-    return run
-
-
-def _wrapper(d: dict) -> tuple:
-    """As in Equinox's flatten, for a module whose dictionary does not hold exactly
-    its fields: the wrapper attributes (`eqx.module_update_wrapper`), Equinox's
-    `MISSING` where absent. So a module whose `__init__` left a field unset keys
-    the same before and after a `jax.tree.map` (whose unflatten sets them all)."""
-    return tuple([static_value(d.get(k, EQX_MISSING)) for k in WRAPPER_FIELD_NAMES])
-
-
-def _tree_node(v: Any, t: type, leaves: list, mutable: list | None, depth: int):
-    if depth > _max_depth[0]:  # never near the recursion limit inside JAX's C++
-        raise RecursionError("es.jit: nested too deep for this recursion limit")
-    flat, treedef = one_level(v)
-    if treedef.num_nodes == 1 and treedef.num_leaves == 1 and flat[0] is v:
-        return _new(StaticNode, (STATIC, t, typed(v)))
-    if mutable is not None:
-        mutable.append(v)
-    children = tuple([node(x, leaves, mutable, depth + 1) for x in flat])
-    return _new(TreeNode, (TREE, treedef, children))
-
-
-def one_level(v: Any) -> tuple[list, Any]:
-    """The children of the pytree node `v` and its structure, one level deep: the
-    walk below recurses in Python, where a value that contains itself, or is
-    nested too deep, raises a clean `RecursionError`. (Raised inside JAX's C++
-    flatten, while it calls `is_leaf`, it leaves the interpreter unusable: so the
-    flatten is one level, and `_tree_node` stops well before the limit.)"""
-    return jtu.tree_flatten(v, is_leaf=functools.partial(operator.is_not, v))
-
-
-# A large tuple of static values (a lookup table passed as an argument) is keyed
-# once per object: its key holds no traced leaf and nothing mutable, so it is the
-# same on every call while the tuple lives (kept here, so its id is not reused).
-_BIG: Final = 64
-_big_tuples: Final[dict[int, tuple]] = {}
-
-
-class _HashOnce(tuple):
-    """The children of a large key node: hashed once, not on every look-up."""
-
-    def __hash__(self) -> int:
-        h = self.__dict__.get("hash")
-        if h is None:
-            h = self.__dict__["hash"] = tuple.__hash__(self)
-        return h
-
-
-def _big_tuple(v: tuple, leaves: list, mutable: list | None, depth: int) -> Any:
-    start, inner = len(leaves), []
-    children = _HashOnce([node(x, leaves, inner, depth + 1) for x in v])
-    n = _new(SeqNode, (SEQ, tuple, children))
-    if mutable is not None:
-        mutable += inner
-    if len(leaves) == start and not inner:
-        if len(_big_tuples) >= 64:
-            _big_tuples.clear()
-        _big_tuples[id(v)] = (v, n)
+def top_node(v: Any, leaves: list) -> Any:
+    """The node of `v`, the `self` of a method call: from the memo if it is a
+    module seen before."""
+    if not is_module_type(type(v)):
+        return node(v, leaves)
+    e = _memo.get(id(v))
+    if e is not None and e[0]() is v:
+        leaves += e[2]
+        return e[1]
+    start = len(leaves)
+    n = node(v, leaves)
+    if _last[0] == id(v) and _memoisable(v):
+        if len(_memo) >= _MEMO_MAX:
+            _memo.clear()
+        ref = _Ref(v, _forget)
+        ref.i = id(v)
+        _memo[ref.i] = (ref, n, leaves[start:])
+    _last[0] = id(v)
     return n
+
+
+class _Ref(weakref.ref):
+    __slots__ = ("i",)
+
+
+def _forget(ref: _Ref) -> None:
+    e = _memo.get(ref.i)
+    if e is not None and e[0] is ref:
+        del _memo[ref.i]
+
+
+def _memoisable(root: Any) -> bool:
+    """Whether `root`'s key cannot change while it lives: only modules, tuples,
+    arrays and hashable static values below it, and no module being initialised."""
+    stack = [root]
+    while stack:
+        v = stack.pop()
+        t = type(v)
+        w = _walker_of(t, v)
+        if w is _leaf or w is _none:
+            continue
+        if w is _seq and t is tuple:
+            stack += v
+        elif is_module_type(t):
+            if id(v) in initialising_ids:
+                return False
+            d = instance_dict(v)
+            info = field_info(t)
+            if not all(is_hashable(d.get(k)) for k in info.static_names):
+                return False
+            stack += [d.get(k) for k in info.dynamic_names]
+        elif w is not _other or one_level(v)[1].num_nodes != 1:
+            return False  # a list, a dict or another pytree: may change in place
+    return True
+
+
+def forget_all() -> None:
+    """Drop every memoised key and typed form (they hold static values)."""
+    _memo.clear()
+    _typed_memo.clear()
+    _big_tuples.clear()
 
 
 # ----------------------------------------------------------------------------------
 # Deep nesting, and values that contain themselves.
 
-
-_max_depth: Final = [sys.getrecursionlimit() // 4]  # levels before `_tree_node` stops
+_max_depth: Final = [sys.getrecursionlimit() // 4]
 
 
 def deep(f: Callable[..., Any], *args: Any) -> Any:
-    """`f(*args)`, again with a higher recursion limit if it ran out: the walks of
-    a key recurse once per level of nesting, and JAX's own flatten, in C++, has no
-    such limit. (Python 3.11+ calls between Python functions use no C stack.) A
-    value that contains itself has no end to walk: `CyclicValue` says where."""
+    """`f(*args)`, again with a higher recursion limit if it ran out (JAX's own
+    flatten, in C++, has no such limit). A value that contains itself has no end to
+    walk: `CyclicValue` says where."""
     try:
         return f(*args)
     except RecursionError:
@@ -351,8 +511,8 @@ def deep(f: Callable[..., Any], *args: Any) -> Any:
 
 
 class CyclicValue(ValueError):  # noqa: N818  (caught and reworded, never shown)
-    """A value contains itself. `path` is where, from the values walked: `[i]`
-    for the i-th of them, then `[key]` and `.field` down to the repeat."""
+    """A value contains itself, at `path` (`[i]` for the i-th value walked, then
+    `[key]` and `.field` down to the repeat)."""
 
     def __init__(self, path: str):
         super().__init__(f"a value contains itself, at {path}")
@@ -360,8 +520,7 @@ class CyclicValue(ValueError):  # noqa: N818  (caught and reworded, never shown)
 
 
 def cycle_in(root: Any) -> str | None:
-    """The path to the first value found inside itself, or None: containers,
-    modules (by field) and other pytrees, walked once each, iteratively."""
+    """The path to the first value found inside itself, or None."""
     on_path: set[int] = set()
     done: set[int] = set()
     stack: list[tuple[Any, str, bool]] = [(root, "", False)]
@@ -384,14 +543,13 @@ def cycle_in(root: Any) -> str | None:
 
 def _children(v: Any) -> list[tuple[str, Any]]:
     t = type(v)
-    kind = _kinds.get(t) or kind_of(t)
-    if kind is _SEQ:
+    if t is tuple or t is list:
         return [(f"[{i}]", x) for i, x in enumerate(v)]
-    if kind is _DICT:
+    if t is dict:
         return [(f"[{k!r}]", x) for k, x in v.items()]
-    if kind is _MOD:
+    if is_module_type(t):
         return [(f".{k}", x) for k, x in instance_dict(v).items()]
-    if kind is not _OTHER:
+    if _walker_of(t, v) is not _other:
         return []
     try:
         flat = one_level(v)[0]
@@ -403,69 +561,13 @@ def _children(v: Any) -> list[tuple[str, Any]]:
 
 
 # ----------------------------------------------------------------------------------
-# The per-instance memo.
-#
-# A module is frozen, so its key and leaves are computed once per instance and kept
-# while the instance lives: `id` -> (weak reference, key, leaves). It serves a loop
-# that calls one model again and again (inference); a training loop makes a new
-# module every step and gains nothing. Instances whose key could change (holding a
-# list, a dict or another mutable pytree; made while a module is being initialised
-# or edited) are never memoised. A key holds the module's static values; one that
-# refers back to the module (a callable field) keeps it alive until the memo is
-# emptied: at `_MEMO_MAX` entries, or by `cache_clear()`.
-
-_memo: Final[dict[int, tuple]] = {}
-_MEMO_MAX: Final = 4096
-_being_made: Final = (
-    initialising_ids  # Equinox's modules being made, `es.edit`'s copies
-)
-
-
-def top_node(v: Any, leaves: list) -> Any:
-    """The key of the module `v`, from the memo when `v` was seen before."""
-    e = _memo.get(id(v))
-    if e is not None and e[0]() is v:
-        leaves += e[2]
-        return e[1]
-    start = len(leaves)
-    mutable: list = []
-    n = node(v, leaves, mutable)
-    if not mutable:
-        if len(_memo) >= _MEMO_MAX:  # bounds what a module referring to itself keeps
-            _memo.clear()
-        ref = _Ref(v, _forget)
-        ref.i = id(v)
-        _memo[ref.i] = (ref, n, leaves[start:])
-    return n
-
-
-class _Ref(weakref.ref):
-    __slots__ = ("i",)
-
-
-def _forget(ref: _Ref) -> None:
-    e = _memo.get(ref.i)
-    if e is not None and e[0] is ref:
-        del _memo[ref.i]
-
-
-def forget_all() -> None:
-    """Drop every memoised key (they hold static values, never instances)."""
-    _memo.clear()
-    _big_tuples.clear()
-    forget()
-
-
-# ----------------------------------------------------------------------------------
 # Rebuilding the arguments from a key and the traced leaves.
 
 
 def build_call(key: Key, leaves: Sequence) -> tuple[tuple, dict[str, Any]]:
     it = iter(leaves)
-    return (
-        tuple([build(n, it) for n in key.args]),
-        {k: build(n, it) for k, n in zip(key.names, key.kwargs)},
-    )
+    args = tuple([build(n, it) for n in key.args])
+    return args, {k: build(n, it) for k, n in zip(key.names, key.kwargs)}
 
 
 def build(n: Any, it: Iterator) -> Any:
@@ -474,37 +576,43 @@ def build(n: Any, it: Iterator) -> Any:
     if n is None:
         return None
     kind = n[0]
-    if kind is MODULE:
-        return _build_module(n, it)
-    if kind is ARRAYS:
-        items = [next(it) for _ in range(n.n)]
-        return items if n.type is list else tuple(items)
     if kind is SEQ:
-        return n.type([build(c, it) for c in n.children])
+        return n[1]([build(c, it) for c in n[2]])
+    if kind is ARRAYS:
+        items = [next(it) for _ in range(n[2])]
+        return items if n[1] is list else tuple(items)
+    if kind is NAMED:
+        return n[1](*[build(c, it) for c in n[2]])
     if kind is DICT:
-        return dict(zip(n.keys, [build(c, it) for c in n.children]))
+        return dict(zip(n[1], [build(c, it) for c in n[3]]))
     if kind is TREE:
-        return n.treedef.unflatten([build(c, it) for c in n.children])
-    return value_of(n.value)
+        return n[1].unflatten([build(c, it) for c in n[3]])
+    if kind is STATIC:
+        return value_of(n[2])
+    return _build_module(n, it)
 
 
-def _build_module(n: ModuleNode, it: Iterator) -> Any:
-    p = plan(n.cls)
-    obj = object.__new__(n.cls)
+def _build_module(n: tuple, it: Iterator) -> Any:
+    cls, statics, _, children, wrapper = n
+    info = field_info(cls)
+    obj = object.__new__(cls)
     d = instance_dict(obj)
-    # In the order of Equinox's unflatten: dynamic fields, the wrapper attributes
-    # if the key holds them, static fields; unset fields stay unset.
-    dynamic = [build(c, it) for c in n.children]
-    d.update((k, v) for k, v in zip(p.dynamic_names, dynamic) if v is not UNSET)
-    if n.wrapper is not None:
-        d.update(zip(WRAPPER_FIELD_NAMES, map(value_of, n.wrapper)))
-    statics = zip(p.static_names, n.statics)
-    d.update((k, value_of(v)) for k, v in statics if v is not UNSET)
+    # In the order of Equinox's unflatten: dynamic fields, the wrapper attributes if
+    # the key holds them, static fields; unset fields stay unset.
+    if type(children) is int:
+        d.update(zip(info.dynamic_names, [next(it) for _ in range(children)]))
+    else:
+        dynamic = [build(c, it) for c in children]
+        d.update((k, v) for k, v in zip(info.dynamic_names, dynamic) if v is not UNSET)
+    if wrapper is not None:
+        d.update(zip(WRAPPER_FIELD_NAMES, map(value_of, wrapper)))
+    values = zip(info.static_names, map(value_of, statics))
+    d.update((k, v) for k, v in values if v is not UNSET)
     return obj
 
 
 # ----------------------------------------------------------------------------------
-# Walking a key.
+# Walking a key, for the explanations.
 
 
 class Visit(NamedTuple):
@@ -512,14 +620,13 @@ class Visit(NamedTuple):
 
     path: str  # printable: `x`, `self.encoder.w`, `y['a'][0]`
     node: Any
-    cls: type | None  # the class of the nearest module holding it, if any
+    cls: type | None  # the class of the nearest module holding it
     field: str | None  # and the field of that module
     parent: str | None  # the path of the node above (None for an argument)
 
 
 def walk(key: Key, argnames: Sequence[str]) -> Iterator[Visit]:
-    """Every node of `key`, parents first, in key order: traced leaves come in the
-    order of the call's leaves."""
+    """Every node of `key`, parents first; traced leaves in the order of the call's."""
     tops = [(n, argname(argnames, i)) for i, n in enumerate(key.args)]
     tops += list(zip(key.kwargs, key.names))
     stack = [Visit(path, n, None, None, None) for n, path in reversed(tops)]
@@ -529,23 +636,43 @@ def walk(key: Key, argnames: Sequence[str]) -> Iterator[Visit]:
         stack += reversed(list(_below(visit)))
 
 
+def is_module_node(n: Any) -> bool:
+    return type(n) is tuple and type(n[0]) is not Kind
+
+
 def _below(v: Visit) -> Iterator[Visit]:
     n = v.node
     if n is LEAF or n is None:
         return
-    kind = n[0]
-    if kind is MODULE:
-        for name, child in zip(plan(n.cls).dynamic_names, n.children):
-            yield Visit(f"{v.path}.{name}", child, n.cls, name, v.path)
-    elif kind is ARRAYS:
-        for i in range(n.n):
+    if is_module_node(n):
+        cls, children = n[0], n[3]
+        names = field_info(cls).dynamic_names
+        if type(children) is int:
+            children = (LEAF,) * children
+        for name, child in zip(names, children):
+            yield Visit(f"{v.path}.{name}", child, cls, name, v.path)
+    elif n[0] is ARRAYS:
+        for i in range(n[2]):
             yield Visit(f"{v.path}[{i}]", LEAF, v.cls, v.field, v.path)
-    elif kind is DICT:
-        for k, child in zip(n.keys, n.children):
+    elif n[0] is DICT:
+        for k, child in zip(n[1], n[3]):
             yield Visit(f"{v.path}[{k!r}]", child, v.cls, v.field, v.path)
-    elif kind is SEQ or kind is TREE:
-        for i, child in enumerate(n.children):
+    elif n[0] in (SEQ, NAMED, TREE):
+        for i, child in enumerate(n[-1]):
             yield Visit(f"{v.path}[{i}]", child, v.cls, v.field, v.path)
+
+
+def count_leaves(n: Any) -> int:
+    """The number of traced leaves below the node `n`."""
+    if n is LEAF:
+        return 1
+    if n is None or n[0] is STATIC:
+        return 0
+    if is_module_node(n):
+        return n[3] if type(n[3]) is int else sum(map(count_leaves, n[3]))
+    if n[0] is ARRAYS:
+        return n[2]
+    return sum(map(count_leaves, n[-1]))
 
 
 def argname(argnames: Sequence[str], i: int) -> str:

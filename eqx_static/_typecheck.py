@@ -9,8 +9,8 @@ from typing import Any, Final
 
 import jaxtyping
 
+from . import _module
 from ._compat import is_named_dim, jaxtyped_class
-from ._fields import field_info, instance_dict
 
 
 Typechecker = Callable[[Callable], Callable]
@@ -73,7 +73,7 @@ def check_fields(module: object) -> None:
         checker = _checkers[cls] = _make_checker(cls)
     if checker is None:
         return
-    d = instance_dict(module)
+    d = _module.instance_dict(module)
     values = {n: d[n] for n in inspect.signature(checker).parameters}
     try:
         checker(**values)
@@ -85,7 +85,7 @@ def _make_checker(cls: type) -> Callable | None:
     typechecker = _typechecker(cls)
     if typechecker is None:
         return None
-    info = field_info(cls)
+    info = _module.field_info(cls)
     anns = dict(info.annotations)
     if not anns:
         return None
@@ -114,7 +114,7 @@ def _make_checker(cls: type) -> Callable | None:
 def _message(cls: type, values: dict[str, Any], e: Exception) -> str:
     found = re.search(r"typechecking parameter '(\w+)'", str(e))
     name = found.group(1) if found else None
-    anns = field_info(cls).annotations
+    anns = _module.field_info(cls).annotations
     if name is None:
         return f"A field of `{cls.__qualname__}` does not match its annotation.\n\n{e}"
     clash = _dimension_clash(name, values, anns)

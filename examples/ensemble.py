@@ -141,15 +141,17 @@ def main() -> int:
     mean = ", ".join(f"{v:+.4f}" for v in batched.mean(0)[:3])
     print(f"max |vmap - loop| = {err:.1e}; ensemble mean, first 3 inputs: {mean}")
 
+    # `MLP.__call__` misses twice: traced inside `predict_all`, then compiled for
+    # the loop (from that same trace).
     failures: list[str] = []
-    for name, info, compiles in (
-        ("predict_all", ens_info, ens_compiles),
-        ("MLP.__call__", call_info, call_compiles),
+    for name, info, compiles, misses in (
+        ("predict_all", ens_info, ens_compiles, 1),
+        ("MLP.__call__", call_info, call_compiles, 2),
     ):
-        if info.misses != 1 or compiles != 1:
+        if info.misses != misses or compiles != 1:
             failures.append(
-                f"{name} traced {info.misses} and compiled {compiles} times, "
-                "expected 1 and 1"
+                f"{name} missed {info.misses} times and compiled {compiles} times, "
+                f"expected {misses} and 1"
             )
     if not np.allclose(batched, looped, rtol=1e-5, atol=1e-5):
         failures.append(f"vmap and loop disagree (max abs diff {err})")

@@ -153,9 +153,9 @@ def main() -> int:
     print("explanations (logger 'eqx_static', INFO):")
     for line in handler.lines:
         print(f"  {line}")
-    if compiles() != 2 or final.misses != 1:
+    if compiles() != 2 or final.misses != 2:
         failures.append(
-            f"expected 1 trace and 2 compiles (one per layout), got {final.misses} "
+            f"expected 2 misses and 2 compiles (one per layout), got {final.misses} "
             f"and {compiles()}"
         )
     if failures:

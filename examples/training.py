@@ -126,8 +126,14 @@ def main() -> int:
         failures.append(f"phase 1 compiled {misses_phase1} times, expected 1")
     if misses_phase2 != 1:
         failures.append(f"the switch cost {misses_phase2} compiles, expected 1")
-    if call_info().misses != 2:
-        failures.append(f"MLP.__call__ compiled {call_info().misses} times, expected 2")
+    # `MLP.__call__`: traced inside `train_step`, and compiled for the two eager
+    # calls of `loss_fn` at the switch (one per value of `use_bias`).
+    call_compiles = MLP.__call__.compile_info().compiles
+    if call_compiles != 2 or call_info().misses != 3:
+        failures.append(
+            f"MLP.__call__ missed {call_info().misses} times and compiled "
+            f"{call_compiles} times, expected 3 and 2"
+        )
     if not before[-1] < before[0]:
         failures.append(f"phase 1 loss did not decrease: {before[0]} -> {before[-1]}")
     if not abs(after_switch - at_switch) <= 1e-6 * at_switch:

@@ -68,29 +68,33 @@ def eager_seed(c: Any, x: float) -> float:
 # library's counters, which the tests compare with it.
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-_compiles = [0]
+_compiled: list[str] = []  # the name of each program compiled, in order
 _compiles_lock = threading.Lock()
 
 
 def _on_event(event: str, duration: float, **kwargs: Any) -> None:
     if event == _COMPILE_EVENT:
         with _compiles_lock:
-            _compiles[0] += 1
+            _compiled.append(str(kwargs.get("fun_name")))
 
 
 jax.monitoring.register_event_duration_secs_listener(_on_event)
 
 
 class XlaCompiles:
-    """XLA compiles in this process since this object was made (`.count`). Make
-    the inputs first: an eager JAX operation compiles too."""
+    """XLA compiles in this process since this object was made (`.count`), and
+    those of programs of one function's name (`.of("f")`: JAX names them
+    `jit(f)`). Make the inputs first: an eager JAX operation compiles too."""
 
     def __init__(self):
-        self.start = _compiles[0]
+        self.start = len(_compiled)
 
     @property
     def count(self) -> int:
-        return _compiles[0] - self.start
+        return len(_compiled) - self.start
+
+    def of(self, name: str) -> int:
+        return _compiled[self.start :].count(f"jit({name})")
 
 
 def _probe(a: jax.Array) -> jax.Array:

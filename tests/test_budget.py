@@ -130,7 +130,7 @@ def test_storm_warning_names_the_field_once(caplog):
     assert "has compiled 8 times" in message and "'scale' changed every time" in message
     assert "s spent compiling" in message
     assert "The programs differ only in their constants" in message
-    assert "Make it dynamic" in message
+    assert "Make 'scale' dynamic" in message
     assert cls.traces[0] == 12  # one per call: the warning traced nothing more
 
 

@@ -39,9 +39,13 @@ def test_calls_under_transformations_are_booked_like_any_other():
     jax.grad(f)(x)
     info = f.cache_info()
     assert info.hits + info.misses == 3
-    assert info.misses == traces[0] == 1  # the transformations reused the trace
-    assert f.compile_info().compiles == 1
-    assert compiles.count >= 1  # the grad's own eager ops compile too
+    # The transformations reuse the trace; but an eager `vmap` or `grad` compiles
+    # its transformed program in the call: a miss.
+    assert info.misses == 3 and traces[0] == 1
+    # Booked: every compile JAX makes while a call runs: the top-level program, the
+    # batched one and the forward one of the `grad`; not the backward one, which
+    # `jax.grad` compiles after the call has returned (as an outer jit's own).
+    assert f.compile_info().compiles == 3 and compiles.of("f") == 4
 
 
 def test_a_first_call_under_a_transformation_traces_once_and_compiles_nothing():
@@ -112,7 +116,7 @@ def test_nothing_leaks_a_tracer():
             m.h(x)
             jax.grad(lambda x, m=m: m.f(x).sum())(x)
             jax.vmap(m.f)(jnp.ones((2, 3)))
-    assert M.f.compile_info().compiles == M.h.compile_info().compiles == 1
+    assert M.f.compile_info().programs == M.h.compile_info().programs == 1
 
 
 _PERSISTENT = textwrap.dedent(
@@ -592,6 +596,7 @@ def test_mutating_a_module_in_place_is_not_seen():
 
     m = M(jnp.ones(3))
     m(jnp.ones(3))
+    m(jnp.ones(3))  # called twice in a row: memoised
     object.__setattr__(m, "w", jnp.zeros(3))
     np.testing.assert_array_equal(m(jnp.ones(3)), np.ones(3))  # stale
     np.testing.assert_array_equal(M(m.w)(jnp.ones(3)), np.zeros(3))

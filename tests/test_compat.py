@@ -40,7 +40,7 @@ def test_a_lowering_holds_the_executable_the_next_call_runs():
     assert _compat.lowering_of(object()) is None
 
 
-def test_program_options_and_compiled_of():
+def test_program_options():
     x = jnp.ones(3)
     donating = _compat.lowering_of(
         _lowered(jax.jit(lambda y: y + 1, donate_argnums=0), x)
@@ -50,32 +50,169 @@ def test_program_options_and_compiled_of():
     assert set(options) == {"donated", "compiler_options", "devices", "platforms"}
     assert options["donated"] == (False,)
     assert dict(_compat.program_options(donating))["donated"] == (True,)
-    executable = _lowered(jax.jit(lambda y: y - 1), x).compile()
-    assert _compat.compiled_of(executable._executable) is not None
 
 
-def test_trace_state_clean_is_false_under_any_transformation():
+def test_a_dispatcher_serves_hits_in_cpp_and_calls_back_on_a_miss():
+    """JAX's own C++ dispatcher, whose misses go to a function of ours: here, a
+    `jax.jit`'s own miss."""
+    calls, eager = [], []
+
+    def fun(x):
+        eager.append(1)
+        return x * 2
+
+    helper = jax.jit(fun)
+
+    def miss(*args):
+        calls.append(args[0].shape)
+        return _compat.jit_miss(helper, *args)
+
+    dispatch = _compat.dispatcher("fun", fun, miss, ())
+    x = jnp.ones(3)
+    np.testing.assert_array_equal(dispatch(x), x * 2)
+    np.testing.assert_array_equal(dispatch(x), x * 2)  # in C++: no miss
+    np.testing.assert_array_equal(dispatch(jnp.ones(4)), jnp.ones(4) * 2)
+    assert calls == [(3,), (4,)]
+    with jax.disable_jit():
+        dispatch(x)
+    assert eager == [1, 1, 1]  # two traces, one eager call
+    out = jax.vmap(dispatch)(jnp.ones((2, 3)))
+    np.testing.assert_array_equal(out, 2 * jnp.ones((2, 3)))
+    assert len(calls) == 3  # tracers: a miss
+
+
+def test_compile_events_name_the_program_before_and_after():
     seen = []
 
+    def on_scalar(event, value, **kwargs):
+        if event == _compat.COMPILE_EVENT:
+            seen.append(("start", kwargs["fun_name"]))
+
+    def on_duration(event, seconds, **kwargs):
+        if event == _compat.COMPILE_EVENT:
+            seen.append(("end", kwargs["fun_name"]))
+
+    jax.monitoring.register_scalar_listener(on_scalar)
+    jax.monitoring.register_event_duration_secs_listener(on_duration)
+
+    def probe_program(x):
+        return x - 7
+
+    try:
+        jax.jit(probe_program)(jnp.ones(5))
+    finally:
+        jax.monitoring.unregister_scalar_listener(on_scalar)
+        jax.monitoring.unregister_event_duration_listener(on_duration)
+    name = "jit(probe_program)"
+    assert [e for e in seen if e[1] == name] == [("start", name), ("end", name)]
+
+
+def test_trace_context_and_pgle():
+    before = _compat.trace_context()
+    with jax.enable_x64(True):
+        assert _compat.trace_context() != before
+    assert _compat.trace_context() == before
+    assert not _compat.pgle_enabled()
+    jax.config.update("jax_enable_pgle", True)
+    try:
+        assert _compat.pgle_enabled()
+    finally:
+        jax.config.update("jax_enable_pgle", False)
+
+
+def test_callbacks_and_source_locations_in_a_jaxpr():
+    import inspect
+
+    def cb(y):
+        return y
+
     def f(x):
-        seen.append(_compat.trace_state_clean())
-        return x
+        y = jnp.sin(x)
+        return jax.pure_callback(cb, jax.ShapeDtypeStruct((), jnp.float32), y)
 
-    assert _compat.trace_state_clean()
-    jax.jit(f)(1.0)
-    jax.vmap(f)(jnp.ones(2))
-    jax.grad(f)(1.0)
-    assert seen == [False, False, False]
+    jaxpr = jax.make_jaxpr(f)(1.0)
+    eqns = _compat.open_jaxpr(jaxpr).eqns
+    (callback,) = [e.params["callback"] for e in eqns if "callback" in e.params]
+    func, tree = _compat.flat_callback(callback)
+    assert func is cb and tree == jax.tree.structure(((1.0,), {}))
+    assert _compat.flat_callback(cb) is None
+    file, line, function = _compat.user_frame(eqns[0].source_info)
+    assert file == __file__ and function.endswith("f")
+    assert line == inspect.getsourcelines(f)[1] + 1
 
 
-def test_cache_size_counts_compiled_signatures():
-    f = jax.jit(lambda y: y + 1)
-    assert _compat.cache_size(f) == 0
-    f(jnp.ones(2))
-    f(jnp.ones(2))
-    assert _compat.cache_size(f) == 1
-    f(jnp.ones(3))
-    assert _compat.cache_size(f) == 2
+def test_equinox_error_callbacks_are_recognised():
+    found = []
+
+    def f(x):
+        return eqx.error_if(x, x > 0, "positive")
+
+    stack = [jax.make_jaxpr(f)(1.0)]
+    while stack:
+        for e in _compat.open_jaxpr(stack.pop()).eqns:
+            if "callback" in e.params:
+                found.append(_compat.flat_callback(e.params["callback"])[0])
+            stack += list(_compat.nested_jaxprs(e.params))
+    assert found and all(_compat.is_equinox_error_callback(c) for c in found)
+    assert not _compat.is_equinox_error_callback(lambda y: y)
+    assert not _compat.is_equinox_error_callback(np.sin)
+
+
+def _factory(k):
+    def bound_once(y):
+        return y * k
+
+    return bound_once
+
+
+def _counter():
+    n = 0
+
+    def counts(y):
+        nonlocal n
+        n += 1
+        return y
+
+    return counts
+
+
+def _setter(k):
+    def scaled(y):
+        return y * k
+
+    def set_k(v):
+        nonlocal k
+        k = v
+
+    return scaled, set_k
+
+
+def _looped():
+    fs = []
+    for i in range(2):
+        j = i
+        fs.append(lambda y: y + j)  # noqa: B023  (the point: rebound in a loop)
+    return fs[0]
+
+
+def _assigned_late():
+    def late(y):
+        return y + m
+
+    m = 1
+    m = 2
+    return late
+
+
+def test_a_closure_cell_is_bound_once_only_if_nothing_can_rebind_it():
+    assert _compat.cell_bound_once(_factory(2), "k")
+    assert not _compat.cell_bound_once(_counter(), "n")  # `nonlocal`, assigned
+    assert not _compat.cell_bound_once(_setter(2)[0], "k")  # a sibling assigns it
+    assert not _compat.cell_bound_once(_looped(), "j")  # assigned in a loop
+    assert not _compat.cell_bound_once(_assigned_late(), "m")  # assigned twice
+    made: dict = {}
+    exec("def outer(k):\n    return lambda y: y * k\nf = outer(2)", made)
+    assert not _compat.cell_bound_once(made["f"], "k")  # no module to find it in
 
 
 def test_nested_jaxprs_finds_the_bodies_of_control_flow():
@@ -94,15 +231,14 @@ def test_nested_jaxprs_finds_the_bodies_of_control_flow():
 
 def test_equinox_error_machinery():
     """`eqx.error_if` leaves its message and trace-time stack where `_compat`
-    reads it, marks frames by `EQX_JIT_ID`, and Equinox's filter hides JAX's log
+    reads it, finds the frames marked `__equinox_jit_id__`, and Equinox's filter hides JAX's log
     of the failed callback."""
     marker = b"0123456789abcdef"
 
     def traced(x):
-        __equinox_jit_id__ = marker  # noqa: F841  (the name `EQX_JIT_ID` holds)
+        __equinox_jit_id__ = marker  # noqa: F841  (the name `_compile` sets too)
         return eqx.error_if(x, x > 0, "positive")
 
-    assert _compat.EQX_JIT_ID == "__equinox_jit_id__"
     with pytest.raises(Exception, match="positive"):
         jax.block_until_ready(jax.jit(traced)(jnp.ones(2)))
     info = _compat.equinox_error_info()

@@ -458,7 +458,7 @@ def _stack(n: int = 5) -> _Stack:
 
 def test_edit_copies_only_what_is_read(monkeypatch):
     """Entering copies nothing; reading `m2.layers[3]` copies that one layer."""
-    from eqx_static import _edit
+    from eqx_static import _update as _edit
 
     made = []
     copy_module = _edit._copy_module

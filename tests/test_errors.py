@@ -95,7 +95,7 @@ def test_a_program_without_a_callback_is_not_made_synchronous():
     f = es.jit(lambda x: x * 2)
     f(jnp.ones(3))
     (entry,) = f.cache.entries.values()
-    assert entry.call is entry.jitted
+    assert entry.call is entry.dispatch
 
 
 def test_under_disable_jit_equinox_raises_as_it_does_eagerly():

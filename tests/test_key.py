@@ -778,7 +778,7 @@ def test_sharding_is_part_of_the_key(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
     assert "compiles 2\n" in out, out  # once per layout
-    assert "info (4, 1, None, 2)\n" in out, out  # one trace, two entries
+    assert "info (3, 2, None, 2)\n" in out, out  # two entries, each a miss (a compile)
     assert "xla 2\n" in out, out  # ...and counted as such
     assert "sharding" in out.split("lines", 1)[1], out  # ...and explained
 
