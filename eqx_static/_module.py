@@ -5,6 +5,7 @@ through at construction, on `with_static`/`with_dynamic` and on leaving `es.edit
 import dataclasses
 import difflib
 import functools
+import logging
 import operator
 import sys
 import types
@@ -176,13 +177,17 @@ def _is_array_annotation(ann: Any) -> bool:
     )
 
 
-def unknown_field_error(cls: type, name: str, names: Collection[str]) -> AttributeError:
-    """`AttributeError` naming the valid fields and the closest match."""
+def unknown_field_error(
+    cls: type, name: str, names: Collection[str], helper: str | None = None
+) -> AttributeError:
+    """`AttributeError` naming the fields `helper` takes (all fields if None) and
+    the closest of them."""
     close = difflib.get_close_matches(name, list(names), n=1, cutoff=0.5)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     valid = ", ".join(repr(n) for n in names) or "(none)"
+    which = f"The fields `{helper}` takes are" if helper else "Its fields are"
     return AttributeError(
-        f"`{cls.__qualname__}` has no field {name!r}.{hint} Its fields are: {valid}."
+        f"`{cls.__qualname__}` has no field {name!r}.{hint} {which}: {valid}."
     )
 
 
@@ -216,19 +221,27 @@ def drop_cached(d: dict[str, Any], info: FieldInfo) -> None:
 # Value checks.
 
 
-def check_hashable(cls: type, name: str, value: object) -> None:
-    """Raise `TypeError` if the static field `name` of `cls` holds an unhashable
-    value (hashed as the compile key hashes it, once, and kept for the key)."""
+def check_hashable(info: FieldInfo, name: str, value: object) -> None:
+    """Raise `TypeError` if the static field `name` holds an unhashable value
+    (hashed as the compile key hashes it, once, and kept for the key)."""
     from ._key import deep, is_hashable
 
     if not deep(is_hashable, value):
-        raise TypeError(_unhashable_message(cls, name, value))
+        raise TypeError(_unhashable_message(info, name, value))
 
 
-def _unhashable_message(cls: type, name: str, value: object) -> str:
+def _unhashable_message(info: FieldInfo, name: str, value: object) -> str:
     kind = type(value).__name__
-    where = f"Static field {name!r} of `{cls.__qualname__}` holds an unhashable {kind}"
-    if isinstance(value, jax.Array | np.ndarray):
+    cls = info.cls.__qualname__
+    where = f"Static field {name!r} of `{cls}` holds an unhashable {kind}"
+    if isinstance(value, jax.Array | np.ndarray) and value.ndim == 0:
+        number = info.annotations.get(name)
+        number = number if number in (bool, int, float, complex) else type(value.item())
+        fix = (
+            "A static field keys the compilation cache, and a 0-d array is data: "
+            f"pass the Python number, `{name}={number.__name__}({name})`."
+        )
+    elif isinstance(value, jax.Array | np.ndarray):
         fix = (
             "Arrays are data, not program structure: make it a dynamic field "
             "(drop `static=True`), so that changing it never recompiles."
@@ -247,7 +260,8 @@ def _unhashable_message(cls: type, name: str, value: object) -> str:
     return f"{where}. {fix}"
 
 
-_NUMBERS: Final = frozenset({bool, int, float, complex})
+_NUMBERS: Final = frozenset({int, float, complex})  # a `bool` stays a `bool`
+_INEXACT: Final = frozenset({float, complex})
 _CONTAINERS: Final = frozenset({tuple, list, dict})
 _WIDE: Final = {
     bool: np.bool_,
@@ -262,31 +276,39 @@ def default_dtype(t: type) -> Any:
     return jax.dtypes.canonicalize_dtype(_WIDE[t])
 
 
-def as_data(cls: type, name: str, value: Any) -> Any:
-    """`value` for the dynamic field `name` of an `es.Module` class: Python numbers,
-    at any depth of plain tuples, lists and dicts, become 0-d JAX arrays of JAX's
-    default dtype for their kind, strongly typed, as an optimiser's update or a
-    deserialised leaf is. Anything else is returned as is; so is a container in
-    which nothing changed."""
+def as_data(info: FieldInfo, name: str, value: Any) -> Any:
+    """`value` for the dynamic field `name` of an `es.Module` class: Python numbers
+    (not bools), at any depth of plain tuples, lists and dicts, become 0-d JAX
+    arrays of JAX's default dtype for their kind, strongly typed, as an optimiser's
+    update or a deserialised leaf is; an `int` in a field annotated `float` (or
+    `complex`) becomes that kind. Anything else is returned as is; so is a container
+    in which nothing changed. A float stored in a field whose annotation does not
+    say it is an array is announced once (see `_warn_trainable`)."""
     from ._key import CyclicValue, deep
 
-    if type(value) not in _CONTAINERS:
-        return _as_data(cls, name, value)
+    kind = info.annotations.get(name)
+    kind = kind if kind in _INEXACT else None
+    found: list[Any] = []
     try:
-        return deep(_as_data, cls, name, value)
+        out = deep(_as_data, info.cls, name, value, kind, found)
     except CyclicValue as e:
         where = name + e.path.removeprefix("[2]")
         raise ValueError(
-            f"Field {name!r} of `{cls.__qualname__}` got a value that contains "
+            f"Field {name!r} of `{info.cls.__qualname__}` got a value that contains "
             f"itself: {where} is the value again. A module's fields are a tree; "
             "break the cycle before storing it."
         ) from None
+    if found:
+        _warn_trainable(info, name, found[0])
+    return out
 
 
-def _as_data(cls: type, name: str, value: Any) -> Any:
+def _as_data(cls: type, name: str, value: Any, kind: type | None, found: list) -> Any:
     t = type(value)
     if t in _NUMBERS:
-        dtype = default_dtype(t)
+        if t in _INEXACT:
+            found.append(value)
+        dtype = default_dtype(kind if t is int and kind is not None else t)
         try:
             return jnp.asarray(value, dtype=dtype)
         except OverflowError:
@@ -303,10 +325,42 @@ def _as_data(cls: type, name: str, value: Any) -> Any:
     kinds = set(map(type, items))  # in C: a tuple of 10,000 arrays is one type
     if kinds.isdisjoint(_NUMBERS) and kinds.isdisjoint(_CONTAINERS):
         return value
-    new = [_as_data(cls, name, x) for x in items]
+    new = [_as_data(cls, name, x, None, found) for x in items]
     if all(a is b for a, b in zip(new, items)):
         return value
     return dict(zip(value, new)) if t is dict else t(new)
+
+
+_warned: Final[weakref.WeakKeyDictionary[type, set[str]]] = weakref.WeakKeyDictionary()
+
+
+def _warn_trainable(info: FieldInfo, name: str, value: Any) -> None:
+    """A Python float stored as an array is data: `eqx.filter_grad` differentiates
+    it and an optimiser over `eqx.is_inexact_array` trains it, where Equinox would
+    have kept the float out. Say so once per field, before any training step,
+    unless the field's annotation says it is an array."""
+    if _says_array(info.annotations.get(name)) or name in _warned.setdefault(
+        info.cls, set()
+    ):
+        return
+    _warned[info.cls].add(name)
+    cls = info.cls.__qualname__
+    logging.getLogger("eqx_static").warning(
+        "Field %r of `%s` holds the Python %s %r, stored as an array: it is data, so "
+        "`eqx.filter_grad` differentiates it and an optimiser trains it (under "
+        "`eqx.Module` it would stay a Python number). If it is a constant, declare "
+        "it static: `%s: float = eqx.field(static=True)`. If it changes but must "
+        "not be trained, pass it as an argument, or keep it out of the optimiser. "
+        "If it is a parameter, annotate it as an array (`%s: jax.Array`), which "
+        "also silences this warning.",
+        name, cls, type(value).__name__, value, name, name,
+    )  # fmt: skip
+
+
+def _says_array(ann: Any) -> bool:
+    if typing.get_origin(ann) in UNIONS:
+        return any(map(_says_array, typing.get_args(ann)))
+    return is_jaxtyping_array(ann) or ann in (jax.Array, np.ndarray)
 
 
 def check_array_annotation(
@@ -320,17 +374,26 @@ def check_array_annotation(
     if _matches(value, ann):
         return
     if current is not None and not _matches(current, ann):
-        if _same_layout(value, current):
-            return
+        return _check_stacked(cls, name, value, current)
+    raise TypeError(
+        f"Field {name!r} of `{cls.__qualname__}` is annotated `{_ann_repr(ann)}`, "
+        f"but got {_describe(value)}. Pass a value of that dtype and shape."
+    )
+
+
+def _stacked_number(v: object) -> bool:
+    """A field annotated as a number that holds an array with axes: stacked by
+    `eqx.filter_vmap` (an ensemble of modules)."""
+    return isinstance(v, jax.Array | np.ndarray) and v.ndim > 0
+
+
+def _check_stacked(cls: type, name: str, value: object, current: Any) -> None:
+    if not _same_layout(value, current):
         raise TypeError(
             f"Field {name!r} of `{cls.__qualname__}` holds a stacked value "
             f"{_describe(current)} (a module batched by `eqx.filter_vmap`), so the "
             f"new value must have the same shape and dtype; got {_describe(value)}."
         )
-    raise TypeError(
-        f"Field {name!r} of `{cls.__qualname__}` is annotated `{_ann_repr(ann)}`, "
-        f"but got {_describe(value)}. Pass a value of that dtype and shape."
-    )
 
 
 def _describe(value: object) -> str:
@@ -383,14 +446,16 @@ def convert_and_check(
         if converter is not None and name in convert:
             value = converter(value)
         if name in info.static:
-            check_hashable(info.cls, name, value)
+            check_hashable(info, name, value)
         else:
             if info.stores_arrays:
-                value = as_data(info.cls, name, value)
+                value = as_data(info, name, value)
             ann = info.array_annotations.get(name)
+            old = None if current is None else current.get(name)
             if ann is not None:
-                old = None if current is None else current.get(name)
                 check_array_annotation(info.cls, name, ann, value, old)
+            elif info.annotations.get(name) in _WIDE and _stacked_number(old):
+                _check_stacked(info.cls, name, value, old)
         out[name] = value
     return out
 
@@ -626,7 +691,7 @@ class Module(eqx.Module):
                 # A converter sees the value as given; `__check_init__` stores its
                 # result. (Outside `__init__` and `es.edit`, Equinox refuses below.)
                 if name not in info.converters and self in currently_initialising:
-                    value = as_data(info.cls, name, value)
+                    value = as_data(info, name, value)
                 return super().__setattr__(name, value)
             if name in info.static or name.startswith("__"):
                 return super().__setattr__(name, value)

@@ -388,12 +388,15 @@ def _fix(change: Change, constant: bool) -> str:
 
 
 class TracedFieldError(jax.errors.ConcretizationTypeError):
-    """A traced (dynamic) field was used where Python needs a concrete value.
+    """A traced (dynamic) field, or a traced argument, was used where Python needs a
+    concrete value.
 
-    The message names the field and its class, and suggests declaring the field
-    static if it selects program structure. The error is also an instance of the
-    JAX error it replaces (`jax.errors.TracerBoolConversionError`, ...), and its
-    traceback ends at the offending line.
+    The message names the field and its class (or the argument), and the fix for
+    what it is: declare a field static if it selects program structure, pass a
+    Python value for an argument, or branch with `jnp.where`/`jax.lax.cond`. The
+    error is also an instance of the JAX error it replaces
+    (`jax.errors.TracerBoolConversionError`, ...), and its traceback ends at the
+    offending line.
 
     !!! example
 
@@ -433,25 +436,39 @@ _LEAF_INDEX: Final = re.compile(LEAVES_NAME + r"\[(\d+)\]")
 def traced_field_error(
     name: str, e: Exception, key: Key, argnames: Sequence[str], n_fn: int
 ) -> Exception:
-    """`TracedFieldError` naming the field behind the traced leaf JAX named in `e`
-    (`e` itself if it named none). `n_fn` leaves of the function come first."""
+    """`TracedFieldError` naming the field or argument behind the traced leaf JAX
+    named in `e`, with the fix for what it is (`e` itself if it named none). `n_fn`
+    leaves of the function come first."""
     indices = [int(i) - n_fn for i in _LEAF_INDEX.findall(str(e))]
     origins = leaf_origins(key, argnames)
-    fields = [origins[i] for i in indices if 0 <= i < len(origins)]
-    fields = [o for o in fields if o.field is not None]
-    if not fields:
+    found = [origins[i] for i in indices if 0 <= i < len(origins)]
+    if not found:
         return e
-    o = fields[0]
-    cls = o.cls.__qualname__ if o.cls else "?"
-    return _traced_field_error_type(type(e))(
-        f"{name} used the traced field {o.field!r} of `{cls}` "
-        f"(at {o.path}) where Python needs a concrete value (`if`, `bool()`, "
-        "`int()`, a shape, ...). Dynamic fields are traced, so their values are "
-        f"unknown while compiling. If {o.field!r} selects program structure, "
-        f"declare it static: `{o.field}: ... = eqx.field(static=True)` (each "
-        "new value then compiles once). Otherwise keep it dynamic and use "
-        "`jnp.where` or `jax.lax.cond`.\n\nJAX said: " + str(e)
-    )
+    o = found[0]
+    need = "where Python needs a concrete value (`if`, `bool()`, `int()`, a shape, ...)"
+    if o.field is None or o.cls is None:
+        what = (
+            f"{name} used the traced argument {o.path} {need}. An array argument is "
+            "traced, its value unknown while compiling: pass a Python value instead "
+            "(static: one compile per value), or keep the array and use `jnp.where` "
+            "or `jax.lax.cond`."
+        )
+    else:
+        ann = field_info(o.cls).annotations.get(o.field)
+        kind = (
+            "a number stored as an array"
+            if ann in (int, float, complex)
+            else "an array"
+        )
+        what = (
+            f"{name} used the traced field {o.field!r} of `{o.cls.__qualname__}` (at "
+            f"{o.path}) {need}. It is a dynamic field holding {kind}, traced, its "
+            f"value unknown while compiling. If {o.field!r} selects program "
+            f"structure, declare it static: `{o.field}: ... = eqx.field(static=True)` "
+            "(each new value then compiles once). Otherwise keep it dynamic and use "
+            "`jnp.where` or `jax.lax.cond`."
+        )
+    return _traced_field_error_type(type(e))(f"{what}\n\nJAX said: {e}")
 
 
 # ----------------------------------------------------------------------------------

@@ -123,8 +123,9 @@ def _update(module: _M, changes: Mapping[str, Any], kind: Kind) -> _M:
     if any("." in k for k in changes):
         return apply_trie(module, _trie(changes), kind, (), kind)
     info = field_info(type(module))  # the common case: fields of `module` itself
-    for name in changes:
-        _check_field(info, name, kind, ())
+    d = instance_dict(module)
+    for name, value in changes.items():
+        _check_field(info, d, name, kind, (), value)
     return rebuild(module, info, changes, changes)
 
 
@@ -187,17 +188,17 @@ def apply_trie(
 
 def _apply_module(obj: eqx.Module, trie: _Trie, kind: Kind, path: tuple) -> Any:
     info = field_info(type(obj))
+    d = instance_dict(obj)
     values, direct = {}, set()
     for seg, sub in trie.items():
         if isinstance(sub, _Set):
-            _check_field(info, seg, kind, path)
+            _check_field(info, d, seg, kind, path, sub.value)
             values[seg] = sub.value
             direct.add(seg)
         else:
-            _check_field(info, seg, "any", path)
+            _check_field(info, d, seg, "any", path, None)
             field_kind = "static" if seg in info.static else "dynamic"
-            child = instance_dict(obj)[seg]
-            values[seg] = apply_trie(child, sub, kind, (*path, seg), field_kind)
+            values[seg] = apply_trie(d[seg], sub, kind, (*path, seg), field_kind)
     return rebuild(obj, info, values, direct)
 
 
@@ -217,24 +218,59 @@ def rebuild(
     return new
 
 
-def _check_field(info: FieldInfo, name: str, kind: Kind, path: tuple) -> None:
-    if name in info.static:
-        _check_kind(info.cls, name, "static", kind, path)
-    elif name not in info.dynamic:
-        raise unknown_field_error(info.cls, name, info.names)
-    else:
-        _check_kind(info.cls, name, "dynamic", kind, path)
-
-
-def _check_kind(cls: type, name: str, field_kind: str, kind: Kind, path: tuple):
-    if kind == "any" or field_kind == kind:
+def _check_field(
+    info: FieldInfo, d: dict, name: str, kind: Kind, path: tuple, value: Any
+) -> None:
+    """Whether the helper `with_<kind>` takes the field `name`: `with_static` a
+    declared static field, or a dynamic one holding what `es.jit` keys statically
+    (a Python bool, a string, a function: a non-array leaf); `with_dynamic` a
+    dynamic field. The error says what the field holds and which helper takes it."""
+    if name not in info.static and name not in info.dynamic:
+        takes = [n for n in info.names if kind == "any" or _takes(info, d, n, kind)]
+        raise unknown_field_error(
+            info.cls, name, takes, None if kind == "any" else f"with_{kind}"
+        )
+    if kind == "any" or _takes(info, d, name, kind):
+        if kind == "static" and name in info.dynamic and not _leaf(value):
+            raise TypeError(_leaf_message(info.cls, name, d[name], value, path))
         return
     full = ".".join((*path, name))
     call = f"**{{{full!r}: ...}}" if path else f"{full}=..."
+    if name in info.static:
+        what = "static field", "declared `eqx.field(static=True)`"
+    else:
+        what = "dynamic field", f"holding {_describe(d.get(name))}, traced by `es.jit`"
     raise TypeError(
-        f"`with_{kind}` got {full!r}, but {name!r} is a {field_kind} field of "
-        f"`{cls.__qualname__}`. Use `{_OTHER[kind]}({call})` instead (or "
-        "`es.edit`, which takes both kinds)."
+        f"`with_{kind}` got {full!r}, but {name!r} is a {what[0]} of "
+        f"`{info.cls.__qualname__}` ({what[1]}). Use `{_OTHER[kind]}({call})` "
+        "instead (or `es.edit`, which takes both kinds)."
+    )
+
+
+def _takes(info: FieldInfo, d: dict, name: str, kind: Kind) -> bool:
+    if kind == "dynamic":
+        return name in info.dynamic
+    return name in info.static or _leaf(d.get(name))
+
+
+def _leaf(v: Any) -> bool:
+    """A value `es.jit` keys statically: not an array, module or container."""
+    return not (isinstance(v, list | tuple | dict) or is_module(v) or eqx.is_array(v))
+
+
+def _describe(v: Any) -> str:
+    if eqx.is_array(v):
+        return "an array"
+    return "a module" if is_module(v) else f"a {type(v).__name__}"
+
+
+def _leaf_message(cls: type, name: str, old: Any, new: Any, path: tuple) -> str:
+    full = ".".join((*path, name))
+    return (
+        f"`with_static` got {full!r}: the dynamic field {name!r} of "
+        f"`{cls.__qualname__}` holds a Python {type(old).__name__}, which `es.jit` "
+        f"keys statically, and `with_static` replaces it with another such value; "
+        f"got {_describe(new)}. To store data there, use `with_dynamic`."
     )
 
 
@@ -247,7 +283,8 @@ def _apply_container(obj: Any, trie: _Trie, kind: Kind, path: tuple, outer: str)
             raise _same_item(path, segs[key], seg)
         segs[key] = seg
         if isinstance(sub, _Set):
-            if kind not in ("any", outer):
+            static_leaf = kind == "static" and _leaf(items[key]) and _leaf(sub.value)  # pyright: ignore[reportArgumentType,reportCallIssue]
+            if kind not in ("any", outer) and not static_leaf:
                 raise _container_kind_error(kind, outer, (*path, seg))
             items[key] = sub.value  # pyright: ignore[reportArgumentType,reportCallIssue]
         else:

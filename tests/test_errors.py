@@ -267,8 +267,9 @@ def test_traced_field_as_a_shape_names_the_field():
     assert "eqx.field(static=True)" in message
 
 
-def test_traced_argument_keeps_jax_error():
-    """Not a field: nothing to declare static, so JAX's own error is kept."""
+def test_a_traced_argument_is_named_with_the_fix_for_an_argument():
+    """Not a field: the fix is to pass a Python value, or to branch in JAX. The
+    error is still JAX's own type too."""
 
     @es.jit
     def f(x):
@@ -276,7 +277,10 @@ def test_traced_argument_keeps_jax_error():
 
     with pytest.raises(jax.errors.ConcretizationTypeError) as info:
         f(jnp.array(1.0))
-    assert not isinstance(info.value, es.TracedFieldError)
+    assert isinstance(info.value, es.TracedFieldError)
+    message = str(info.value)
+    assert message.startswith(f"{f.qualname} used the traced argument x where Python")
+    assert "pass a Python value instead" in message and "JAX said:" in message
 
 
 def test_traced_self_keeps_the_field_order_and_ignores_cached_properties():

@@ -364,17 +364,33 @@ class Child(es.Module):
     ids=["s-method", "s-fn", "d-method", "d-fn"],
 )
 def test_unknown_name_lists_fields_and_closest_match(update):
+    """The suggestion and the list are the fields the called helper takes."""
     c = Child(1.0, True)
-    with pytest.raises(
-        AttributeError, match="`Child` has no field 'dq'. Did you mean 'dp'?"
-    ) as info:
-        update(c, dq=2.0)
-    assert info.match("Its fields are: 'dp', 'sp', 'dc', 'sc'.")
+    helper = "with_static" if update in STATIC_FORMS else "with_dynamic"
+    typo, close, names = (
+        ("sq", "sp", "'sp', 'sc'")
+        if helper == "with_static"
+        else ("dq", "dp", "'dp', 'dc'")
+    )
+    with pytest.raises(AttributeError) as info:
+        update(c, **{typo: False})
+    assert str(info.value) == (
+        f"`Child` has no field {typo!r}. Did you mean {close!r}? The fields "
+        f"`{helper}` takes are: {names}."
+    )
+
+
+def test_a_typo_is_matched_only_against_fields_the_helper_takes():
+    c = Child(1.0, True)
+    with pytest.raises(AttributeError, match="Did you mean 'dp'"):
+        c.with_dynamic(pd=2.0)  # not 'sp', which `with_dynamic` refuses
 
 
 def test_unknown_name_without_close_match():
     c = Child(1.0, True)
-    with pytest.raises(AttributeError, match=r"has no field 'zzzzzz'\. Its fields are"):
+    with pytest.raises(
+        AttributeError, match=r"has no field 'zzzzzz'\. The fields `with_dynamic` takes"
+    ):
         c.with_dynamic(zzzzzz=1.0)
 
 
@@ -391,7 +407,7 @@ def test_with_static_on_dynamic_field_names_with_dynamic(update):
     c = Child(1.0, True)
     with pytest.raises(
         TypeError,
-        match=r"`with_static` got 'dp', but 'dp' is a dynamic field of `Child`. Use `with_dynamic\(dp=...\)`",
+        match=r"`with_static` got 'dp', but 'dp' is a dynamic field of `Child` \(holding an array, traced by `es.jit`\). Use `with_dynamic\(dp=...\)`",
     ):
         update(c, dp=2.0)
 
@@ -401,7 +417,7 @@ def test_with_dynamic_on_static_field_names_with_static(update):
     c = Child(1.0, True)
     with pytest.raises(
         TypeError,
-        match=r"`with_dynamic` got 'sp', but 'sp' is a static field of `Child`. Use `with_static\(sp=...\)`",
+        match=r"`with_dynamic` got 'sp', but 'sp' is a static field of `Child` \(declared `eqx.field\(static=True\)`\). Use `with_static\(sp=...\)`",
     ):
         update(c, sp=False)
 
@@ -889,15 +905,16 @@ def test_the_wrong_helper_for_a_field_names_the_right_one():
     with pytest.raises(TypeError) as info:
         h.with_static(w=2.0)
     assert str(info.value) == (
-        "`with_static` got 'w', but 'w' is a dynamic field of `_HoldsConv`. Use "
-        "`with_dynamic(w=...)` instead (or `es.edit`, which takes both kinds)."
+        "`with_static` got 'w', but 'w' is a dynamic field of `_HoldsConv` (holding "
+        "an array, traced by `es.jit`). Use `with_dynamic(w=...)` instead (or "
+        "`es.edit`, which takes both kinds)."
     )
     with pytest.raises(TypeError) as info:
         h.with_dynamic(**{"inner.xs": (2,)})
     assert str(info.value) == (
-        "`with_dynamic` got 'inner.xs', but 'xs' is a static field of `_Conv`. Use "
-        "`with_static(**{'inner.xs': ...})` instead (or `es.edit`, which takes both "
-        "kinds)."
+        "`with_dynamic` got 'inner.xs', but 'xs' is a static field of `_Conv` "
+        "(declared `eqx.field(static=True)`). Use `with_static(**{'inner.xs': ...})` "
+        "instead (or `es.edit`, which takes both kinds)."
     )
 
 

@@ -81,7 +81,6 @@ def _d() -> D:
 @pytest.mark.parametrize(
     "value, want",
     [
-        (True, (jnp.bool_, False)),
         (3, (jnp.int32, False)),
         (1.5, (jnp.float32, False)),
         (1 + 2j, (jnp.complex64, False)),
@@ -96,16 +95,19 @@ def test_a_number_in_a_dynamic_field_is_stored_in_the_default_dtype(value, want)
         assert m.a.item() == value
 
 
+def test_a_bool_in_a_dynamic_field_stays_a_bool():
+    """A flag picks a branch: it stays a Python bool, static under `es.jit` as
+    under `eqx.filter_jit`, and `eqx.nn.inference_mode` can reach it."""
+    for m in (D(True, jnp.ones(3)), _d().with_dynamic(a=True)):
+        assert m.a is True
+
+
 def test_numbers_inside_containers_are_stored_as_arrays_and_the_rest_is_kept():
     m = _d().with_dynamic(a=(1, [2.0, {"k": True}], "s", None))
     one, (two, inner), s, none = m.a
     assert type(m.a) is tuple and type(m.a[1]) is list and type(inner) is dict
-    assert (one.dtype, two.dtype, inner["k"].dtype) == (
-        jnp.int32,
-        jnp.float32,
-        jnp.bool_,
-    )
-    assert (one.item(), two.item(), inner["k"].item()) == (1, 2.0, True)
+    assert (one.dtype, two.dtype) == (jnp.int32, jnp.float32)
+    assert (one.item(), two.item()) == (1, 2.0) and inner["k"] is True
     assert s == "s" and none is None
 
 
