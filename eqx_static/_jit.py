@@ -229,11 +229,21 @@ class _Jit(Generic[_P, _R]):
             except RecursionError:  # deeply nested: the general path copes
                 return call((obj, *args), kwargs)
             key = tuple.__new__(Key, (tuple(nodes), (), ()))
+            next(calls)
             try:
-                return dispatch(key, leaves, (obj, *args), kwargs)
+                entry = entries.get(key)
+            except (TypeError, RecursionError):  # the general path says why
+                return dispatch(key, leaves, counted=True)
+            if entry is None:
+                entry = new_entry(f, key, leaves)
+            if lru:
+                entry.used = next(clock)
+            try:
+                out = entry.call(*leaves)
             except eqx.EquinoxRuntimeError as e:
-                e.__traceback__ = None
+                e.__traceback__ = None  # as `eqx.filter_jit`: the user's frames only
                 raise
+            return combine(*out) if type(out) is tuple else out
 
         def call(args: tuple, kwargs: dict[str, Any]) -> Any:
             __tracebackhide__ = True
@@ -243,13 +253,14 @@ class _Jit(Generic[_P, _R]):
                 key, leaves = key_and_leaves(args, kwargs, fn_leaves)
             except CyclicValue as e:
                 raise _cyclic_error(self.qualname, signature.names, e) from None
-            return dispatch(key, leaves, args, kwargs)
+            return dispatch(key, leaves)
 
-        def dispatch(key: Key, leaves: list, args: tuple, kwargs: dict) -> Any:
+        def dispatch(key: Key, leaves: list, counted: bool = False) -> Any:
             """Call the key's dispatcher: JAX's C++ runs what it has for these
             avals, and calls the miss path (which books a miss) for anything else."""
             __tracebackhide__ = True
-            next(calls)
+            if not counted:
+                next(calls)
             try:
                 entry = entries.get(key)
             except TypeError:  # an unhashable static value: say which
