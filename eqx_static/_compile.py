@@ -1089,19 +1089,29 @@ def _summarise(j: Any, out: list[Op], depth: int) -> None:
             (k, _stable(v)) for k, v in sorted(eqn.params.items()) if not _is_jaxpr(v)
         ]
         inputs = [_input(v, consts, numbers) for v in eqn.invars]
-        what = repr((eqn.primitive.name, params, inputs)).encode()
-        out.append(
-            Op(
-                hashlib.sha1(what).digest()[:8],
-                eqn.primitive.name,
-                user_frame(eqn.source_info),
-            )
-        )
+        if eqn.primitive.name not in _CALLS:  # a call is what it calls
+            what = repr((eqn.primitive.name, params, inputs)).encode()
+            digest = hashlib.sha1(what).digest()[:8]
+            out.append(Op(digest, eqn.primitive.name, user_frame(eqn.source_info)))
         for v in eqn.outvars:
             numbers[v] = len(numbers)
         if depth < 8:
             for sub in nested_jaxprs(eqn.params):
                 _summarise(sub, out, depth + 1)
+
+
+# Operations that only call the program nested in them (its operations are listed).
+_CALLS: Final = frozenset(
+    {
+        "pjit",
+        "jit",
+        "closed_call",
+        "custom_jvp_call",
+        "custom_vjp_call",
+        "remat",
+        "checkpoint",
+    }
+)
 
 
 def _input(v: Any, consts: dict, numbers: dict) -> Any:

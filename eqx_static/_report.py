@@ -227,10 +227,10 @@ def explain(
     best: tuple[list[Change], Seen | None] = ([], None)
     for seen in reversed(known[-64:]):
         changes = diff(seen.key, key, argnames)
-        if not changes and seen.sig != sig:
-            origins = leaf_origins(key, argnames)
+        if seen.sig != sig and not any(c.kind == "structure" for c in changes):
+            origins = leaf_origins(key, argnames)  # the leaves line up
             pairs = zip(origins, seen.sig, sig)
-            changes = [_describe_leaf(o, a, b) for o, a, b in pairs if a != b]
+            changes += [_describe_leaf(o, a, b) for o, a, b in pairs if a != b]
         if not changes and seen.context != context:
             changes = [Change("JAX's configuration changed", "context", "context")]
         if best[1] is None or len(changes) < len(best[0]):
