@@ -1,11 +1,15 @@
-"""What `es.jit` tells the user: why a call compiled (the INFO line), the compile
-budget (`RecompileError`), the storm warning, and the errors a compiled call raises
-(a traced field used as a Python value; `eqx.error_if` at run time, as
-`eqx.filter_jit` reports it). All of it reads structured records: a key's nodes
-(`_key.walk`) and the `Change`s found between two keys."""
+"""What `es.jit` tells the user: why a call compiled (the INFO line) and where the
+programs differ, the compile budget (`RecompileError`), the storm warning, and the
+errors a compiled call raises (a traced value used as a Python one; `eqx.error_if`
+at run time, as `eqx.filter_jit` reports it). All of it reads structured records:
+a key's nodes (`_key.walk`), the `Change`s between two keys, and each program's
+per-operation summary (`ops_of`)."""
 
 import functools
+import hashlib
+import itertools
 import logging
+import os
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -13,21 +17,15 @@ from typing import Any, Final, NamedTuple
 
 import equinox as eqx
 import jax
+import numpy as np
 from jax.core import Tracer
 
-from ._compat import (
-    CALLBACK_LOGGER,
-    equinox_error_info,
-    FilterCallback,
-    hide_frames,
-    JaxRuntimeError,
-    on_error_message,
-)
+from . import _compat as jx
 from ._key import ARRAYS, is_hashable, is_module_node, Key, LEAF, STATIC, value_of, walk
 from ._module import field_info
 
 
-hide_frames(__file__)
+jx.hide_frames(__file__)
 
 logger: Final = logging.getLogger("eqx_static")
 
@@ -53,135 +51,106 @@ class Origin(NamedTuple):
 
 
 def leaf_origins(key: Key, argnames: Sequence[str]) -> list[Origin]:
-    """The origin of each traced leaf of `key`, in order."""
     return [
         Origin(v.path, v.cls, v.field) for v in walk(key, argnames) if v.node is LEAF
     ]
 
 
 def unhashable_message(name: str, key: Key) -> str:
-    """The error for a call with an unhashable static leaf: where it is, and the
-    hashable value to pass instead."""
+    """Where a call's unhashable static leaf is, and the hashable value to pass."""
     for v in walk(key, ()):
         n = v.node
         if type(n) is tuple and n[0] is STATIC and not is_hashable(value_of(n[2])):
-            t = n[1]
-            fix = _HASHABLE.get(
-                t, "a hashable value, or an array if it is data (traced)"
-            )
+            fix = _HASHABLE.get(n[1], "a hashable value, or an array if it is data")
             return (
-                f"`{name}` got {v.path}, a {t.__name__}, which is not hashable. A "
+                f"`{name}` got {v.path}, a {n[1].__name__}, which is not hashable. A "
                 "non-array argument is static: it keys the compilation cache, as under "
                 f"`eqx.filter_jit`, so it must be hashable. Pass {fix} instead."
             )
     return f"`{name}` got an unhashable static value."
 
 
-_HASHABLE: Final = {
-    list: "a tuple",
-    set: "a frozenset",
-    dict: "a tuple of its items",
-}
-
-
-class _Where(NamedTuple):
-    path: str
-    method: bool  # paths are named relative to `self`
-
-    @property
-    def name(self) -> str:
-        if self.method and self.path.startswith("self."):
-            return self.path.removeprefix("self.")
-        return self.path
-
-    @property
-    def is_self(self) -> bool:
-        return self.method and self.path == "self"
-
-    @property
-    def is_argument(self) -> bool:
-        return "." not in self.path and "[" not in self.path
-
-    def what(self) -> str:
-        if self.is_self:
-            return "self"
-        return f"argument {self.path}" if self.is_argument else f"field {self.name!r}"
+_HASHABLE: Final = {list: "a tuple", set: "a frozenset", dict: "a tuple of its items"}
 
 
 def diff(old: Key, new: Key, argnames: Sequence[str]) -> list[Change]:
     """What differs from `old` to `new`: a node whose kind, class or structure
     differs is reported and nothing below it; a module's static fields one by one."""
     if len(old.args) != len(new.args) or old.names != new.names:
-        phrase = (
-            f"call signature changed: {len(old.args)} -> {len(new.args)} positional, "
-            f"keywords {list(old.names)} -> {list(new.names)}"
-        )
-        return [Change(phrase, "call", "structure")]
+        what = f"{len(old.args)} -> {len(new.args)} positional, keywords {list(old.names)} -> {list(new.names)}"
+        return [Change(f"call signature changed: {what}", "call", "structure")]
     method = bool(argnames) and argnames[0] == "self"
     before = {v.path: v.node for v in walk(old, argnames)}
     out: list[Change] = []
     stopped: set[str] = set()
     for v in walk(new, argnames):
-        if v.parent in stopped:
-            stopped.add(v.path)
-            continue
-        a, b = before[v.path], v.node
-        if a == b or _compare(a, b, _Where(v.path, method), out):
+        if (
+            v.parent in stopped
+            or v.node == before[v.path]
+            or _compare(before[v.path], v.node, v.path, method, out)
+        ):
             stopped.add(v.path)
     return out
 
 
-def _compare(a: Any, b: Any, where: _Where, out: list[Change]) -> bool:
+def _compare(a: Any, b: Any, path: str, method: bool, out: list[Change]) -> bool:
     """Append what differs between the nodes `a` and `b` themselves; return whether
     their children are not to be compared."""
+    is_self = method and path == "self"
+    name = path.removeprefix("self.") if method else path
+    argument = "." not in path and "[" not in path
+    what = "self" if is_self else f"argument {path}" if argument else f"field {name!r}"
     ka, kb = _kind(a), _kind(b)
     if ka != kb:
+        out.append(Change(f"{what} changed kind: {ka} -> {kb}", name, "structure"))
+    elif ka == "module" and a[0] is not b[0]:
+        who = "class" if is_self else f"{what} class"
         out.append(
             Change(
-                f"{where.what()} changed kind: {ka} -> {kb}", where.name, "structure"
+                f"{who} {a[0].__qualname__} -> {b[0].__qualname__}", name, "structure"
             )
         )
-        return True
-    if ka == "module":
-        if a[0] is not b[0]:
-            who = "class" if where.is_self else f"{where.what()} class"
-            phrase = f"{who} {a[0].__qualname__} -> {b[0].__qualname__}"
-            out.append(Change(phrase, where.name, "structure"))
-            return True
-        names = field_info(a[0]).static_names
-        for name, x, y, tx, ty in zip(names, a[1], b[1], a[2], b[2]):
+    elif ka == "module":
+        for field, x, y, tx, ty in zip(
+            field_info(a[0]).static_names, a[1], b[1], a[2], b[2]
+        ):
             if tx is not ty or x != y:
-                field = name if where.is_self else f"{where.name}.{name}"
-                phrase = f"static field {field!r} changed {_show(x)} -> {_show(y)}"
-                out.append(Change(phrase, field, "static field"))
-        if a[4] != b[4]:
-            out.append(
-                Change(
-                    f"{where.what()} extra attributes changed", where.name, "structure"
+                field = field if is_self else f"{name}.{field}"
+                out.append(
+                    Change(
+                        f"static field {field!r} changed {_show(x)} -> {_show(y)}",
+                        field,
+                        "static field",
+                    )
                 )
-            )
+        if a[4] != b[4]:
+            out.append(Change(f"{what} extra attributes changed", name, "structure"))
         return False
-    if ka == "static":
-        kind = "argument" if where.is_argument else "leaf"
-        phrase = f"{where.what()} changed {_show(a[2])} -> {_show(b[2])}"
-        out.append(Change(phrase, where.name, kind))
-        return True
-    if a is LEAF or a is None:
-        return True
-    if a[0] is ARRAYS or a[:-1] != b[:-1] or len(a[-1]) != len(b[-1]):
-        out.append(Change(f"{where.what()} structure changed", where.name, "structure"))
-        return True
-    return False
+    elif ka == "static":
+        out.append(
+            Change(
+                f"{what} changed {_show(a[2])} -> {_show(b[2])}",
+                name,
+                "argument" if argument else "leaf",
+            )
+        )
+    elif (
+        a is not LEAF
+        and a is not None
+        and (a[0] is ARRAYS or a[:-1] != b[:-1] or len(a[-1]) != len(b[-1]))
+    ):
+        out.append(Change(f"{what} structure changed", name, "structure"))
+    else:
+        return a is LEAF or a is None
+    return True
 
 
 def _kind(n: Any) -> str:
-    if n is LEAF:
-        return "traced"
-    if n is None:
-        return "None"
-    if is_module_node(n):
-        return "module"
-    return "sequence" if n[0] is ARRAYS else n[0].name
+    if n is LEAF or n is None:
+        return "traced" if n is LEAF else "None"
+    return (
+        "module" if is_module_node(n) else "sequence" if n[0] is ARRAYS else n[0].name
+    )
 
 
 def _show(s: Any) -> str:
@@ -190,24 +159,22 @@ def _show(s: Any) -> str:
 
 def _describe_leaf(o: Origin, a: tuple, b: tuple) -> Change:
     """A change of one traced leaf's shape, dtype, weak type or sharding."""
-    if o.field and o.path.startswith("self."):
-        name = o.path.removeprefix("self.")
-        where = f"field {name!r}"
-    else:
-        name = o.path
-        where = f"field {o.path!r}" if o.field else f"argument {o.path}"
+    name = o.path.removeprefix("self.") if o.field else o.path
+    where = f"field {name!r}" if o.field else f"argument {o.path}"
     for what, i in (("shape", 0), ("dtype", 1), ("weak type", 2)):
         if a[i] != b[i]:
             return Change(f"{where} {what} {a[i]} -> {b[i]}", name, "array")
-    phrase = f"{where} sharding {_show_sharding(a[3])} -> {_show_sharding(b[3])}"
-    return Change(phrase, name, "array")
+    return Change(
+        f"{where} sharding {_sharding(a[3])} -> {_sharding(b[3])}", name, "array"
+    )
 
 
-def _show_sharding(s: Any) -> str:
-    if s is None:
-        return "uncommitted"
-    spec = getattr(s, "spec", None)
-    return repr(spec) if spec is not None else type(s).__name__
+def _sharding(s: Any) -> str:
+    return (
+        "uncommitted"
+        if s is None
+        else repr(getattr(s, "spec", None) or type(s).__name__)
+    )
 
 
 class Seen(NamedTuple):
@@ -219,17 +186,15 @@ class Seen(NamedTuple):
     program: Any  # what it runs
 
 
-def explain(
-    known: Sequence[Seen], key: Key, sig: tuple, context: Any, argnames: Sequence[str]
-) -> tuple[list[Change], Seen | None]:
+def explain(known: Sequence[Seen], key: Key, sig: tuple, context: Any,
+            argnames: Sequence[str]) -> tuple[list[Change], Seen | None]:  # fmt: skip
     """What differs between the call `(key, sig, context)` and the closest of
     `known` (the fewest differences; the most recent of equals), and that one."""
     best: tuple[list[Change], Seen | None] = ([], None)
     for seen in reversed(known[-64:]):
         changes = diff(seen.key, key, argnames)
         if seen.sig != sig and not any(c.kind == "structure" for c in changes):
-            origins = leaf_origins(key, argnames)  # the leaves line up
-            pairs = zip(origins, seen.sig, sig)
+            pairs = zip(leaf_origins(key, argnames), seen.sig, sig)  # they line up
             changes += [_describe_leaf(o, a, b) for o, a, b in pairs if a != b]
         if not changes and seen.context != context:
             changes = [Change("JAX's configuration changed", "context", "context")]
@@ -251,9 +216,122 @@ class Differ(NamedTuple):
 
 
 def phrase(changes: Sequence[Change], differ: Differ | None = None) -> str:
-    """What changed, and where the programs differ, as one explanation."""
     text = "; ".join(c.phrase for c in changes) or "same key and avals"
     return f"{text}; {differ}" if differ else text
+
+
+def log(
+    name: str, what: str, n: int, changes: Sequence[Change], tail: Any = None
+) -> None:
+    """The INFO line of a miss after the first."""
+    if n and logger.isEnabledFor(logging.INFO):
+        logger.info(
+            "%s: %s (%d cached): %s%s",
+            name,
+            what,
+            n,
+            phrase(changes),
+            f"; {tail}" if tail else "",
+        )
+
+
+# ----------------------------------------------------------------------------------
+# Where two programs first differ, in the user's code: each program keeps one
+# small record per operation (a digest, its name, where it was traced).
+
+
+class Op(NamedTuple):
+    what: bytes  # a digest of the primitive, its parameters and inputs
+    name: str  # the primitive's name
+    where: tuple[str, int, str] | None  # file, line, function of the user's code
+
+
+# Operations that only call the program nested in them (whose operations are listed).
+_CALLS: Final = frozenset(
+    {
+        "pjit",
+        "jit",
+        "closed_call",
+        "custom_jvp_call",
+        "custom_vjp_call",
+        "remat",
+        "checkpoint",
+    }
+)
+
+
+def ops_of(jaxpr: Any, out: list | None = None, depth: int = 0) -> tuple[Op, ...]:
+    """A traced program, one record per operation, nested bodies in place."""
+    out = [] if out is None else out
+    inner = jx.open_jaxpr(jaxpr)
+    consts = dict(zip(inner.constvars, getattr(jaxpr, "consts", ())))
+    # Inputs by where they come from: the n-th input of the program or output of an
+    # operation; so `dc * x` and `dp * x` are different operations.
+    numbers = {v: i for i, v in enumerate([*inner.constvars, *inner.invars])}
+    for eqn in inner.eqns:
+        if eqn.primitive.name not in _CALLS:
+            params = [
+                (k, _stable(v))
+                for k, v in sorted(eqn.params.items())
+                if not list(jx.nested_jaxprs({k: v}))
+            ]
+            inputs = [_input(v, consts, numbers) for v in eqn.invars]
+            what = hashlib.sha1(
+                repr((eqn.primitive.name, params, inputs)).encode()
+            ).digest()[:8]
+            out.append(Op(what, eqn.primitive.name, jx.user_frame(eqn.source_info)))
+        numbers.update((v, len(numbers)) for v in eqn.outvars)
+        for sub in jx.nested_jaxprs(eqn.params) if depth < 8 else ():
+            ops_of(sub, out, depth + 1)
+    return tuple(out)
+
+
+def _input(v: Any, consts: dict, numbers: dict) -> Any:
+    if type(v).__name__ == "Literal":
+        return repr(v.val)
+    if v in consts:
+        a = np.asarray(consts[v])
+        return (a.shape, str(a.dtype), hashlib.sha1(a.tobytes()).hexdigest())
+    return (numbers.get(v), str(v.aval))
+
+
+def _stable(v: Any) -> Any:
+    """A parameter as it is from one trace to the next: a function by its name."""
+    return (
+        getattr(v, "__qualname__", type(v).__name__)
+        if callable(v) and not isinstance(v, type)
+        else v
+    )
+
+
+def differ_of(closest: Seen | None, changes: Sequence[Change], jaxpr: Any,
+              structure: bytes | None) -> Differ | None:  # fmt: skip
+    """Where a new program first differs from the program of the closest compiled
+    call. None for the first compile, and when a shape or the context changed (the
+    explanation says so)."""
+    old = getattr(closest and closest.program, "ops", None)
+    if (
+        old is None
+        or not changes
+        or any(c.kind in ("array", "context") for c in changes)
+    ):
+        return None
+    constant = structure is not None and structure == closest.program.structure  # pyright: ignore[reportOptionalMemberAccess]
+    for a, b in itertools.zip_longest(old, ops_of(jaxpr)):
+        if a is None or b is None or a.what != b.what:
+            op = b or a
+            if op is None or op.where is None:
+                return None
+            file, line, function = op.where
+            place = f"{os.path.basename(file)}:{line} in {function.rsplit('.', 1)[-1]}"
+            if constant or (a is not None and b is not None and a.name == b.name):
+                what = op.name
+            elif a is None or b is None:
+                what = f"{op.name}, {'new' if a is None else 'gone'}"
+            else:
+                what = f"{b.name} where {a.name} was"
+            return Differ(f"{place} ({what})", constant)
+    return None
 
 
 # ----------------------------------------------------------------------------------
@@ -262,8 +340,8 @@ def phrase(changes: Sequence[Change], differ: Differ | None = None) -> str:
 
 class RecompileError(RuntimeError):
     """An [`eqx_static.jit`][] function would compile more often than its
-    `max_compiles` allows. The message says what changed, for this compile and
-    every earlier one. It is raised before XLA compiles.
+    `max_compiles` allows. Raised before XLA compiles; the message says what
+    changed, where the programs differ, for this compile and every earlier one.
 
     !!! example
 
@@ -281,28 +359,23 @@ class RecompileError(RuntimeError):
                 return x * self.n
 
         Model(n=2)(jnp.ones(2))
-        with pytest.raises(es.RecompileError, match="static field 'n' changed 2 -> 3"):
+        with pytest.raises(es.RecompileError, match="'n' changed 2 -> 3"):
             Model(n=3)(jnp.ones(2))
         ```
     """
 
 
 class Compile(NamedTuple):
-    """One XLA compile of an `es.jit` function, as the budget and storm read it."""
+    """One XLA compile, as the budget and the storm warning read it."""
 
     changes: tuple[Change, ...]  # from the closest cached call (empty: the first)
     seconds: float
     structure: bytes | None  # the program with its constants masked
-    differ: Differ | None  # where it first differs from the closest compiled one
+    differ: Differ | None
 
 
-def budget_error(
-    qualname: str,
-    limit: int,
-    history: Sequence[Compile],
-    changes: Sequence[Change],
-    differ: Differ | None,
-) -> RecompileError:
+def budget_error(qualname: str, limit: int, history: Sequence[Compile],
+                 changes: Sequence[Change], differ: Differ | None) -> RecompileError:  # fmt: skip
     lines = "".join(
         f"\n  compile {i + 1}: {', '.join(dict.fromkeys(c.name for c in h.changes)) or 'first call'}"
         for i, h in enumerate(history)
@@ -311,48 +384,40 @@ def budget_error(
     return RecompileError(
         f"{qualname}: compile {len(history) + 1} exceeds `max_compiles={limit}`: "
         f"{phrase(changes, differ)}.\nEarlier compiles (what changed from the one "
-        f"before):{lines}\n{fix} (If these compiles are expected, raise "
-        "`max_compiles`.)"
+        f"before):{lines}\n{fix} (If these compiles are expected, raise `max_compiles`.)"
     )
 
 
 def storm(
     name: str, history: Sequence[Compile], reused: dict[str, int], n: int
 ) -> bool:
-    """After `n` compiles in which one field or argument changed every time, log
-    one WARNING naming it, the time spent and what to do; return whether it did.
-    Of several that changed every time, the one that changed least often without a
-    new program is named (a field that also changed alone, sharing a program, is
-    not what makes the programs differ)."""
+    """After `n` compiles in which one field or argument changed every time, log one
+    WARNING naming it, the time spent and what to do; return whether it did. Of
+    several that changed every time, the one that changed least often without a new
+    program is named: one that also changed alone, sharing a program, is not what
+    makes the programs differ."""
     recent = history[-n:]
     per_compile = [{c.name: c for c in h.changes} for h in recent[1:]]
-    if not per_compile:
-        return False
-    common = set(per_compile[0]).intersection(*per_compile[1:])
+    common = (
+        set(per_compile[0]).intersection(*per_compile[1:]) if per_compile else set()
+    )
     if not common:
         return False
     culprit = min(common, key=lambda k: (reused.get(k, 0), k))
-    change = per_compile[-1][culprit]
+    change, differ = per_compile[-1][culprit], recent[-1].differ
     structures = [h.structure for h in recent]
     constant = None not in structures and len(set(structures)) == 1
-    differ = recent[-1].differ
     at = f" (at {differ.place})" if differ else ""
-    if change.kind == "array":
-        verdict = ""
-    elif constant:
-        verdict = f"The programs differ only in their constants{at}: {culprit!r} is only used as a value. "
-    else:
-        verdict = f"The programs differ in their structure, not only in constants{at}. "
+    verdict = (
+        "" if change.kind == "array"
+        else f"The programs differ only in their constants{at}: {culprit!r} is only used as a value. " if constant
+        else f"The programs differ in their structure, not only in constants{at}. "
+    )  # fmt: skip
+    seconds = sum(h.seconds for h in history)
     logger.warning(
-        "%s has compiled %d times, and %r changed every time (%.2f s spent "
-        "compiling). %s%s",
-        name,
-        len(history),
-        culprit,
-        sum(h.seconds for h in history),
-        verdict,
-        _fix(change, constant),
-    )
+        "%s has compiled %d times, and %r changed every time (%.2f s spent compiling). %s%s",
+        name, len(history), culprit, seconds, verdict, _fix(change, constant),
+    )  # fmt: skip
     return True
 
 
@@ -369,33 +434,29 @@ def _fix(change: Change, constant: bool) -> str:
         return f"Keep {name} the same from call to call (its structure, or JAX's configuration)."
     if not constant:
         return (
-            f"{name} picks program structure (an `if`, a loop length, a shape), so "
-            "it must stay static: reduce the number of distinct values."
+            f"{name} picks program structure (an `if`, a loop length, a shape), so it "
+            "must stay static: reduce the number of distinct values."
         )
     return {
         "static field": f"Make {name} dynamic: drop `static=True`, and a number is "
         "stored as an array and traced, with no compile per value.",
-        "leaf": f"{name} is a Python value in a dynamic field (as `eqx.tree_at` or a plain "
-        "`eqx.Module` leaves one): store an array there instead (`jnp.asarray(v)`, or "
-        "`with_dynamic`), and it is traced, with no compile per value.",
+        "leaf": f"{name} is a Python value in a dynamic field (as `eqx.tree_at` or a "
+        "plain `eqx.Module` leaves one): store an array there instead (`jnp.asarray(v)`, "
+        "or `with_dynamic`), and it is traced, with no compile per value.",
         "argument": f"{name} is a Python value passed as an argument: pass "
         "`jnp.asarray(v)` instead, and it is traced, with no compile per value.",
     }[change.kind]
 
 
 # ----------------------------------------------------------------------------------
-# A traced field used where Python needs a value (trace time).
+# A traced value used where Python needs a concrete one (at trace time).
 
 
 class TracedFieldError(jax.errors.ConcretizationTypeError):
     """A traced (dynamic) field, or a traced argument, was used where Python needs a
-    concrete value.
-
-    The message names the field and its class (or the argument), and the fix for
-    what it is: declare a field static if it selects program structure, pass a
-    Python value for an argument, or branch with `jnp.where`/`jax.lax.cond`. The
-    error is also an instance of the JAX error it replaces
-    (`jax.errors.TracerBoolConversionError`, ...), and its traceback ends at the
+    concrete value. The message names the field and its class (or the argument) and
+    the fix for what it is. It is also an instance of the JAX error it replaces
+    (`jax.errors.TracerBoolConversionError`, ...); its traceback ends at the
     offending line.
 
     !!! example
@@ -439,9 +500,12 @@ def traced_field_error(
     """`TracedFieldError` naming the field or argument behind the traced leaf JAX
     named in `e`, with the fix for what it is (`e` itself if it named none). `n_fn`
     leaves of the function come first."""
-    indices = [int(i) - n_fn for i in _LEAF_INDEX.findall(str(e))]
     origins = leaf_origins(key, argnames)
-    found = [origins[i] for i in indices if 0 <= i < len(origins)]
+    found = [
+        origins[i - n_fn]
+        for i in map(int, _LEAF_INDEX.findall(str(e)))
+        if 0 <= i - n_fn < len(origins)
+    ]
     if not found:
         return e
     o = found[0]
@@ -472,19 +536,19 @@ def traced_field_error(
 
 
 # ----------------------------------------------------------------------------------
-# `eqx.error_if` failing at run time. It raises inside a host callback; JAX reports
+# `eqx.error_if` failing at run time raises inside a host callback; JAX reports
 # that as a long `JaxRuntimeError` and logs the callback's traceback. As
 # `eqx.filter_jit` does, wait for the result, hide that log, and raise
 # `eqx.EquinoxRuntimeError` with the message and the stack inside the program.
 
-_callback_logger: Final = logging.getLogger(CALLBACK_LOGGER)
+_callback_logger: Final = logging.getLogger(jx.CALLBACK_LOGGER)
 
 
 class _Marker(threading.local):
     """The marker of the call being traced in this thread, None outside a miss:
-    Equinox's message shows the stack inside the compiled function up to the
-    marker of the call that traced it, and for any other call the whole recorded
-    stack, as `eqx.filter_jit`, which marks each call anew, does."""
+    Equinox's message shows the stack inside the program up to the marker of the
+    call that traced it, and for any other call the whole recorded stack, as
+    `eqx.filter_jit`, which marks each call anew, does."""
 
     def __init__(self):
         self.current: bytes | None = None
@@ -495,19 +559,25 @@ marker: Final = _Marker()
 
 def reporting_errors(call: Callable, wait: bool = True) -> Callable:
     """`call`, run as `eqx.filter_jit` runs a program that may hold an
-    `eqx.error_if`: synchronously (if `wait`), its failure raised as
+    `eqx.error_if`: synchronously (if `wait`), a failure raised as
     `EquinoxRuntimeError`."""
 
     def reporting(*leaves: Any) -> Any:
         __tracebackhide__ = True
-        quiet = FilterCallback()
+        quiet = jx.FilterCallback()
         _callback_logger.addFilter(quiet)
         try:
             out = call(*leaves)
-            if wait:
-                _wait_for(out)
-        except (JaxRuntimeError, ValueError) as e:
-            info = equinox_error_info()
+            arrays = out[0] if wait and type(out) is tuple else [out] if wait else []
+            ready = [
+                a
+                for a in arrays
+                if isinstance(a, jax.Array) and not isinstance(a, Tracer)
+            ]
+            if ready:
+                ready[0].block_until_ready()  # one execution: its outputs come together
+        except (jx.JaxRuntimeError, ValueError) as e:
+            info = jx.equinox_error_info()
             if info is None or "_EquinoxRuntimeError: " not in str(e):
                 raise
             raise eqx.EquinoxRuntimeError(_message(info, marker.current)) from None
@@ -518,20 +588,12 @@ def reporting_errors(call: Callable, wait: bool = True) -> Callable:
     return reporting
 
 
-def _wait_for(out: Any) -> None:
-    arrays = out[0] if type(out) is tuple else [out]
-    for a in arrays:
-        if isinstance(a, jax.Array) and not isinstance(a, Tracer):
-            a.block_until_ready()  # one execution: its outputs are ready together
-            return
-
-
 def _message(info: tuple[str, list], eqx_id: bytes | None) -> str:
     msg, stack = info
     pieces: list[str] = []
     for frame in stack:
+        if frame == eqx_id:
+            break
         if type(frame) is str:
             pieces.append(frame)
-        elif frame == eqx_id:
-            break
-    return on_error_message.format(msg=msg, stack="".join(reversed(pieces)))
+    return jx.on_error_message.format(msg=msg, stack="".join(reversed(pieces)))
