@@ -1,0 +1,249 @@
+"""The books are exact where JAX compiles on its own: with PGLE on, for a key
+first used under a transformation, under another JAX context, for a new sharding,
+and when the compile budget refuses a key. A hit is a call that ran an executable
+it had; every other call is a miss. `compile_info().compiles` is checked against
+JAX's own monitoring events (`XlaCompiles`), counting the programs named
+`jit(<function>)`. The budget and the storm warning name what changed, from the
+records of each compile."""
+
+import json
+import logging
+import re
+import textwrap
+
+import equinox as eqx
+import eqx_static as es
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import output, run_python, XlaCompiles
+
+
+X = jnp.array([0.5, -1.0, 2.0])
+
+
+# --- JAX compiling on its own -------------------------------------------------------
+
+
+# On the CPU, PGLE's profile is empty, and JAX warns: its recompile happens anyway.
+@pytest.mark.filterwarnings("ignore:PGLE collected an empty trace:RuntimeWarning")
+def test_pgle_recompiles_are_counted():
+    """With profile-guided latency estimation on, JAX compiles a program again
+    after profiling its first runs. 9 calls over 3 keys that share one program:
+    every XLA compile JAX makes for the function is in `compile_info()`."""
+
+    @es.jit
+    def pgle_f(x, tag):
+        return jnp.sin(x) * 2
+
+    before = jax.config.jax_enable_pgle  # pyright: ignore[reportAttributeAccessIssue]
+    jax.config.update("jax_enable_pgle", True)
+    try:
+        compiles = XlaCompiles()
+        results = [pgle_f(X, tag) for _ in range(3) for tag in "abc"]
+        jax.block_until_ready(results)
+        counted = compiles.of("pgle_f")
+    finally:
+        jax.config.update("jax_enable_pgle", before)
+    for r in results:
+        np.testing.assert_allclose(r, jnp.sin(X) * 2, rtol=1e-6)
+    assert counted > 1  # PGLE did compile again
+    assert pgle_f.compile_info().compiles == counted
+    info = pgle_f.cache_info()
+    assert info.hits + info.misses == 9 and info.currsize <= info.misses
+
+
+def _checked():
+    def checked(x):
+        return eqx.error_if(x * 2, x > 1.0, "too big")
+
+    return checked, es.jit(checked)
+
+
+def test_a_key_first_used_under_grad_books_its_top_level_compile():
+    """The key is first traced under `jax.grad` (inside an outer `jax.jit`, whose
+    compile is its own). Its first top-level call compiles: booked as a miss and a
+    compile, and a failing `eqx.error_if` there raises Equinox's error at once."""
+    eager, f = _checked()
+    ok, bad = jnp.float32(0.5), jnp.float32(2.0)
+    g = jax.jit(jax.grad(f))(ok)
+    assert float(g) == float(jax.grad(eager)(ok)) == 2.0
+    assert f.cache_info().misses == 1 and f.compile_info().compiles == 0
+    compiles = XlaCompiles()
+    with pytest.raises(eqx.EquinoxRuntimeError, match="too big"):
+        f(bad)
+    assert f.compile_info().compiles == compiles.of("checked") == 1
+    assert f.cache_info() == es.CacheInfo(0, 2, None, 1)
+    assert float(f(ok)) == float(eager(ok)) == 1.0
+    assert f.cache_info() == es.CacheInfo(1, 2, None, 1)
+    assert compiles.of("checked") == 1
+
+
+_THREEFRY = jax.config.jax_threefry_partitionable  # pyright: ignore[reportAttributeAccessIssue]
+
+# Another JAX context, and whether the current one is the first (the default).
+CONTEXTS = {
+    "x64": (
+        lambda: jax.enable_x64(True),
+        lambda: not jax.config.jax_enable_x64,  # pyright: ignore[reportAttributeAccessIssue]
+    ),
+    "threefry_partitionable": (
+        lambda: jax.threefry_partitionable(not _THREEFRY),
+        lambda: jax.config.jax_threefry_partitionable == _THREEFRY,  # pyright: ignore[reportAttributeAccessIssue]
+    ),
+    "default_device": (
+        lambda: jax.default_device(jax.devices()[0]),
+        lambda: jax.config.jax_default_device is None,  # pyright: ignore[reportAttributeAccessIssue]
+    ),
+}
+
+
+@pytest.mark.parametrize("context", sorted(CONTEXTS))
+def test_a_key_under_another_context_keeps_its_first_record(context):
+    """The same key called under another JAX context is a miss of its own, with a
+    program of its own: here the check is made in the first (default) context
+    only, as a check needed only at one precision or one setting would be. The
+    first context's record stays: a failing `eqx.error_if` there afterwards
+    raises Equinox's error, not JAX's raw one."""
+    other, in_first = CONTEXTS[context]
+
+    def checked(x):
+        y = x * 2
+        if in_first():
+            y = eqx.error_if(y, x > 1.0, "too big")
+        return y
+
+    f = es.jit(checked)
+    ok, bad = jnp.float32(0.5), jnp.float32(2.0)
+    with pytest.raises(eqx.EquinoxRuntimeError, match="too big"):
+        eqx.filter_jit(checked)(bad)  # before counting: it compiles `jit(checked)`
+    compiles = XlaCompiles()
+    assert float(f(ok)) == float(checked(ok)) == 1.0
+    with other():
+        assert float(f(bad)) == float(checked(bad)) == 4.0
+    with pytest.raises(eqx.EquinoxRuntimeError, match="too big"):
+        f(bad)
+    assert float(f(ok)) == 1.0
+    assert f.cache_info() == es.CacheInfo(2, 2, None, 2)
+    assert f.compile_info().programs == 2
+    assert f.compile_info().compiles == compiles.of("checked") == 2
+
+
+_SHARDED = textwrap.dedent(
+    """
+    import json
+    import jax, numpy as np, eqx_static as es
+
+    names = []
+
+    def on_event(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            names.append(str(kwargs.get("fun_name")))
+
+    jax.monitoring.register_event_duration_secs_listener(on_event)
+
+    @es.jit
+    def doubled(x):
+        return x * 2
+
+    x = np.arange(8, dtype=np.float32)
+    on0 = jax.device_put(x, jax.devices()[0])
+    on1 = jax.device_put(x, jax.devices()[1])
+    start = len(names)
+    out = [doubled(on0), doubled(on1), doubled(on0), doubled(on1)]
+    assert all((np.asarray(o) == 2 * x).all() for o in out)
+    print(json.dumps({
+        "cache": list(doubled.cache_info()),
+        "compiles": doubled.compile_info().compiles,
+        "counted": names[start:].count("jit(doubled)"),
+        "devices": [next(iter(o.devices())).id for o in out],
+    }))
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_new_sharding_on_a_known_key_is_a_miss():
+    """The same key with an array committed to device 0, then to device 1 (of 4):
+    the second sharding compiles, and is booked as a miss, not a hit; each call
+    runs where its input is."""
+    result = run_python(
+        code=_SHARDED,
+        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
+        strict=True,
+    )
+    assert result.returncode == 0, output(result)
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    assert got["cache"] == [2, 2, None, 2]  # hits, misses, maxsize, currsize
+    assert got["compiles"] == got["counted"] == 2
+    assert got["devices"] == [0, 1, 0, 1]
+
+
+# --- the budget and the storm warning -----------------------------------------------
+
+
+def test_a_refused_key_is_refused_again_and_compiles_nothing():
+    """After `max_compiles` refuses a key, calling it again raises again, and no
+    XLA compile is made for it, on the second call or the third."""
+
+    @es.jit(max_compiles=1)
+    def budgeted(x, n):
+        return x * n
+
+    np.testing.assert_allclose(budgeted(X, 1), X)
+    compiles = XlaCompiles()
+    for _ in range(3):
+        with pytest.raises(es.RecompileError, match="argument n changed 1 -> 2"):
+            budgeted(X, 2)
+    assert compiles.count == 0
+    assert budgeted.compile_info().compiles == 1
+    np.testing.assert_allclose(budgeted(X, 1), X)  # the budgeted key still runs
+    assert compiles.count == 0
+
+
+def test_the_storm_warning_names_the_field_that_makes_programs_differ(caplog):
+    """`a_tag` is never read and changes on every call; `lr` is used as a value and
+    changes on every second call. Both changed at every compile, but only `lr`
+    made the programs differ: `a_tag` also changed alone, sharing a program. The
+    warning names `lr`."""
+
+    class Tagged(es.Module):
+        w: jax.Array
+        lr: float = eqx.field(static=True)
+        a_tag: str = eqx.field(static=True)
+
+        @es.jit(warn_after=4)
+        def __call__(self, x):
+            return self.w * x * self.lr
+
+    compiles = XlaCompiles()
+    with caplog.at_level(logging.WARNING, logger="eqx_static"):
+        for i in range(8):
+            m = Tagged(w=jnp.ones(3), lr=float(i // 2 + 1), a_tag=f"t{i}")
+            np.testing.assert_allclose(m(X), X * (i // 2 + 1))
+    assert compiles.of("__call__") == Tagged.__call__.compile_info().compiles == 4
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].name == "eqx_static"
+    message = warnings[0].getMessage()
+    assert "has compiled 4 times, and 'lr' changed every time" in message
+    assert "a_tag" not in message
+    assert "Make 'lr' dynamic" in message
+
+
+def test_recompile_error_names_a_static_string_argument():
+    """A static string argument is named by its name, in the explanation and in
+    the list of earlier compiles, not by one of its values."""
+
+    @es.jit(max_compiles=2)
+    def activate(x, act):
+        return getattr(jax.nn, act)(x)
+
+    np.testing.assert_allclose(activate(X, "relu"), jax.nn.relu(X))
+    np.testing.assert_allclose(activate(X, "tanh"), jax.nn.tanh(X), rtol=1e-6)
+    with pytest.raises(es.RecompileError) as info:
+        activate(X, "sigmoid")
+    message = str(info.value)
+    assert "compile 3 exceeds `max_compiles=2`" in message
+    assert re.search(r"argument act changed '(relu|tanh)' -> 'sigmoid'", message)
+    assert "\n  compile 1: first call\n  compile 2: act\n" in message
