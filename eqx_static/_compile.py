@@ -276,7 +276,6 @@ class Function:
     def __init__(self, fn: Callable, fn_node: Any, n_fn: int, argnames: tuple,
                  donate: str, max_compiles: int | None, warn_after: int | None,
                  cache: Cache):  # fmt: skip
-        self.fn = fn
         # A traced function gets a plain function by a weak reference (its cache
         # dies with it), a pytree callable rebuilt from its traced leaves.
         self.fn_node = None if type(fn) is types.FunctionType else fn_node

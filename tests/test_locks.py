@@ -14,7 +14,6 @@ import eqx_static as es
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 
 SCALAR = jax.ShapeDtypeStruct((), jnp.float32)
@@ -125,13 +124,6 @@ def test_short_lived_threads_leave_nothing_behind():
     assert f.cache_info() == es.CacheInfo(55, 1, None, 1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the new core keeps it alive: `_jit._by_function` (a WeakKeyDictionary) "
-    "holds the function's caches strongly as its value, and a Cache reaches the "
-    "function through Entry -> PjitFunction -> partial(_cache_miss, Function, "
-    "Entry) -> Function.fn, so the weak key never dies",
-)
 def test_a_function_s_cache_dies_with_it():
     """A local function, wrapped and called once: once the function and the
     wrapper are gone, nothing keeps the function alive."""
