@@ -189,11 +189,15 @@ def _attention_model(cls: type) -> Any:
 def _miss_costs(reps: int) -> tuple[dict[str, float], dict[str, list[float]]]:
     """Seconds of a miss that reuses a program (a new `tag`), of one that compiles
     (a new `eps`), of `eqx.filter_jit`'s first call on the same model, and of
-    `eqx.filter_jit`'s trace and lowering alone (its `lower`) for a new key."""
+    `eqx.filter_jit`'s and `jax.jit`'s trace and lowering alone (their `lower`) for
+a new key."""
     ours = _attention(lambda f: es.jit(f, warn_after=None))
     theirs = _attention(eqx.filter_jit)
-    body = _attention(lambda f: f).__call__
-    lower = eqx.filter_jit(body).lower
+    plain = _attention(lambda f: f)
+    lower = eqx.filter_jit(plain.__call__).lower
+    jax_lower = jax.jit(
+        lambda p, s, x: eqx.combine(p, s)(x), static_argnums=1
+    ).lower  # on the arrays, the rest static (as `jax.jit` users partition)
     x = jnp.ones((16, 64))
     m = _attention_model(ours)
     jax.block_until_ready(m(x))  # the first compile, and JAX warmed up
@@ -202,6 +206,7 @@ def _miss_costs(reps: int) -> tuple[dict[str, float], dict[str, list[float]]]:
         "compiling": [],
         "filter_jit": [],
         "filter_jit lower": [],
+        "jax.jit trace + lower": [],
     }
     for i in range(1, reps + 1):
         for name, make in (
@@ -220,6 +225,10 @@ def _miss_costs(reps: int) -> tuple[dict[str, float], dict[str, list[float]]]:
         t0 = time.perf_counter()
         lower(mi, x)
         times["filter_jit lower"].append(time.perf_counter() - t0)
+        p, st = eqx.partition(_attention_model(plain).with_static(tag=-i), eqx.is_array)
+        t0 = time.perf_counter()
+        jax_lower(p, st, x)
+        times["jax.jit trace + lower"].append(time.perf_counter() - t0)
     return {k: statistics.median(v) for k, v in times.items()}, times
 
 
@@ -367,6 +376,11 @@ def run(rep: h.Report, s: h.Settings) -> None:
         GROUP, "compiles.reused_miss_vs_lower",
         "6 attention blocks: a miss that reuses a program / eqx.filter_jit's trace and lowering of a new key",
         med, "reused", "filter_jit lower",
+    )  # fmt: skip
+    rep.compare_row(
+        GROUP, "compiles.reused_miss_vs_jax",
+        "6 attention blocks: a miss that reuses a program / jax.jit's trace and lowering of the same call",
+        med, "reused", "jax.jit trace + lower", target=("<=", 1.2),
     )  # fmt: skip
     rep.compare_row(
         GROUP, "compiles.compiling_miss",

@@ -7,15 +7,22 @@ size), then call each once and keep them alive (what the calls added). Both divi
 by K. Target: the calls add no more than the instances' own size. The same for raw
 `jax.jit` on the equivalent `eqx.Module`, for reference. Measured from outside, so
 it needs no internals.
+
+And the memory a key costs when its program is shared: RSS growth over 2,000 keys
+that differ only in an unread static field (one program), per key. Target: 50 KB.
 """
 
 import gc
+import os
 import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
 import _harness as h
+import equinox as eqx
+import eqx_static as es
 import jax
+import jax.numpy as jnp
 import models
 
 
@@ -47,7 +54,47 @@ def _measure(m: Any, call: Callable[[Any], Any], k: int) -> tuple[float, float]:
     return own / k, added / k
 
 
+def _rss() -> int:
+    """Resident bytes of this process (Linux: /proc/self/statm)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _shared_keys(k: int) -> tuple[float, int]:
+    """(RSS bytes per key, programs compiled) for `k` keys that differ only in a
+    static field the program never reads: one program, `k` keys sharing it."""
+
+    class Tagged(es.Module):
+        w: jax.Array
+        tag: int = eqx.field(static=True)
+
+        @es.jit
+        def __call__(self, x):
+            return jnp.tanh(self.w @ x) * 2.0
+
+    m = Tagged(w=jnp.ones((64, 64)), tag=0)
+    x = jnp.ones(64)
+    for i in range(-20, 0):  # JAX's own caches warm, allocator settled
+        jax.block_until_ready(m.with_static(tag=i)(x))
+    gc.collect()
+    before = _rss()
+    for i in range(k):
+        jax.block_until_ready(m.with_static(tag=i)(x))
+    gc.collect()
+    return (_rss() - before) / k, Tagged.__call__.compile_info().compiles
+
+
 def run(rep: h.Report, s: h.Settings) -> None:
+    k = 200 if s.quick else 2_000
+    per_key, programs = _shared_keys(k)
+    rep.raw["memory.shared_key"] = {"k": k, "rss_per_key": per_key, "programs": programs}
+    rep.compare_row(
+        GROUP, "memory.shared_key",
+        f"{k:,} keys sharing one program: RSS per key / 50 KB",
+        {"RSS per key": per_key, "50 KB": 50_000.0}, "RSS per key", "50 KB",
+        target=("<=", 1.0), unit="bytes",
+        note=f"({programs} program compiled for the {k + 20:,} keys)",
+    )  # fmt: skip
     x = models.x_input()
     cases: list[tuple[str, str, Callable[[], tuple[Any, Any]]]] = [
         ("child", "seed Child", lambda: models.seed_pair()[:2]),

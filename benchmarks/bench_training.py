@@ -1,4 +1,4 @@
-"""A training step (target: no slower than jax.jit with partition/combine).
+"""A training step (target: 0.9x jax.jit with partition/combine at most).
 
 `eqx.nn.MLP` (8 -> 32 x 3 -> 1) inside an `es.Module`, optax adam, batch 64; every
 step takes the model and returns a new one (`eqx.apply_updates` inside the step),
@@ -9,7 +9,7 @@ as a training loop does. Three versions of the same step:
   jitted step on its arrays (the static part closed over), combine the result;
 - `eqx.filter_jit(step)`, for reference.
 
-Target: `es.jit` <= 1.0x the `jax.jit` version.
+Target: `es.jit` <= 0.9x the `jax.jit` version.
 """
 
 from typing import Any
@@ -86,7 +86,7 @@ def run(rep: h.Report, s: h.Settings) -> None:
     )
     rep.compare_row(
         GROUP, "training.jax_jit", "MLP + adam step, new module every step: es.jit / jax.jit + partition/combine",
-        t, "es.jit", "jax.jit + partition/combine", "fresh", ("<=", 1.0),
+        t, "es.jit", "jax.jit + partition/combine", "fresh", ("<=", 0.9),
     )  # fmt: skip
     rep.compare_row(
         GROUP, "training.filter_jit", "the same step: eqx.filter_jit / es.jit (speed-up)",

@@ -25,11 +25,20 @@ TESTS = [
 ]
 # Added when one of these modules is mutated.
 EXTRA = {
-    "_cache": ["tests/test_cache.py", "tests/test_threads.py", "tests/test_budget.py"],
-    "_miss": ["tests/test_cache.py", "tests/test_programs.py", "tests/test_threads.py"],
-    "_program": ["tests/test_programs.py"],
-    "_budget": ["tests/test_budget.py"],
-    "_errors": ["tests/test_errors.py"],
+    "_compile": [
+        "tests/test_cache.py", "tests/test_programs.py", "tests/test_threads.py",
+        "tests/test_sharing.py", "tests/test_books.py", "tests/test_locks.py",
+        "tests/test_budget.py", "tests/test_errors.py",
+    ],
+    "_report": [
+        "tests/test_budget.py", "tests/test_errors.py", "tests/test_where.py",
+        "tests/test_porting.py",
+    ],
+    "_jit": ["tests/test_cache.py", "tests/test_binding.py", "tests/test_locks.py"],
+    "_key": ["tests/test_keys_deep.py", "tests/test_sharing.py"],
+    "_module": ["tests/test_porting.py"],
+    "_update": ["tests/test_porting.py"],
+    "_compat": ["tests/test_compat.py", "tests/test_sharing.py", "tests/test_books.py"],
 }
 
 modules = [m.removesuffix(".py") for m in sys.argv[1:]]

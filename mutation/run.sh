@@ -2,8 +2,8 @@
 # Mutation testing of eqx_static with mutmut: how many small changes
 # to the library does the test suite notice?
 #
-#   bash mutation/run.sh [module ...]      # default: _key _update _edit _validate _explain
-#   bash mutation/run.sh _cache            # also runs tests/test_cache.py etc. per mutant
+#   bash mutation/run.sh [module ...]      # default: _key _update _module _compile _report
+#   bash mutation/run.sh _compile          # also runs tests/test_cache.py etc. per mutant
 #   JOBS=4 bash mutation/run.sh _key       # parallel workers (default 2)
 #
 # Needs mutmut 3 in the venv (`.venv/bin/pip install mutmut`). The repository is
@@ -18,7 +18,7 @@ py=${PYTHON:-$repo/.venv/bin/python}
 work=$(mktemp -d "${TMPDIR:-/tmp}/eqx_static_mutation.XXXXXX")
 (cd "$repo" && git ls-files -co --exclude-standard -z | tar --null -T - -cf - | tar -xf - -C "$work")
 cd "$work"
-[ $# -gt 0 ] || set -- _key _update _edit _validate _explain
+[ $# -gt 0 ] || set -- _key _update _module _compile _report
 "$py" mutation/configure.py "$@"
 "$py" -m mutmut run --max-children "${JOBS:-2}" >mutmut.log 2>&1 || { tail -n 40 mutmut.log; exit 1; }
 if grep -q "failed to collect stats\|Failed to run clean test" mutmut.log; then
