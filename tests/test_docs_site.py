@@ -14,10 +14,19 @@ that:
 
 Blocks in other languages (```bash) are not run. A last test builds the site
 with `mkdocs build --strict` where the `docs` extra is installed.
+
+What a block shows is checked as in the README (`test_readme.py`): each block
+(its fence may carry options for the site, as ```python linenums="1") runs as the
+file `model.py` (the name, and the line within the block, that log
+lines show as where two programs differ); a line `print(...)  # TEXT` must print
+TEXT; a comment `# INFO:eqx_static:MESSAGE` (or `WARNING`) must be logged by the
+block it is in, where `…` in MESSAGE stands for any text (a time); and a ```text
+block after the marker `<!-- output -->` is what the block before it printed.
 """
 
 import contextlib
 import importlib.util
+import io
 import logging
 import os
 import re
@@ -33,9 +42,14 @@ import pytest
 ROOT = Path(__file__).absolute().parent.parent
 DOCS = ROOT / "docs"
 _FENCE = re.compile(
-    r"(?:^<!-- test: (?P<marker>[^>]*?) -->\n)?^(?P<indent>[ ]*)```python\n(?P<code>.*?)^(?P=indent)```",
+    r"(?:^<!-- test: (?P<marker>[^>]*?) -->\n)?^(?P<indent>[ ]*)```python(?: [^\n]*)?\n(?P<code>.*?)^(?P=indent)```",
     re.DOTALL | re.MULTILINE,
 )
+_OUTPUT = re.compile(
+    r"\n+<!-- output -->\n```text\n(.*?)^```", re.DOTALL | re.MULTILINE
+)
+_PRINTED = re.compile(r"^\s*print\(.*\)\s+# (?P<text>.*)$")
+_LOGGED = re.compile(r"^\s*# (?P<line>(?:INFO|WARNING):eqx_static:.*)$")
 
 
 class Block(NamedTuple):
@@ -44,6 +58,7 @@ class Block(NamedTuple):
     line: int
     marker: str | None
     code: str
+    output: str | None  # the `<!-- output -->` text block that follows it
 
 
 def _blocks(path: Path) -> list[Block]:
@@ -54,7 +69,9 @@ def _blocks(path: Path) -> list[Block]:
         indent = len(m.group("indent"))
         code = "\n".join(s[indent:] for s in m.group("code").splitlines())
         line = text.count("\n", 0, m.start("code")) + 1
-        out.append(Block(page, i, line, m.group("marker"), code))
+        output = _OUTPUT.match(text, m.end())
+        output = None if output is None else output.group(1)
+        out.append(Block(page, i, line, m.group("marker"), code, output))
     return out
 
 
@@ -85,13 +102,48 @@ def _skip_reason(block: Block) -> str | None:
 
 @contextlib.contextmanager
 def _restored_logging():
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
+    root, ours = logging.getLogger(), logging.getLogger("eqx_static")
+    handlers, level, our_level = root.handlers[:], root.level, ours.level
     try:
         yield
     finally:
         root.handlers[:] = handlers
         root.setLevel(level)
+        ours.setLevel(our_level)
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.levelname}:{record.name}:{record.getMessage()}")
+
+
+def _run_block(block: Block, namespace: dict[str, Any]) -> None:
+    """Run `block` as `model.py`, and check what it printed and logged against
+    its comments and its output block."""
+    records, out = _Records(), io.StringIO()
+    logger = logging.getLogger("eqx_static")
+    logger.addHandler(records)
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(block.code, "model.py", "exec"), namespace)
+    finally:
+        logger.removeHandler(records)
+    where = f"docs/{block.page}:{block.line}"
+    printed = out.getvalue()
+    expected = [m["text"] for m in map(_PRINTED.match, block.code.splitlines()) if m]
+    if expected:
+        assert printed.splitlines() == expected, f"{where}: printed {printed!r}"
+    if block.output is not None:
+        assert printed.strip() == block.output.strip(), f"{where}: printed {printed!r}"
+    for m in filter(None, map(_LOGGED.match, block.code.splitlines())):
+        pattern = ".*?".join(map(re.escape, m["line"].split("…")))
+        assert any(re.fullmatch(pattern, s) for s in records.lines), (
+            f"{where}: {m['line']!r} was not logged; got {records.lines}"
+        )
 
 
 _results: dict[str, dict[int, BaseException | None]] = {}
@@ -116,8 +168,7 @@ def _run_page(page: str) -> dict[int, BaseException | None]:
                 )
                 continue
             try:
-                code = compile(block.code, f"<docs/{page}:{block.line}>", "exec")
-                exec(code, namespace)
+                _run_block(block, namespace)
                 results[block.index] = None
             except BaseException as e:  # noqa: BLE001 -- reported by the test
                 results[block.index] = failed = e
