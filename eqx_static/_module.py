@@ -1,6 +1,5 @@
-"""`es.Module`; the field facts of a module class, computed once; and the checks a
-new field value goes through at construction, on `with_static`/`with_dynamic` and
-on leaving `es.edit`."""
+"""`es.Module`, the field facts of a module class (made once), and the checks every
+new field value goes through: at construction, on updates, on leaving `es.edit`."""
 
 import dataclasses
 import difflib
@@ -56,8 +55,7 @@ class FieldInfo(typing.NamedTuple):
     stores_arrays: bool  # an `es.Module`: Python numbers in dynamic fields -> arrays
 
 
-# The C-level `__dict__` descriptor: `module.__dict__` would go through
-# `eqx.Module.__getattribute__`, a Python function.
+# The C-level `__dict__` descriptor (`module.__dict__` runs Equinox's Python code).
 DICT: Final = eqx.Module.__dict__["__dict__"]
 instance_dict: Final[Callable[[object], dict[str, Any]]] = DICT.__get__
 _infos: Final[weakref.WeakKeyDictionary[type, FieldInfo]] = weakref.WeakKeyDictionary()
@@ -105,9 +103,8 @@ def field_info(cls: type) -> FieldInfo:
 
 
 def _reads_as_default(cls: type, f: dataclasses.Field) -> bool:
-    """Whether the field reads as its plain default when a custom `__init__` leaves
-    it unset (Equinox reads the class attribute, which a subclass may override, or
-    which may be a descriptor such as a property)."""
+    """Whether the field, left unset by a custom `__init__`, reads as its default (a
+    subclass's class attribute, or a descriptor such as a property, is read then)."""
     if f.default is dataclasses.MISSING or hasattr(type(f.default), "__get__"):
         return False
     owner = next((k for k in cls.__mro__ if f.name in k.__dict__), None)
@@ -150,8 +147,8 @@ UNIONS: Final = (typing.Union, types.UnionType)  # `Union[a, b]` and `a | b`
 
 
 def _is_array(ann: Any, plain: bool = False) -> bool:
-    """Whether `ann`, or a member of the union `ann`, is a jaxtyping array type (or,
-    with `plain`, `jax.Array` or `np.ndarray`)."""
+    """Whether `ann` (or a union member) is a jaxtyping array type; or, if `plain`,
+    `jax.Array` or `np.ndarray`."""
     if typing.get_origin(ann) in UNIONS:
         return any(_is_array(a, plain) for a in typing.get_args(ann))
     jaxtyped = isinstance(ann, type) and issubclass(ann, jaxtyping.AbstractArray)
@@ -161,8 +158,7 @@ def _is_array(ann: Any, plain: bool = False) -> bool:
 def unknown_field_error(
     cls: type, name: str, names: Collection[str], helper: str | None = None
 ) -> AttributeError:
-    """`AttributeError` naming the fields `helper` takes (all, if None), and the
-    closest of them."""
+    """An unknown field's error, naming the fields `helper` takes (all if None)."""
     close = difflib.get_close_matches(name, list(names), n=1, cutoff=0.5)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     valid = ", ".join(repr(n) for n in names) or "(none)"
@@ -189,16 +185,12 @@ def is_module(x: object) -> bool:
 
 
 def drop_cached(d: dict[str, Any], info: FieldInfo) -> None:
-    """Drop from a new instance's dict what is neither a field nor a dunder: the
-    old instance's `functools.cached_property` values, which may be stale."""
+    """Drop what is neither a field nor a dunder (stale `cached_property` values)."""
     if len(d) != len(info.names):
         fields = info.static | info.dynamic
         for k in [k for k in d if k not in fields and not k.startswith("__")]:
             del d[k]
 
-
-# ----------------------------------------------------------------------------------
-# Value checks.
 
 _WIDE: Final = {  # Python number types, and their dtypes under `jax_enable_x64`
     bool: np.bool_,
@@ -218,8 +210,7 @@ def default_dtype(t: type) -> Any:
 
 
 def check_hashable(info: FieldInfo, name: str, value: object) -> None:
-    """Raise `TypeError` if the static field `name` holds an unhashable value, as
-    the compile key hashes it."""
+    """Raise `TypeError` if `value` is unhashable, as the compile key hashes it."""
     from ._key import deep, is_hashable
 
     if deep(is_hashable, value):
@@ -257,8 +248,7 @@ def as_data(info: FieldInfo, name: str, value: Any) -> Any:
     """`value` for the dynamic field `name` of an `es.Module`: Python numbers (not
     bools), also in plain tuples, lists and dicts, become strongly typed 0-d arrays
     of JAX's default dtype for their kind (an `int` in a field annotated `float` or
-    `complex`: of that kind). A container in which nothing changed is returned as
-    is. A stored float is announced once (see `_warn_trainable`)."""
+    `complex`: of that kind). Unchanged containers are returned as they are."""
     from ._key import CyclicValue, deep
 
     kind = info.annotations.get(name)
@@ -335,10 +325,9 @@ def convert_and_check(
     current: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Apply converters to the fields in `convert`, then check every changed value:
-    hashability for static fields; for dynamic ones, numbers stored as arrays (in
-    an `es.Module`) and jaxtyping annotations, checked against the new value, or
-    in a module stacked by `eqx.filter_vmap` (whose fields have leading axes the
-    annotations do not name), against the `current` one's shape and dtype."""
+    static ones are hashable; dynamic ones are stored as data (`as_data`) and match
+    their jaxtyping annotations (in a module stacked by `eqx.filter_vmap`: the
+    `current` value's shape and dtype)."""
     out = {}
     for name, value in changes.items():
         converter = info.converters.get(name)
@@ -408,8 +397,7 @@ def _ann_repr(ann: Any) -> str:
 
 
 def run_check_inits(info: FieldInfo, module: object) -> None:
-    """Run the class's `__check_init__`s, as Equinox does at construction, and its
-    field type checks (if it asked for them)."""
+    """Run the class's `__check_init__`s, as Equinox does, and its field type checks."""
     for check_init in info.check_inits:
         check_init(module)
     check_fields(module)
@@ -419,9 +407,6 @@ def run_check_inits(info: FieldInfo, module: object) -> None:
 # one of its fields (copy on write). Filled and emptied by `_update.edit`.
 editing: Final[dict[int, Callable[[Any, str], None]]] = {}
 
-
-# ----------------------------------------------------------------------------------
-# `es.Module`.
 
 _Self = TypeVar("_Self", bound="Module")
 
@@ -459,71 +444,54 @@ class Module(eqx.Module):
     checked static fields and one-line updates.
 
     A field is static if and only if it is declared `eqx.field(static=True)`; it
-    must hold a hashable value, as it keys the compile cache of
-    [`eqx_static.jit`][]. Every other field is dynamic: data, traced, so changing it
-    never recompiles. A Python `bool`/`int`/`float`/`complex` landing in a dynamic
-    field (at any depth of plain tuples, lists and dicts) is stored as a strongly
-    typed 0-d array of JAX's default dtype for its kind, as an optimiser step gives
-    it back, so eager code sees what compiled code sees. Being data, it is
-    differentiated by `eqx.filter_grad` and trained by optax: declare it static, or
-    keep it out of the optimiser, to keep it fixed. A dynamic field annotated with a
-    jaxtyping array type must match it. A plain default that a custom `__init__`
-    leaves unset is set, as a dataclass's `__init__` would.
+    keys the compile cache of [`eqx_static.jit`][], so it must hold a hashable
+    value. Every other field is dynamic: data, traced, so changing it never
+    recompiles. A Python `bool`/`int`/`float`/`complex` landing in a dynamic field
+    (also in plain tuples, lists and dicts) is stored as a strongly typed 0-d array
+    of JAX's default dtype for its kind, as an optimiser step gives it back, so eager
+    code sees what compiled code sees. Being data, it is differentiated by
+    `eqx.filter_grad` and trained by optax: to keep it fixed, declare it static or
+    keep it out of the optimiser. A dynamic field annotated with a jaxtyping array
+    type must match it. A plain default that a custom `__init__` leaves unset is
+    set, as a dataclass's `__init__` would.
 
     These checks run at construction and on every update:
     `module.with_static(**changes)`, `module.with_dynamic(**changes)` (see
     [`eqx_static.with_static`][]) and [`eqx_static.edit`][]. With the class option
     `typecheck=True` (beartype; or `typecheck=<a typechecker>`), every annotated
     field is type-checked too, in one jaxtyping scope, so that named dimensions bind
-    across fields. Everything else Equinox offers keeps working: custom `__init__`,
-    `__check_init__`, converters, `eqx.tree_at`, serialisation, stacked ensembles.
+    across fields. Everything else Equinox offers keeps working.
 
     !!! example
 
         ```python
         import equinox as eqx
-        import jax.numpy as jnp
         import eqx_static as es
 
         class Scaler(es.Module):
-            scale: float
+            scale: float                        # dynamic: stored as a float32 array
             square: bool = eqx.field(static=True)
 
-            @es.jit
-            def __call__(self, x):
-                return self.scale * (x**2 if self.square else x)
-
         s = Scaler(scale=2.0, square=False)
-        print(s, s.scale.dtype)             # Scaler(scale=2.0, square=False) float32
-        assert s(jnp.array(3.0)) == 6.0
-        assert s.with_static(square=True)(jnp.array(3.0)) == 18.0
+        print(s)                                # Scaler(scale=2.0, square=False)
+        assert s.scale.dtype == "float32" and s.with_static(square=True).square
         ```
 
-    !!! example "Shape errors caught on construction, on update, and on first call"
+    !!! example "Dimensions bound across fields"
 
         ```python
-        import beartype
         import jax.numpy as jnp
         import pytest
-        from jaxtyping import Array, Float, TypeCheckError, jaxtyped
+        from jaxtyping import Array, Float
         import eqx_static as es
 
         class Affine(es.Module, typecheck=True):
             w: Float[Array, "n m"]
             b: Float[Array, " n"]
 
-            @es.jit
-            @jaxtyped(typechecker=beartype.beartype)
-            def __call__(self, x: Float[Array, " m"]) -> Float[Array, " n"]:
-                return self.w @ x + self.b
-
-        with pytest.raises(TypeError, match="disagree on dimension 'n'"):
-            Affine(jnp.ones((2, 3)), jnp.zeros(4))
         a = Affine(jnp.ones((2, 3)), jnp.zeros(2))
         with pytest.raises(TypeError, match="disagree on dimension 'n'"):
             a.with_dynamic(b=jnp.zeros(5))
-        with pytest.raises(TypeCheckError):
-            a(jnp.ones((3, 1)))                 # traced, so checked on a miss only
         ```
     """
 
@@ -536,8 +504,7 @@ class Module(eqx.Module):
 
     def __check_init__(self) -> None:
         # At construction only (updates check what they change), after Equinox has
-        # applied the converters. A field that a custom `__init__` left unset gets
-        # its plain default, as a dataclass's own `__init__` would.
+        # applied the converters. An unset field gets its plain default (`defaults`).
         info = field_info(type(self))
         d = instance_dict(self)
         for name, default in info.defaults.items():
@@ -552,9 +519,8 @@ class Module(eqx.Module):
     if not TYPE_CHECKING:
 
         def __getattribute__(self, name: str, /) -> Any:
-            # Equinox's own, plus: a copy discarded by a failed `es.edit` refuses
-            # every read, an `es.edit` copy copies on write, and a bound method is
-            # made without Equinox's walk over every leaf.
+            # Equinox's own, plus: a failed `es.edit`'s copy refuses every read, an
+            # `es.edit` copy copies on write, and bound methods skip Equinox's walk.
             d = instance_dict(self)
             if type(d) is not dict:  # a failed edit's copy: raises, saying why
                 d.on_read(name)

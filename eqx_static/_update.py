@@ -140,11 +140,10 @@ def _conflict(prefix: str, path: str) -> ValueError:
     )
 
 
-def apply_trie(obj: Any, trie: dict, kind: Kind, path: tuple[str, ...], outer: str) -> Any:  # fmt: skip
+def apply_trie(obj: Any, trie: dict, kind: Kind, path: tuple, outer: str) -> Any:
     """Rebuild `obj` with the changes in `trie`, copying only the nodes on the paths.
-
-    `kind` is what the caller may change; `outer` is the kind of the module field
-    that holds `obj`, which is the kind of anything inside a list, tuple or dict."""
+    `kind` is what the caller may change; `outer`, the kind of the module field that
+    holds `obj`, is the kind of anything inside a list, tuple or dict."""
     if is_module(obj):
         info, d = field_info(type(obj)), instance_dict(obj)
         values, direct = {}, set()
@@ -227,8 +226,7 @@ def _container_key(obj: Any, seg: str, path: tuple) -> Any:
 def rebuild(
     obj: eqx.Module, info: FieldInfo, values: Mapping[str, Any], direct: Collection[str]
 ) -> Any:
-    """A copy of `obj` with `values` set: converters for the `direct` ones, checks
-    for all, then the class's own `__check_init__` and field type checks."""
+    """A copy of `obj` with `values` set, converted if `direct`, and checked."""
     old = instance_dict(obj)
     values = convert_and_check(info, values, direct, old)
     new = object.__new__(info.cls)
@@ -244,9 +242,8 @@ def _check_field(
     info: FieldInfo, d: dict, name: str, kind: Kind, path: tuple, value: Any
 ) -> None:
     """Raise unless `with_<kind>` takes the field `name`: `with_static` a static
-    field, or a dynamic one holding what `es.jit` keys statically (a non-array leaf:
-    a Python bool, a string, a function) to be replaced by another such value;
-    `with_dynamic` a dynamic field. The error says which helper takes it."""
+    field, or a dynamic one holding a leaf that `es.jit` keys statically (a Python
+    bool, a string, a function) for another such; `with_dynamic` a dynamic field."""
     if name not in info.static and name not in info.dynamic:
         takes = [n for n in info.names if _takes(info, d, n, kind)]
         raise unknown_field_error(
@@ -292,7 +289,6 @@ def _describe(v: Any) -> str:
     return "a module" if is_module(v) else f"a {type(v).__name__}"
 
 
-# ----------------------------------------------------------------------------------
 # `es.edit`: copy on write. A copy of an `es.Module` copies the modules and mutable
 # containers a field holds when the field is first read (`es.Module.__getattribute__`
 # calls `materialise`); a tuple or list of them, an item when it is first read. A
@@ -313,8 +309,7 @@ class _Copy:
 
 
 def materialise(record: _Copy, copy: Any, name: str) -> None:
-    """Copy what the field `name` of the editable `copy` holds, before it is read
-    (every field, for `__dict__`)."""
+    """Copy what the field `name` (all, for `__dict__`) holds, before it is read."""
     if record.copy is not copy:
         return
     d = instance_dict(copy)
@@ -413,8 +408,7 @@ class edit(Generic[_M]):  # noqa: N801  (used like a function: `with es.edit(m)`
 
 
 def _copy_module(obj: Any, copies: list[_Copy]) -> Any:
-    """An editable copy of the module `obj`: of an `es.Module`, copy on write; of
-    another module, with everything mutable in it copied now."""
+    """An editable copy of the module `obj` (see above), recorded in `copies`."""
     copy = object.__new__(type(obj))
     record = _Copy(obj, copy, copies)
     copies.append(record)
@@ -434,10 +428,9 @@ def _copy_module(obj: Any, copies: list[_Copy]) -> Any:
 
 
 def _copy_child(value: Any, parent: _Copy) -> Any:
-    """`value` made editable without sharing anything mutable with the original:
-    a module is copied; a list or tuple holding modules or containers becomes one
-    that copies an item when it is read; a list of leaves or a dict is copied now.
-    Tuples holding nothing mutable are shared."""
+    """`value`, sharing nothing mutable with the original: a module is copied; a list
+    or tuple holding modules or containers copies an item when it is read; a dict or
+    a list of leaves is copied now; a tuple holding nothing mutable is shared."""
     if is_module(value):
         n = len(parent.copies)
         copy = _copy_module(value, parent.copies)
