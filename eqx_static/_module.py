@@ -192,12 +192,8 @@ def drop_cached(d: dict[str, Any], info: FieldInfo) -> None:
             del d[k]
 
 
-_WIDE: Final = {  # Python number types, and their dtypes under `jax_enable_x64`
-    bool: np.bool_,
-    int: np.int64,
-    float: np.float64,
-    complex: np.complex128,
-}
+# Python number types, and their dtypes under `jax_enable_x64`.
+_WIDE: Final = {bool: "bool", int: "int64", float: "float64", complex: "complex128"}
 _NUMBERS: Final = frozenset({int, float, complex})  # a `bool` stays a `bool`
 _INEXACT: Final = frozenset({float, complex})
 CONTAINERS: Final = frozenset({tuple, list, dict})
