@@ -1,20 +1,21 @@
-"""Updates: `with_static` / `with_dynamic` (one line, touching only what changes),
-and `es.edit` (mutable-looking edits, copied on write). Both end in the same
-checks (`_module.convert_and_check`, `run_check_inits`)."""
+"""Updates: `with_static` / `with_dynamic` (one line, touching only what changes) and
+`es.edit` (mutable-looking edits, copied on write), both ending in the checks of
+`_module.convert_and_check` and `run_check_inits`."""
 
 import functools
 import operator
 import types
 from collections.abc import Collection, Mapping
-from typing import Any, Final, Generic, Literal, TypeVar
+from typing import Any, Final, Generic, Literal, NamedTuple, NoReturn, TypeVar
 
 import equinox as eqx
 import jax.tree_util as jtu
 
 from ._compat import currently_initialising
 from ._module import (
+    CONTAINERS,
     convert_and_check,
-    Defunct,
+    DICT,
     drop_cached,
     editing,
     field_info,
@@ -29,26 +30,20 @@ from ._module import (
 
 _M = TypeVar("_M", bound=eqx.Module)
 Kind = Literal["static", "dynamic", "any"]
+_OTHER: Final = {"static": "with_dynamic", "dynamic": "with_static"}
 
 
-class _Set:
-    """A trie leaf: the new value for one path."""
+class _Set(NamedTuple):
+    """A leaf of a trie of dotted paths (dicts of segments): one path's new value."""
 
-    __slots__ = ("value",)
-
-    def __init__(self, value: object):
-        self.value = value
-
-
-_Trie = dict[str, Any]  # values: a nested `_Trie`, or a `_Set` leaf
+    value: Any
 
 
 def with_static(module: _M, /, **changes: Any) -> _M:
     """Return a copy of `module` with some static fields replaced.
 
-    Static fields are those declared with `eqx.field(static=True)`; they are part of
-    the compile key of [`eqx_static.jit`][], so the next compiled call recompiles
-    once for each new combination of values.
+    Static fields, declared `eqx.field(static=True)`, key the compile cache of
+    [`eqx_static.jit`][]: the next call compiles once per new combination of values.
 
     **Arguments:**
 
@@ -58,9 +53,9 @@ def with_static(module: _M, /, **changes: Any) -> _M:
 
     **Returns:**
 
-    A new instance of the same class. `module` is unchanged, and every field not
-    named shares its value with `module`. Converters run on the new values, static
-    values must be hashable, and the class's `__check_init__` runs on the result.
+    A new instance of the same class, sharing every field not named with `module`,
+    which is unchanged. Converters run on the new values, static values must be
+    hashable, and the class's `__check_init__` runs on the result.
 
     !!! example
 
@@ -83,20 +78,10 @@ def with_static(module: _M, /, **changes: Any) -> _M:
 def with_dynamic(module: _M, /, **changes: Any) -> _M:
     """Return a copy of `module` with some dynamic (traced) fields replaced.
 
-    Dynamic fields are traced by [`eqx_static.jit`][], so changing them never
-    recompiles, as long as shapes and dtypes stay the same.
-
-    **Arguments:**
-
-    - `module`: any `eqx.Module`.
-    - `**changes`: field names, or dotted paths into nested modules and sequences
-        (`**{"layers.0.weight": w}`), mapped to their new values.
-
-    **Returns:**
-
-    A new instance of the same class; see [`eqx_static.with_static`][] for the
-    guarantees. A value for a field annotated with a jaxtyping array type (such as
-    `Float[Array, "3"]`) is checked against its shape and dtype.
+    [`eqx_static.jit`][] traces dynamic fields: changing them never recompiles while
+    shapes and dtypes stay the same. Arguments, result and checks are those of
+    [`eqx_static.with_static`][]; in addition, a value for a field annotated with a
+    jaxtyping array type (such as `Float[Array, "3"]`) must match it.
 
     !!! example
 
@@ -129,27 +114,23 @@ def _update(module: _M, changes: Mapping[str, Any], kind: Kind) -> _M:
     return rebuild(module, info, changes, changes)
 
 
-def _trie(changes: Mapping[str, Any]) -> _Trie:
-    root: _Trie = {}
+def _trie(changes: Mapping[str, Any]) -> dict[str, Any]:
+    root: dict[str, Any] = {}
     for path, value in changes.items():
         *parents, last = path.split(".")
         node = root
         for i, seg in enumerate(parents):
-            child = node.setdefault(seg, {})
-            if isinstance(child, _Set):
+            node = node.setdefault(seg, {})
+            if isinstance(node, _Set):
                 raise _conflict(".".join(parents[: i + 1]), path)
-            node = child
-        if last in node:  # only a dict can be there: the keys are distinct
-            raise _conflict(path, _a_path_inside(path, node[last]))
+        if last in node:  # a dict (the paths are distinct): name a path inside it
+            inside, sub = path, node[last]
+            while isinstance(sub, dict):
+                seg, sub = next(iter(sub.items()))
+                inside = f"{inside}.{seg}"
+            raise _conflict(path, inside)
         node[last] = _Set(value)
     return root
-
-
-def _a_path_inside(prefix: str, node: "_Trie | _Set") -> str:
-    while isinstance(node, dict):
-        seg, node = next(iter(node.items()))
-        prefix = f"{prefix}.{seg}"
-    return prefix
 
 
 def _conflict(prefix: str, path: str) -> ValueError:
@@ -159,54 +140,93 @@ def _conflict(prefix: str, path: str) -> ValueError:
     )
 
 
-_OTHER: Final = {"static": "with_dynamic", "dynamic": "with_static"}
-
-
-def apply_trie(
-    obj: Any, trie: _Trie, kind: Kind, path: tuple[str, ...], outer: str
-) -> Any:
+def apply_trie(obj: Any, trie: dict, kind: Kind, path: tuple, outer: str) -> Any:
     """Rebuild `obj` with the changes in `trie`, copying only the nodes on the paths.
-
-    `kind` is what the caller may change; `outer` is the kind of the module field
-    that holds `obj`, which is the kind of anything inside a list, tuple or dict."""
+    `kind` is what the caller may change; `outer`, the kind of the module field that
+    holds `obj`, is the kind of anything inside a list, tuple or dict."""
     if is_module(obj):
-        return _apply_module(obj, trie, kind, path)
-    if isinstance(obj, list | tuple | dict):
-        return _apply_container(obj, trie, kind, path, outer)
-    seg = next(iter(trie))
-    shape = getattr(obj, "shape", None)
-    what = (
-        f"a {obj.dtype}{list(shape)} array"  # pyright: ignore[reportAttributeAccessIssue]
-        if shape is not None and hasattr(obj, "dtype")
-        else f"a {type(obj).__name__}"
-    )
-    raise TypeError(
-        f"Cannot follow path segment {seg!r} at {'.'.join(path)!r}: the value there "
-        f"is {what}, not a module, list, tuple or dict."
-    )
-
-
-def _apply_module(obj: eqx.Module, trie: _Trie, kind: Kind, path: tuple) -> Any:
-    info = field_info(type(obj))
-    d = instance_dict(obj)
-    values, direct = {}, set()
+        info, d = field_info(type(obj)), instance_dict(obj)
+        values, direct = {}, set()
+        for seg, sub in trie.items():
+            if isinstance(sub, _Set):
+                _check_field(info, d, seg, kind, path, sub.value)
+                values[seg] = sub.value
+                direct.add(seg)
+            else:
+                _check_field(info, d, seg, "any", path, None)
+                field_kind = "static" if seg in info.static else "dynamic"
+                values[seg] = apply_trie(d[seg], sub, kind, (*path, seg), field_kind)
+        return rebuild(obj, info, values, direct)
+    if not isinstance(obj, list | tuple | dict):
+        shape = getattr(obj, "shape", None)
+        what = (
+            f"a {obj.dtype}{list(shape)} array"
+            if shape is not None and hasattr(obj, "dtype")
+            else f"a {type(obj).__name__}"
+        )
+        raise TypeError(
+            f"Cannot follow path segment {next(iter(trie))!r} at {'.'.join(path)!r}: "
+            f"the value there is {what}, not a module, list, tuple or dict."
+        )
+    items: Any = dict(obj) if isinstance(obj, dict) else list(obj)
+    segs: dict[Any, str] = {}
     for seg, sub in trie.items():
-        if isinstance(sub, _Set):
-            _check_field(info, d, seg, kind, path, sub.value)
-            values[seg] = sub.value
-            direct.add(seg)
+        key = _container_key(obj, seg, path)
+        if key in segs:  # such as "layers.0" and "layers.-2" into a 2-list
+            raise ValueError(
+                f"Conflicting updates: segments {segs[key]!r} and {seg!r} both name "
+                f"the same item of {'.'.join(path)!r}. Name each item once."
+            )
+        segs[key] = seg
+        if not isinstance(sub, _Set):
+            items[key] = apply_trie(items[key], sub, kind, (*path, seg), outer)
+        elif kind in ("any", outer) or (
+            kind == "static" and _leaf(items[key]) and _leaf(sub.value)
+        ):
+            items[key] = sub.value
         else:
-            _check_field(info, d, seg, "any", path, None)
-            field_kind = "static" if seg in info.static else "dynamic"
-            values[seg] = apply_trie(d[seg], sub, kind, (*path, seg), field_kind)
-    return rebuild(obj, info, values, direct)
+            raise TypeError(
+                f"`with_{kind}` got {'.'.join((*path, seg))!r}, which lies inside a "
+                f"{outer} field. Use `{_OTHER[kind]}` for it instead (or `es.edit`, "
+                "which takes both kinds)."
+            )
+    t: Any = type(obj)
+    if t is dict or t is list:
+        return items
+    return (
+        t._make(items) if isinstance(obj, tuple) and hasattr(obj, "_make") else t(items)
+    )
+
+
+def _container_key(obj: Any, seg: str, path: tuple) -> Any:
+    where = ".".join((*path, seg))
+    if isinstance(obj, dict):
+        found = [seg] if seg in obj else [k for k in obj if str(k) == seg]
+        if len(found) == 1:  # `"by_id.0"` finds the key `0`
+            return found[0]
+        raise KeyError(
+            f"No key {seg!r} at {where!r}; the keys are {list(obj)!r}."
+            if not found
+            else f"Path segment {seg!r} at {where!r} names several keys: {found!r}."
+        )
+    if hasattr(obj, "_fields") and seg in obj._fields:
+        return obj._fields.index(seg)
+    try:
+        index = int(seg)
+    except ValueError:
+        index = len(obj)  # out of range
+    if not -len(obj) <= index < len(obj):
+        raise IndexError(
+            f"Path segment {seg!r} at {where!r} is not a valid index into a "
+            f"{type(obj).__name__} of length {len(obj)}."
+        )
+    return index % len(obj)
 
 
 def rebuild(
     obj: eqx.Module, info: FieldInfo, values: Mapping[str, Any], direct: Collection[str]
 ) -> Any:
-    """A copy of `obj` with `values` set: converters for the `direct` ones, checks
-    for all, then the class's own `__check_init__` and field type checks."""
+    """A copy of `obj` with `values` set, converted if `direct`, and checked."""
     old = instance_dict(obj)
     values = convert_and_check(info, values, direct, old)
     new = object.__new__(info.cls)
@@ -221,36 +241,41 @@ def rebuild(
 def _check_field(
     info: FieldInfo, d: dict, name: str, kind: Kind, path: tuple, value: Any
 ) -> None:
-    """Whether the helper `with_<kind>` takes the field `name`: `with_static` a
-    declared static field, or a dynamic one holding what `es.jit` keys statically
-    (a Python bool, a string, a function: a non-array leaf); `with_dynamic` a
-    dynamic field. The error says what the field holds and which helper takes it."""
+    """Raise unless `with_<kind>` takes the field `name`: `with_static` a static
+    field, or a dynamic one holding a leaf that `es.jit` keys statically (a Python
+    bool, a string, a function) for another such; `with_dynamic` a dynamic field."""
     if name not in info.static and name not in info.dynamic:
-        takes = [n for n in info.names if kind == "any" or _takes(info, d, n, kind)]
+        takes = [n for n in info.names if _takes(info, d, n, kind)]
         raise unknown_field_error(
             info.cls, name, takes, None if kind == "any" else f"with_{kind}"
         )
-    if kind == "any" or _takes(info, d, name, kind):
-        if kind == "static" and name in info.dynamic and not _leaf(value):
-            raise TypeError(_leaf_message(info.cls, name, d[name], value, path))
-        return
-    full = ".".join((*path, name))
+    if _takes(info, d, name, kind):
+        if not (kind == "static" and name in info.dynamic and not _leaf(value)):
+            return
+        raise TypeError(
+            f"`with_static` got {'.'.join((*path, name))!r}: the dynamic field "
+            f"{name!r} of `{info.cls.__qualname__}` holds a Python "
+            f"{type(d[name]).__name__}, which `es.jit` keys statically, and "
+            "`with_static` replaces it with another such value; got "
+            f"{_describe(value)}. To store data there, use `with_dynamic`."
+        )
+    cls, full = info.cls.__qualname__, ".".join((*path, name))
     call = f"**{{{full!r}: ...}}" if path else f"{full}=..."
     if name in info.static:
         what = "static field", "declared `eqx.field(static=True)`"
     else:
         what = "dynamic field", f"holding {_describe(d.get(name))}, traced by `es.jit`"
     raise TypeError(
-        f"`with_{kind}` got {full!r}, but {name!r} is a {what[0]} of "
-        f"`{info.cls.__qualname__}` ({what[1]}). Use `{_OTHER[kind]}({call})` "
-        "instead (or `es.edit`, which takes both kinds)."
+        f"`with_{kind}` got {full!r}, but {name!r} is a {what[0]} of `{cls}` "
+        f"({what[1]}). Use `{_OTHER[kind]}({call})` instead (or `es.edit`, which "
+        "takes both kinds)."
     )
 
 
 def _takes(info: FieldInfo, d: dict, name: str, kind: Kind) -> bool:
     if kind == "dynamic":
         return name in info.dynamic
-    return name in info.static or _leaf(d.get(name))
+    return kind == "any" or name in info.static or _leaf(d.get(name))
 
 
 def _leaf(v: Any) -> bool:
@@ -264,90 +289,10 @@ def _describe(v: Any) -> str:
     return "a module" if is_module(v) else f"a {type(v).__name__}"
 
 
-def _leaf_message(cls: type, name: str, old: Any, new: Any, path: tuple) -> str:
-    full = ".".join((*path, name))
-    return (
-        f"`with_static` got {full!r}: the dynamic field {name!r} of "
-        f"`{cls.__qualname__}` holds a Python {type(old).__name__}, which `es.jit` "
-        f"keys statically, and `with_static` replaces it with another such value; "
-        f"got {_describe(new)}. To store data there, use `with_dynamic`."
-    )
-
-
-def _apply_container(obj: Any, trie: _Trie, kind: Kind, path: tuple, outer: str) -> Any:
-    items = dict(obj) if isinstance(obj, dict) else list(obj)
-    segs: dict[Any, str] = {}
-    for seg, sub in trie.items():
-        key = _container_key(obj, seg, path)
-        if key in segs:  # such as "layers.0" and "layers.-2" into a 2-list
-            raise _same_item(path, segs[key], seg)
-        segs[key] = seg
-        if isinstance(sub, _Set):
-            static_leaf = kind == "static" and _leaf(items[key]) and _leaf(sub.value)  # pyright: ignore[reportArgumentType,reportCallIssue]
-            if kind not in ("any", outer) and not static_leaf:
-                raise _container_kind_error(kind, outer, (*path, seg))
-            items[key] = sub.value  # pyright: ignore[reportArgumentType,reportCallIssue]
-        else:
-            child = items[key]  # pyright: ignore[reportArgumentType,reportCallIssue]
-            new = apply_trie(child, sub, kind, (*path, seg), outer)
-            items[key] = new  # pyright: ignore[reportArgumentType,reportCallIssue]
-    if isinstance(obj, dict):
-        return type(obj)(items) if type(obj) is not dict else items
-    if isinstance(obj, list):
-        return items if type(obj) is list else type(obj)(items)
-    if hasattr(obj, "_make"):  # namedtuple
-        return type(obj)._make(items)  # pyright: ignore[reportAttributeAccessIssue]
-    return type(obj)(items)
-
-
-def _same_item(path: tuple, seg1: str, seg2: str) -> ValueError:
-    where = ".".join(path)
-    return ValueError(
-        f"Conflicting updates: segments {seg1!r} and {seg2!r} both name the same "
-        f"item of {where!r}. Name each item once."
-    )
-
-
-def _container_kind_error(kind: Kind, outer: str, path: tuple) -> TypeError:
-    full = ".".join(path)
-    return TypeError(
-        f"`with_{kind}` got {full!r}, which lies inside a {outer} field. Use "
-        f"`{_OTHER[kind]}` for it instead (or `es.edit`, which takes both kinds)."
-    )
-
-
-def _container_key(obj: Any, seg: str, path: tuple) -> Any:
-    where = ".".join((*path, seg))
-    if isinstance(obj, dict):
-        if seg in obj:
-            return seg
-        found = [k for k in obj if str(k) == seg]  # `"by_id.0"` finds the key `0`
-        if len(found) == 1:
-            return found[0]
-        raise KeyError(
-            f"No key {seg!r} at {where!r}; the keys are {list(obj)!r}."
-            if not found
-            else f"Path segment {seg!r} at {where!r} names several keys: {found!r}."
-        )
-    if hasattr(obj, "_fields") and seg in obj._fields:
-        return obj._fields.index(seg)
-    try:
-        index = int(seg)
-    except ValueError:
-        index = None
-    if index is None or not -len(obj) <= index < len(obj):
-        raise IndexError(
-            f"Path segment {seg!r} at {where!r} is not a valid index into a "
-            f"{type(obj).__name__} of length {len(obj)}."
-        ) from None
-    return index % len(obj)
-
-
-# ----------------------------------------------------------------------------------
-# `es.edit`.
-
-
-_DICT: Final = eqx.Module.__dict__["__dict__"]  # set, bypassing Equinox
+# `es.edit`: copy on write. A copy of an `es.Module` copies the modules and mutable
+# containers a field holds when the field is first read (`es.Module.__getattribute__`
+# calls `materialise`); a tuple or list of them, an item when it is first read. A
+# copy of another module, whose reads cannot be seen, copies them at once.
 
 
 class _Copy:
@@ -356,27 +301,19 @@ class _Copy:
     __slots__ = ("children", "copies", "copy", "original", "pending", "start")
 
     def __init__(self, original: eqx.Module, copy: eqx.Module, copies: list):
-        self.original = original
-        self.copy = copy
+        self.original, self.copy = original, copy
+        self.copies = copies  # every copy of the edit
         self.start: dict[str, Any] = {}  # the copy's fields as made, set once made
         self.children: list[_Copy] = []  # copies made of modules inside it
-        self.copies = copies  # every copy of the edit
         self.pending: set[str] = set()  # fields that still hold the original's value
 
 
-# Copy on write: an `es.Module` copy copies a field's modules and mutable containers
-# when the field is first read (`es.Module.__getattribute__` calls `materialise`
-# through `_module.editing`), and a tuple or list of them copies an item when the
-# item is first read. Copies of other modules, whose reads cannot be seen, copy
-# their contents on creation.
 def materialise(record: _Copy, copy: Any, name: str) -> None:
-    """Copy what the field `name` of the editable `copy` holds, before it is read
-    (every field, for `__dict__`)."""
+    """Copy what the field `name` (all, for `__dict__`) holds, before it is read."""
     if record.copy is not copy:
         return
-    names = list(record.pending) if name == "__dict__" else [name]
     d = instance_dict(copy)
-    for k in names:
+    for k in list(record.pending) if name == "__dict__" else [name]:
         if k in record.pending:
             record.pending.discard(k)
             d[k] = record.start[k] = _copy_child(d[k], record)
@@ -384,20 +321,35 @@ def materialise(record: _Copy, copy: Any, name: str) -> None:
         editing.pop(id(copy), None)
 
 
+class Defunct(dict):
+    """The `__dict__` of a copy discarded by a failed `es.edit`: every read raises
+    (through `es.Module.__getattribute__`, and Equinox's flatten's `__dict__.get`)."""
+
+    __slots__ = ("cls",)
+
+    def __init__(self, cls: str):
+        self.cls = cls
+
+    def on_read(self, *_: Any) -> NoReturn:
+        raise RuntimeError(
+            f"This `{self.cls}` is the copy made by an `es.edit` block that raised: it "
+            "was discarded, and any use of it is an error. The module you edited is "
+            "unchanged; edit it again."
+        )
+
+    get = __getitem__ = __len__ = on_read
+
+
 class edit(Generic[_M]):  # noqa: N801  (used like a function: `with es.edit(m)`)
     """Edit a module as if it were mutable; get a frozen, validated module back.
 
-    Inside the block, assign fields of the yielded copy, static or dynamic, and
-    fields of modules nested in it (those are editable copies too, as are the lists
-    that hold them). Copies are made on write: entering copies the module itself
-    only, and a nested module is copied when it is first reached, so an edit of one
-    leaf costs the modules on its path, not the whole tree. On exit, the new values
-    go through the same checks as [`eqx_static.with_static`][] and
-    [`eqx_static.with_dynamic`][] (converters,
-    hashable static values, jaxtyping annotations, `__check_init__`), and the copy
-    becomes an ordinary frozen module. Unchanged nested modules are the original
-    objects, shared, not copies. If the block raises, or a check fails, the
-    original module is untouched.
+    Inside the block, assign fields, static or dynamic, of the yielded copy and of
+    the modules nested in it (editable copies too, as are the lists holding them).
+    Copies are made on write: an edit of one leaf copies the modules on its path,
+    not the whole tree. On exit, the new values go through the checks of
+    [`eqx_static.with_static`][] and [`eqx_static.with_dynamic`][], and the copy
+    becomes an ordinary frozen module, sharing every unchanged nested module with
+    the original. If the block raises, or a check fails, the original is untouched.
 
     **Arguments:**
 
@@ -414,10 +366,9 @@ class edit(Generic[_M]):  # noqa: N801  (used like a function: `with es.edit(m)`
 
         class Outer(es.Module):
             inner: Inner
-            bias: float
             square: bool = eqx.field(static=True)
 
-        m = Outer(inner=Inner(scale=1.0), bias=0.0, square=False)
+        m = Outer(inner=Inner(scale=1.0), square=False)
         with es.edit(m) as m2:
             m2.square = True
             m2.inner.scale = 0.5
@@ -453,41 +404,33 @@ class edit(Generic[_M]):  # noqa: N801  (used like a function: `with es.edit(m)`
                 currently_initialising.remove(c.copy)
                 editing.pop(id(c.copy), None)
                 if not ok:  # nothing is produced: make any use of the copy fail
-                    defunct = Defunct()
-                    defunct.cls = type(c.copy).__qualname__
-                    _DICT.__set__(c.copy, defunct)
+                    DICT.__set__(c.copy, Defunct(type(c.copy).__qualname__))
 
 
 def _copy_module(obj: Any, copies: list[_Copy]) -> Any:
-    """An editable copy of the module `obj`: of an `es.Module`, copy on write; of
-    another module, with everything mutable in it copied now."""
+    """An editable copy of the module `obj` (see above), recorded in `copies`."""
     copy = object.__new__(type(obj))
     record = _Copy(obj, copy, copies)
     copies.append(record)
     d, od = instance_dict(copy), instance_dict(obj)
     if field_info(type(obj)).stores_arrays:
         d.update(od)
-        record.pending = {k for k, v in od.items() if _may_hold_mutable(v)}
+        record.pending = {
+            k for k, v in od.items() if type(v) in CONTAINERS or is_module_type(type(v))
+        }
         if record.pending:
             editing[id(copy)] = functools.partial(materialise, record)
     else:
-        for name, value in od.items():
-            d[name] = _copy_child(value, record)
+        d.update({k: _copy_child(v, record) for k, v in od.items()})
     record.start = dict(d)
     currently_initialising.add(copy)
     return copy
 
 
-def _may_hold_mutable(value: Any) -> bool:
-    t = type(value)
-    return t in _CONTAINERS or is_module_type(t)
-
-
 def _copy_child(value: Any, parent: _Copy) -> Any:
-    """`value` made editable without sharing anything mutable with the original:
-    a module is copied; a list or tuple holding modules or containers becomes one
-    that copies an item when it is read; a list of leaves or a dict is copied now.
-    Tuples holding nothing mutable are shared."""
+    """`value`, sharing nothing mutable with the original: a module is copied; a list
+    or tuple holding modules or containers copies an item when it is read; a dict or
+    a list of leaves is copied now; a tuple holding nothing mutable is shared."""
     if is_module(value):
         n = len(parent.copies)
         copy = _copy_module(value, parent.copies)
@@ -501,6 +444,16 @@ def _copy_child(value: Any, parent: _Copy) -> Any:
     if _holds_mutable(value):
         return (_EditTuple if t is tuple else _EditList)(value, parent)
     return value if t is tuple else value.copy()  # a list of leaves: copied in C
+
+
+def _holds_mutable(value: Any) -> bool:
+    """Whether a container holds modules, lists or dicts at any depth (looking at
+    the distinct item types first: a tuple of 10,000 arrays is one type)."""
+    items = value.values() if type(value) is dict else value
+    kinds = set(map(type, items))
+    if any(is_module_type(k) or k is list or k is dict for k in kinds):
+        return True
+    return tuple in kinds and any(_holds_mutable(x) for x in items if type(x) is tuple)
 
 
 class _EditTuple(tuple):
@@ -542,12 +495,12 @@ class _EditList(list):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         item = list.__getitem__(self, i)
-        if id(item) in self.originals:
-            copy = _copy_child(item, self.parent)
-            if copy is not item:
-                list.__setitem__(self, i, copy)
-            return copy
-        return item
+        if id(item) not in self.originals:
+            return item
+        copy = _copy_child(item, self.parent)
+        if copy is not item:
+            list.__setitem__(self, i, copy)
+        return copy
 
     def __iter__(self) -> Any:
         return (self[j] for j in range(len(self)))
@@ -558,26 +511,15 @@ class _EditList(list):
         return item
 
 
-def _holds_mutable(value: Any) -> bool:
-    """Whether a container holds modules, lists or dicts at any depth (which need
-    copies too). The distinct item types are looked at first: a tuple of 10,000
-    arrays is one type."""
-    items = value.values() if type(value) is dict else value
-    kinds = set(map(type, items))
-    if any(is_module_type(k) or k is list or k is dict for k in kinds):
-        return True
-    return tuple in kinds and any(_holds_mutable(x) for x in items if type(x) is tuple)
-
-
-_CONTAINERS: Final = frozenset({list, tuple, dict})
+# Inside the block, JAX sees them as the tuple and list they stand for.
+jtu.register_pytree_node(_EditTuple, lambda t: (tuple(t), None), lambda _, c: tuple(c))  # pyright: ignore[reportArgumentType]
+jtu.register_pytree_node(_EditList, lambda t: (list(t), None), lambda _, c: list(c))  # pyright: ignore[reportArgumentType]
 
 
 def _freeze(record: _Copy) -> bool:
-    """Validate the copy bottom-up; return whether anything in it changed.
-
-    Unchanged nested copies are swapped back for their originals, so that the
-    result shares every unchanged subtree with the module that was edited.
-    """
+    """Validate the copy bottom-up; return whether anything in it changed. Unchanged
+    nested copies are swapped back for their originals, so that the result shares
+    every unchanged subtree with the module that was edited."""
     kept = [c for c in record.children if not _freeze(c)]
     originals = {id(c.copy): c.original for c in kept}
     d, start = instance_dict(record.copy), record.start
@@ -608,46 +550,25 @@ def _restore(value: Any, originals: dict[int, Any], original: Any) -> Any:
         return originals.get(id(value), value)
     if type(value) is _EditTuple:  # only the items read can differ
         source = value.source
-        changed = {}
-        for j, item in value.made.items():
-            item = _restore(item, originals, source[j])
-            if item is not source[j]:
-                changed[j] = item
-        if not changed:
-            return source if source is original else tuple(source)
+        new = {j: _restore(x, originals, source[j]) for j, x in value.made.items()}
+        if all(new[j] is source[j] for j in new):
+            return source
         items = list(source)
-        for j, item in changed.items():
-            items[j] = item
+        for j, x in new.items():
+            items[j] = x
         return tuple(items)
     if type(value) is _EditList:
         value = list(list.__iter__(value))
-    if type(value) not in (list, tuple, dict) or value is original:
+    t = type(value)
+    if t not in CONTAINERS or value is original:
         return value
-    items, orig_items = _items(value), _items(original)
-    same_shape = type(original) is type(value) and _keys(original) == _keys(value)
-    if not same_shape:
-        orig_items = [None] * len(items)
     # Pair each item with its original, so that nested containers are restored too.
-    restored = [
-        _restore(v, originals, o) for v, o in zip(items, orig_items, strict=True)
-    ]
-    if same_shape and all(a is b for a, b in zip(restored, orig_items, strict=True)):
+    keys = list(value) if t is dict else range(len(value))
+    same = type(original) is t and keys == (
+        list(original) if t is dict else range(len(original))
+    )
+    olds = [original[k] if same else None for k in keys]
+    restored = [_restore(value[k], originals, o) for k, o in zip(keys, olds)]
+    if same and all(map(operator.is_, restored, olds)):
         return original
-    if isinstance(value, dict):
-        return dict(zip(value.keys(), restored, strict=True))
-    return type(value)(restored)
-
-
-def _items(x: Any) -> list:
-    if type(x) is dict:
-        return list(x.values())
-    return list(x) if type(x) in (list, tuple) else []
-
-
-def _keys(x: Any) -> list:
-    return list(x) if type(x) is dict else list(range(len(_items(x))))
-
-
-# Inside the block, JAX sees them as the tuple and list they stand for.
-jtu.register_pytree_node(_EditTuple, lambda t: (tuple(t), None), lambda _, c: tuple(c))  # pyright: ignore[reportArgumentType]
-jtu.register_pytree_node(_EditList, lambda t: (list(t), None), lambda _, c: list(c))  # pyright: ignore[reportArgumentType]
+    return dict(zip(keys, restored)) if t is dict else t(restored)
