@@ -148,8 +148,9 @@ UNIONS: Final = (typing.Union, types.UnionType)  # `Union[a, b]` and `a | b`
 
 def _is_array(ann: Any, plain: bool = False) -> bool:
     """Whether `ann` (or a union member) is a jaxtyping array type; or, if `plain`,
-    `jax.Array` or `np.ndarray`."""
-    if typing.get_origin(ann) in UNIONS:
+    `jax.Array` or `np.ndarray`, also as the items of a container annotation."""
+    origin = typing.get_origin(ann)
+    if origin in UNIONS or (plain and origin is not None):
         return any(_is_array(a, plain) for a in typing.get_args(ann))
     jaxtyped = isinstance(ann, type) and issubclass(ann, jaxtyping.AbstractArray)
     return jaxtyped or (plain and ann in (jax.Array, np.ndarray))

@@ -147,6 +147,23 @@ def test_a_class_that_says_what_the_field_is_gets_no_warning(caplog, annotation,
         assert len(jax.tree.leaves(grads)) == 1 and model.beta == 0.5
 
 
+def test_a_container_annotated_with_arrays_gets_no_warning(caplog):
+    """`tuple[jax.Array, ...]` says the floats in it are parameters; a container
+    annotation that does not say array still warns, naming the field."""
+
+    class Offsets(es.Module):
+        offsets: tuple[jax.Array, ...]
+        table: dict[str, jax.Array] | None
+        other: tuple[float, ...]
+
+    with caplog.at_level(logging.WARNING, logger="eqx_static"):
+        m = Offsets((1.0, 2.0), {"a": 3.0}, (4.0,))
+    assert [w.split(" of ")[0] for w in _trainable_warnings(caplog)] == [
+        "Field 'other'"
+    ]
+    assert m.offsets[0].dtype == jnp.float32
+
+
 def test_an_int_or_a_bool_is_not_announced(caplog):
     class Counter(es.Module):
         step: int = 0  # an int is never trained (`eqx.is_inexact_array`)
