@@ -1,19 +1,17 @@
 """The miss path, the books, and programs provably the same.
 
 Each key has its own C++ dispatcher (JAX's `PjitFunction`, as a `jax.jit` has): it
-serves the key's hits and calls `_cache_miss` for anything it has no executable for
-(new shapes, a new sharding, a new context, a transformation). A miss traces and
-lowers the call with the key's `jax.jit`, installs the executable of a compiled
-program provably the same (`Fingerprint`) or compiles, and lets that `jax.jit` run
-it and hand the dispatcher what it needs to serve the next such call in C++. A key
-keeps its `jax.jit` only if it compiled a program or ran under a transformation.
+serves the key's hits and calls `_cache_miss` for anything else (new avals, a new
+context, a transformation). A miss traces and lowers the call with the key's
+`jax.jit`, installs the executable of a compiled program provably the same
+(`Fingerprint`, `same`) or compiles, and lets that `jax.jit` run it and hand the
+dispatcher what it keeps to serve the next such call in C++. A key keeps its
+`jax.jit` only if it compiled a program or ran under a transformation.
 
-Compiles are booked from what JAX reports (`jax.monitoring`), in a window opened
-around everything the miss path asks of JAX: whatever JAX compiles for the function
-while a call of it runs, asked for or not, is counted and budgeted.
-
-Rules: no lock is held while JAX traces, compiles or runs; the budget is checked
-before every compile; a program is shared only when provably the same.
+Compiles are booked from JAX's own events (`jax.monitoring`) in a window around
+everything a miss asks of JAX: whatever JAX compiles for the function meanwhile,
+asked for or not, is counted and budgeted. No lock is held while JAX traces,
+compiles or runs.
 """
 
 import contextlib
@@ -53,13 +51,12 @@ class Fingerprint(NamedTuple):
 
 @dataclasses.dataclass(eq=False)
 class Program:
-    """One XLA compile of the miss path: the executable every key whose program is
-    provably the same runs, and what the explanations read of it."""
+    """One XLA compile: the executable of every key whose program is the same."""
 
     number: int  # among this function's compiles, from 1
     fingerprint: Fingerprint | None  # None: never shared
     executable: Any
-    ops: tuple  # the per-operation summary `rp.differ_of` compares
+    ops: tuple  # `rp.ops_of`, for `rp.differ_of`
     structure: bytes | None  # the module's digest with its constants masked
     users: int = 0  # signatures that run it
 
@@ -138,8 +135,7 @@ class CompileInfo(NamedTuple):
 
 
 def _read(counter: "itertools.count[int]") -> int:
-    """An `itertools.count`'s next value, read without advancing it."""
-    return int(repr(counter)[6:-1])
+    return int(repr(counter)[6:-1])  # its next value, without advancing it
 
 
 class Cache:
@@ -183,7 +179,7 @@ class Cache:
             return [rp.Seen(e.key, s, c, p) for e in es for (s, c), p in e.runs.items()]
 
     def book_miss(self, reused: Sequence[rp.Change] = ()) -> None:
-        """Count a miss; `reused`: what changed, if it shared a program."""
+        """Count a miss; `reused`: what changed in it, if it shared a program."""
         with self.lock:
             self.misses += 1
             for c in reused:
@@ -199,9 +195,8 @@ class Cache:
         return next((p for p in ps if jx.xla_executable(p.executable) is xla), None)
 
     def find(self, fp: Fingerprint | None) -> Program | None:
-        """A compiled program provably the same as `fp`. While another thread
-        compiles the same module, wait and look again (no lock held); if there is
-        none, `fp` is marked as being compiled until `done` unmarks it."""
+        """A compiled program provably the same as `fp`; else `fp` is marked as
+        compiling until `done`, and a `find` of the same module waits for it."""
         while fp is not None:
             with self.lock:
                 for p in self.programs.get(fp.digest, ()):
@@ -223,8 +218,7 @@ class Cache:
             event.set()
 
     def add_run(self, entry: Entry, run: tuple, program: Program | None) -> None:
-        """Record what `entry` runs for `run`; then, past `maxsize` signatures,
-        evict the least recently used other keys."""
+        """`entry` runs `program` for `run`; past `maxsize`, evict other keys (LRU)."""
         with self.lock:
             if (old := entry.runs.get(run)) is not None:
                 old.users -= 1
@@ -298,9 +292,8 @@ _local: Final = _Local()
 
 
 def new_entry(f: Function, key: Key, leaves: Sequence) -> Entry:
-    """A key's entry, in the cache at once: a call of the key from another thread
-    while this one's first miss runs finds it, and JAX's dispatcher makes it wait
-    for that miss instead of tracing again."""
+    """A key's entry, in the cache at once: a call from another thread during its
+    first miss finds it, and JAX's dispatcher makes it wait instead of tracing."""
     entry = Entry(key)
     _new_dispatch(f, entry, leaves)
     with f.cache.lock:
@@ -315,32 +308,19 @@ def _new_dispatch(f: Function, entry: Entry, leaves: Sequence) -> None:
 
 
 def _calling(f: Function, entry: Entry, reports: bool) -> Callable:
-    """What a call of `entry` calls: its dispatcher; if a program may hold an
-    `eqx.error_if`, waiting for the result to report a failure as Equinox does;
-    with `donate="all"`, hiding JAX's warning of unusable donations."""
+    """What a hit calls: the dispatcher, reporting `eqx.error_if` failures as
+    Equinox does if a program may hold one, quiet with `donate="all"`."""
     call = rp.reporting_errors(entry.dispatch) if reports else entry.dispatch
-    if not f.quiet:
-        return call
-
-    def quietly(*leaves: Any) -> Any:
-        with _quiet(f):
-            return call(*leaves)
-
-    return quietly
+    return _quiet(f)(call) if f.quiet else call
 
 
 def _traced(f: Function, key: Key, eager: bool = False) -> Callable:
-    """The function `jax.jit` traces for `key`: it rebuilds the call from the key and
-    the traced leaves and runs it (eagerly under `jax.disable_jit()`)."""
+    """What `jax.jit` traces for `key` (and runs under `jax.disable_jit()`)."""
 
     def traced(*_es_leaves: Any) -> Any:
         _local.traces += 1
-        n = f.n_fn
-        fn = (
-            f.fn_ref()
-            if f.fn_ref
-            else _key.deep(_key.build, f.fn_node, iter(_es_leaves[:n]))
-        )
+        n, ref = f.n_fn, f.fn_ref
+        fn = ref() if ref else _key.deep(_key.build, f.fn_node, iter(_es_leaves[:n]))
         assert fn is not None, "a live wrapper holds its function"
         args, kwargs = _key.deep(_key.build_call, key, _es_leaves[n:])
         if eager:
@@ -361,8 +341,7 @@ def _traced(f: Function, key: Key, eager: bool = False) -> Callable:
 
 
 def _donated(f: Function, key: Key, leaves: Sequence) -> tuple[int, ...]:
-    """The positions of the array leaves whose buffers `donate` gives to XLA: the
-    function's and the arguments' (but the first argument's, for `...-first`)."""
+    """The positions of the array leaves whose buffers `donate` gives to XLA."""
     if f.donate == "none":
         return ()
     n = _key.count_leaves(key.args[0]) if f.donate.endswith("first") and key.args else 0
@@ -387,10 +366,9 @@ def _quiet(f: Function) -> Iterator[None]:
 
 
 def _cache_miss(f: Function, entry: Entry, *leaves: Any) -> tuple:
-    """What `entry`'s dispatcher calls when it has no executable for a call: the
-    outputs, and what it keeps to serve the next such call in C++. It must not wait
-    for the program to finish: the dispatcher holds other calls of this signature
-    until it returns, and the program's callbacks may make them."""
+    """The outputs, and what the dispatcher keeps to serve the next such call. It
+    must not wait for the program: the dispatcher holds other calls of this
+    signature until it returns, and the program's callbacks may make them."""
     __tracebackhide__ = True
     # `eqx.error_if` records the frames of its trace up to this marker (the name is
     # Equinox's): a new one per miss, as `eqx.filter_jit` makes one per call.
@@ -406,9 +384,8 @@ def _cache_miss(f: Function, entry: Entry, *leaves: Any) -> tuple:
 
 
 def _top_level(f: Function, entry: Entry, leaves: tuple) -> tuple:
-    """Trace and lower the call, reuse or compile its program, and run it. A miss
-    if it traced or compiled; else a hit (JAX's dispatcher had only seen another
-    kind of input: a NumPy array, a committed one)."""
+    """Trace and lower, reuse or compile, run. A miss if it traced or compiled; else
+    a hit (the dispatcher had seen another kind of input: a NumPy array, say)."""
     cache, run = f.cache, _signature(leaves)
     pgle = jx.pgle_enabled()  # JAX compiles in the call then, with its profile
     w, traces, shared = _Window(f), _local.traces, False
@@ -462,10 +439,9 @@ def _top_level(f: Function, entry: Entry, leaves: tuple) -> tuple:
 
 def _compile(w: "_Window", entry: Entry, traced: Any, lowered: Any,
              fp: Fingerprint | None, closest: rp.Seen | None, known: list) -> Program | None:  # fmt: skip
-    """Compile a lowering no compiled program is the same as, once the budget allows
-    (or leave it to the call that follows: JAX's profile-guided path). JAX may serve
-    it from its own caches, compiling nothing: it is then the program whose XLA
-    executable it is."""
+    """Compile, once the budget allows (or leave it to the call that follows: JAX's
+    profile-guided path). If JAX's own caches serve it, it is the program whose XLA
+    executable they gave."""
     lowering = jx.lowering_of(lowered)
     w.structure = None if lowering is None else _structure(lowering)
     w.differ = rp.differ_of(closest, w.changes, traced.jaxpr, w.structure)
@@ -484,10 +460,8 @@ def _compile(w: "_Window", entry: Entry, traced: Any, lowered: Any,
 
 
 def _staged(f: Function, entry: Entry, leaves: tuple) -> Any:
-    """Stage the call into the outer trace with the key's own trace, as
-    `eqx.filter_jit` does (through the key's `jax.jit`, which keeps it). What JAX
-    compiles meanwhile (an eager `grad` or `vmap` compiles the transformed program
-    at once) is booked."""
+    """Stage the call into the outer trace through the key's `jax.jit`, as
+    `eqx.filter_jit` does; what JAX compiles meanwhile (an eager `grad`) is booked."""
     with f.cache.lock:
         entry.helper = helper = entry.helper or _helper(f, entry.key, leaves)
     if jx.jit_is_replaced():  # Equinox's breakpoint mode: through its `jax.jit`
@@ -507,22 +481,19 @@ def _staged(f: Function, entry: Entry, leaves: tuple) -> Any:
 
 
 def _helper(f: Function, key: Key, leaves: Sequence) -> Any:
-    """A `jax.jit` of the key's traced function, called by the miss path only."""
+    """A `jax.jit` of the key's traced function, for the miss path only."""
     return jx.jax_jit(_traced(f, key), donate_argnums=_donated(f, key, leaves))
 
 
 def _run(helper: Any, leaves: tuple) -> tuple:
-    """Run the call through `helper`'s own miss, which gives a dispatcher what it
-    keeps, an `eqx.error_if` failure reported as Equinox does (without waiting for
-    the outputs: see `_cache_miss`)."""
+    """`helper`'s own miss: it runs the call, and returns what a dispatcher keeps."""
     __tracebackhide__ = True
     run = functools.partial(jx.jit_miss, helper)
     return rp.reporting_errors(run, wait=False)(*leaves)
 
 
 def _make_room(f: Function, entry: Entry) -> None:
-    """Before a key compiles another signature: if it alone holds `maxsize`, start
-    it again, empty (a new dispatcher, so that JAX frees them too)."""
+    """Empty a key that alone holds `maxsize` (a new dispatcher: JAX's goes too)."""
     if f.cache.maxsize is not None and len(entry.runs) >= f.cache.maxsize:
         with f.cache.lock:
             f.cache.release(entry)
@@ -543,8 +514,7 @@ def _aval(x: Any) -> tuple:
 
 
 def lower_call(f: Function, key: Key, leaves: list) -> Any:
-    """`jax.stages.Lowered` for a call, through a `jax.jit` of its own: it books
-    nothing, and is not one of the function's programs."""
+    """`jax.stages.Lowered` for a call, by a `jax.jit` of its own: nothing booked."""
     with _quiet(f):
         return _helper(f, key, leaves).trace(*leaves).lower()
 
@@ -586,8 +556,8 @@ def _window(event: str, kwargs: dict[str, Any]) -> "_Window | None":
 def _on_compile_start(event: str, value: float, **kwargs: Any) -> None:
     if (w := _window(event, kwargs)) is None:
         return
-    if w.expect_none:
-        _sharing_broken()
+    if w.expect_none:  # this JAX compiled a lowering whose executable was installed
+        _stop_sharing()
     elif not w.planned:  # JAX's own: a profile-guided compile, say
         again = rp.Change("JAX compiled it again (profile-guided)", "call", "structure")
         w.f.check_budget(w.changes or [again], None)
@@ -608,9 +578,7 @@ jax.monitoring.register_event_duration_secs_listener(_on_compile_end)
 _sharing = True  # cleared if this JAX compiles what the miss path installed
 
 
-def _sharing_broken() -> None:
-    """JAX compiled a call whose executable the miss path had installed: this JAX
-    does not run what a lowering holds. Stop sharing programs; say so once."""
+def _stop_sharing() -> None:
     global _sharing
     if _sharing:
         _sharing = False
@@ -629,17 +597,16 @@ def _sharing_broken() -> None:
 # tree structure, as `eqx.filter_jit` does, so that `jax.jit` keeps it per trace.
 
 
+@jtu.register_static
+@dataclasses.dataclass(frozen=True, eq=False, slots=True)
 class Static:
-    """A childless pytree node whose metadata is an output's static part (`mask`
-    None: the output is one array)."""
+    """A pytree node without children, whose metadata is an output's static part."""
 
-    __slots__ = ("mask", "statics", "treedef")
-
-    def __init__(self, treedef: Any, mask: tuple | None, statics: tuple):
-        self.treedef, self.mask, self.statics = treedef, mask, statics
+    treedef: Any
+    mask: tuple | None  # None: the output is one array
+    statics: tuple
 
 
-jtu.register_pytree_node(Static, lambda s: ((), s), lambda s, _: s)
 _ONE: Final = Static(None, None, ())
 
 
@@ -672,8 +639,7 @@ _CONSTANT: Final = re.compile(rb"dense<[^>]*>")
 
 
 def fingerprint(jaxpr: Any, lowering: Any) -> Fingerprint | None:
-    """A traced call's fingerprint; None (never shared) if its lowering cannot be
-    read, or a host callback's Python function cannot be found."""
+    """None (never shared) if the lowering or a callback's function is unknown."""
     if lowering is None:
         return None
     args, callbacks = lowering.compile_args, callbacks_of(jaxpr)
@@ -716,18 +682,15 @@ def _comparable(v: Any) -> Any:
 
 def same_program(a: Fingerprint, b: Fingerprint) -> bool:
     try:
-        if a.digest != b.digest or a.arguments != b.arguments:
+        if a[:2] != b[:2] or len(a.callbacks) != len(b.callbacks):
             return False
     except Exception:  # a comparison that cannot be made: not the same
         return False
-    return len(a.callbacks) == len(b.callbacks) and all(
-        map(same, a.callbacks, b.callbacks)
-    )
+    return all(map(same, a.callbacks, b.callbacks))
 
 
 def callbacks_of(jaxpr: Any) -> tuple:
-    """The `callback` parameters of a closed jaxpr's callback equations, nested
-    jaxprs included (each once, as each is lowered once)."""
+    """The host callbacks of a jaxpr, nested jaxprs included (each once)."""
     found, stack, seen = [], [jaxpr], set()
     while stack:
         j = stack.pop()
@@ -757,8 +720,7 @@ _IMMUTABLE: Final = _key.SIMPLE | {float, complex, np.dtype}
 
 
 def _same(a: Any, b: Any, seen: set) -> bool:
-    """`same`, recursively: every rule is a conjunction, so any `False` (or
-    exception) below makes the whole comparison `False`."""
+    # Every rule is a conjunction: a `False` or an exception anywhere is `False`.
     if a is b or (id(a), id(b)) in seen:  # a cycle: equal so far, so equal
         return True
     t = type(a)
@@ -770,10 +732,7 @@ def _same(a: Any, b: Any, seen: set) -> bool:
     if t is types.FunctionType:
         return _same_function(a, b, seen)
     if t is functools.partial:
-        pa, pb = (
-            (a.func, a.args, _items(a.keywords)),
-            (b.func, b.args, _items(b.keywords)),
-        )
+        pa, pb = [(p.func, p.args, _items(p.keywords)) for p in (a, b)]
         return _same(pa, pb, seen)
     if t is types.MethodType:
         return _same((a.__func__, a.__self__), (b.__func__, b.__self__), seen)

@@ -42,11 +42,6 @@ class Change(NamedTuple):
     kind: str  # "static field", "leaf", "argument", "array", "structure", "context"
 
 
-def leaf_origins(key: Key, argnames: Sequence[str]) -> list:
-    """Where each traced leaf comes from (`_key.Visit`s: path, class, field)."""
-    return [v for v in walk(key, argnames) if v.node is LEAF]
-
-
 def unhashable_message(name: str, key: Key) -> str:
     """Where a call's unhashable static leaf is, and the hashable value to pass."""
     for v in walk(key, ()):
@@ -65,8 +60,8 @@ _HASHABLE: Final = {list: "a tuple", set: "a frozenset", dict: "a tuple of its i
 
 
 def diff(old: Key, new: Key, argnames: Sequence[str]) -> list[Change]:
-    """What differs from `old` to `new`: a node whose kind, class or structure
-    differs is reported and nothing below it; a module's static fields one by one."""
+    """What differs from `old` to `new`: a node that changed kind, class or
+    structure and nothing below it; a module's static fields one by one."""
     if len(old.args) != len(new.args) or old.names != new.names:
         what = f"{len(old.args)} -> {len(new.args)} positional, keywords {list(old.names)} -> {list(new.names)}"
         return [Change(f"call signature changed: {what}", "call", "structure")]
@@ -85,8 +80,7 @@ def diff(old: Key, new: Key, argnames: Sequence[str]) -> list[Change]:
 
 
 def _compare(a: Any, b: Any, path: str, method: bool, out: list[Change]) -> bool:
-    """Append what differs between the nodes `a` and `b` themselves; return whether
-    their children are not to be compared."""
+    """Append what differs in the nodes themselves; whether to skip their children."""
     is_self = method and path == "self"
     name = path.removeprefix("self.") if method else path
     argument = "." not in path and "[" not in path
@@ -140,15 +134,15 @@ class Seen(NamedTuple):
 def explain(
     known: Sequence[Seen], key: Key, run: tuple, argnames: Sequence[str]
 ) -> tuple[list[Change], Seen | None]:
-    """What differs between a call of `key` for `run` (its avals and JAX's context)
-    and the closest of `known` (the fewest differences; the most recent of equals),
-    and that one."""
+    """What differs between a call of `key` for `run` (avals, JAX's context) and the
+    closest of `known` (fewest differences, most recent), and that one."""
     sig, context = run
     best: tuple[list[Change], Seen | None] = ([], None)
     for seen in reversed(known[-64:]):
         changes = diff(seen.key, key, argnames)
         if seen.sig != sig and not any(c.kind == "structure" for c in changes):
-            pairs = zip(leaf_origins(key, argnames), seen.sig, sig)  # they line up
+            leaves = [v for v in walk(key, argnames) if v.node is LEAF]
+            pairs = zip(leaves, seen.sig, sig)  # they line up
             changes += [_leaf_change(o, a, b) for o, a, b in pairs if a != b]
         if not changes and seen.context != context:
             changes = [Change("JAX's configuration changed", "context", "context")]
@@ -255,9 +249,8 @@ def _stable(v: Any) -> Any:
 
 def differ_of(closest: Seen | None, changes: Sequence[Change], jaxpr: Any,
               structure: bytes | None) -> Differ | None:  # fmt: skip
-    """Where a new program first differs from the program of the closest compiled
-    call. None for the first compile, and when a shape or the context changed (the
-    explanation says so)."""
+    """Where a new program first differs from the closest call's; None for the
+    first compile and when avals or the context changed (the explanation says so)."""
     old = None if closest is None else closest.program
     if old is None or not changes or {c.kind for c in changes} & {"array", "context"}:
         return None
@@ -287,8 +280,8 @@ def differ_of(closest: Seen | None, changes: Sequence[Change], jaxpr: Any,
 
 class RecompileError(RuntimeError):
     """An [`eqx_static.jit`][] function would compile more often than its
-    `max_compiles` allows. Raised before XLA compiles; the message says what
-    changed and where the programs differ, for this compile and every earlier one.
+    `max_compiles` allows. Raised before XLA compiles, saying what changed for this
+    compile (and where the programs differ) and for every earlier one.
 
     !!! example
 
@@ -338,11 +331,8 @@ def budget_error(qualname: str, limit: int, history: Sequence[Compile],
 def storm(
     name: str, history: Sequence[Compile], reused: dict[str, int], n: int
 ) -> bool:
-    """After `n` compiles in which one field or argument changed every time, log one
-    WARNING naming it, the time spent and what to do; return whether it did. Of
-    several that changed every time, the one that changed least often without a new
-    program is named: one that also changed alone, sharing a program, is not what
-    makes the programs differ."""
+    """Warn once something changed in each of the last `n` compiles; of several,
+    name the one least often changed in a miss that shared a program."""
     recent = history[-n:]
     per_compile = [{c.name: c for c in h.changes} for h in recent[1:]]
     common = set(per_compile[0]).intersection(*per_compile) if per_compile else ()
@@ -367,8 +357,7 @@ def storm(
 
 
 def _fix(change: Change, constant: bool) -> str:
-    """What to do about a value that keeps changing, for its kind: trace it if the
-    programs differ only in its constants; else it picks program structure."""
+    """What to do about a value that keeps changing (`constant`: only as a value)."""
     name = repr(change.name)
     if change.kind == "array":
         return (
@@ -441,13 +430,12 @@ _LEAF_INDEX: Final = re.compile(r"_es_leaves\[(\d+)\]")
 def traced_field_error(
     name: str, e: Exception, key: Key, argnames: Sequence[str], n_fn: int
 ) -> TracedFieldError | None:
-    """`TracedFieldError` naming the field or argument behind the traced leaf JAX
-    named in `e`, with the fix for what it is (None if it named none, or `e` is one
-    already). `n_fn` leaves of the function come first."""
+    """`TracedFieldError` for the field or argument of the leaf `e` names (None if
+    none, or `e` is one already); `n_fn` leaves of the function come first."""
     indices = [int(i) - n_fn for i in _LEAF_INDEX.findall(str(e))]
     if not indices or isinstance(e, TracedFieldError):
         return None
-    origins = leaf_origins(key, argnames)
+    origins = [v for v in walk(key, argnames) if v.node is LEAF]
     o = next((origins[i] for i in indices if 0 <= i < len(origins)), None)
     if o is None:
         return None
@@ -483,11 +471,9 @@ _callback_logger: Final = logging.getLogger(jx.CALLBACK_LOGGER)
 
 
 class _Marker(threading.local):
-    """The marker of the call being traced in this thread, None outside a miss:
-    Equinox's message shows the stack inside the program up to the marker of the
-    call that traced it, and for any other call the whole recorded stack, as
-    `eqx.filter_jit`, which marks each call anew, does."""
-
+    # The marker of the miss running in this thread: Equinox's message shows the
+    # stack up to it, and the whole stack outside a miss (a hit), as under
+    # `eqx.filter_jit`, which marks each call anew.
     current: bytes | None = None
 
 
@@ -495,9 +481,8 @@ marker: Final = _Marker()
 
 
 def reporting_errors(call: Callable, wait: bool = True) -> Callable:
-    """`call`, run as `eqx.filter_jit` runs a program that may hold an
-    `eqx.error_if`: synchronously (if `wait`), a failure raised as
-    `EquinoxRuntimeError`."""
+    """`call` as `eqx.filter_jit` runs a program that may hold an `eqx.error_if`:
+    (if `wait`) synchronously, a failure raised as `EquinoxRuntimeError`."""
 
     def reporting(*leaves: Any) -> Any:
         __tracebackhide__ = True
