@@ -620,9 +620,7 @@ def split(out: Any) -> tuple[list, Static]:
 
 
 def combine(arrays: list, static: Static) -> Any:
-    if static.mask is None:
-        return arrays[0]
-    it = iter(arrays)
+    it = iter(arrays)  # a single array output is returned as itself, never combined
     leaves = [next(it) if m else s for m, s in zip(static.mask, static.statics)]
     return static.treedef.unflatten(leaves)
 

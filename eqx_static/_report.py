@@ -80,7 +80,8 @@ def diff(old: Key, new: Key, argnames: Sequence[str]) -> list[Change]:
 
 
 def _compare(a: Any, b: Any, path: str, method: bool, out: list[Change]) -> bool:
-    """Append what differs in the nodes themselves; whether to skip their children."""
+    """Append what differs between two unequal nodes themselves (not both traced,
+    nor both None); return whether to skip their children."""
     is_self = method and path == "self"
     name = path.removeprefix("self.") if method else path
     argument = "." not in path and "[" not in path
@@ -106,8 +107,6 @@ def _compare(a: Any, b: Any, path: str, method: bool, out: list[Change]) -> bool
     elif ka == "module":
         who = "class" if is_self else f"{what} class"
         change = f"{who} {a[0].__qualname__} -> {b[0].__qualname__}"
-    elif a is LEAF or a is None:
-        return True
     elif a[0] is ARRAYS or a[:-1] != b[:-1] or len(a[-1]) != len(b[-1]):
         change = f"{what} structure changed"
     else:
@@ -418,8 +417,6 @@ class TracedFieldError(jax.errors.ConcretizationTypeError):
 
 @functools.cache
 def _traced_field_error_type(jax_error: type) -> type:
-    if issubclass(jax_error, TracedFieldError):
-        return jax_error
     return type("TracedFieldError", (TracedFieldError, jax_error), {})
 
 
