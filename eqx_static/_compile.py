@@ -325,7 +325,6 @@ def _traced(f: Function, key: Key, eager: bool = False) -> Callable:
         args, kwargs = _key.deep(_key.build_call, key, _es_leaves[n:])
         if eager:
             f.cache.book_miss()  # it runs, eagerly, as under `eqx.filter_jit`
-            return fn(*args, **kwargs)
         try:
             out = fn(*args, **kwargs)
         except Exception as e:
