@@ -88,9 +88,8 @@ def _compare(a: Any, b: Any, path: str, method: bool, out: list[Change]) -> bool
     what = "self" if is_self else f"argument {path}" if argument else f"field {name!r}"
     ka, kb = _kind(a), _kind(b)
     if ka == kb == "module" and a[0] is b[0]:
-        for field, x, y, tx, ty in zip(
-            field_info(a[0]).static_names, a[1], b[1], a[2], b[2]
-        ):
+        names = field_info(a[0]).static_names
+        for field, x, y, tx, ty in zip(names, a[1], b[1], a[2], b[2]):
             if tx is not ty or x != y:
                 field = field if is_self else f"{name}.{field}"
                 change = f"{field!r} changed {value_of(x)!r} -> {value_of(y)!r}"
@@ -387,10 +386,9 @@ def _fix(change: Change, constant: bool) -> str:
 
 class TracedFieldError(jax.errors.ConcretizationTypeError):
     """A traced (dynamic) field, or a traced argument, was used where Python needs a
-    concrete value. The message names the field and its class (or the argument) and
-    the fix for what it is. It is also an instance of the JAX error it replaces
-    (`jax.errors.TracerBoolConversionError`, ...); its traceback ends at the
-    offending line.
+    concrete value. The message names it (a field with its class) and the fix; the
+    error is also the JAX error it replaces (`jax.errors.TracerBoolConversionError`,
+    ...), and its traceback ends at the offending line.
 
     !!! example
 
