@@ -332,8 +332,7 @@ def _traced(f: Function, key: Key, eager: bool = False) -> Callable:
             if error is None:
                 raise
             raise error.with_traceback(e.__traceback__) from None
-        arrays, static = split(out)
-        return arrays[0] if static.mask is None else (arrays, static)
+        return split(out)
 
     traced.__name__, traced.__qualname__ = f.short, f.qualname
     return traced
@@ -602,16 +601,14 @@ class Static:
     """A pytree node without children, whose metadata is an output's static part."""
 
     treedef: Any
-    mask: tuple | None  # None: the output is one array
+    mask: tuple  # which leaves are arrays
     statics: tuple
 
 
-_ONE: Final = Static(None, None, ())
-
-
-def split(out: Any) -> tuple[list, Static]:
+def split(out: Any) -> Any:
+    """One array as itself; else the arrays, and a `Static` of the rest."""
     if isinstance(out, _key.ARRAY_TYPES):
-        return [out], _ONE
+        return out
     flat, treedef = jtu.tree_flatten(out)
     mask = tuple([isinstance(x, _key.ARRAY_TYPES) for x in flat])
     statics = tuple([None if m else x for x, m in zip(flat, mask)])
@@ -619,7 +616,7 @@ def split(out: Any) -> tuple[list, Static]:
 
 
 def combine(arrays: list, static: Static) -> Any:
-    it = iter(arrays)  # a single array output is returned as itself, never combined
+    it = iter(arrays)
     leaves = [next(it) if m else s for m, s in zip(static.mask, static.statics)]
     return static.treedef.unflatten(leaves)
 
