@@ -436,7 +436,8 @@ def _top_level(f: Function, entry: Entry, leaves: tuple) -> tuple:
 
 
 def _compile(w: "_Window", entry: Entry, traced: Any, lowered: Any,
-             fp: Fingerprint | None, closest: rp.Seen | None, known: list) -> Program | None:  # fmt: skip
+             fp: Fingerprint | None, closest: rp.Seen | None,
+             known: list) -> Program | None:  # fmt: skip
     """Compile, once the budget allows (or leave it to the call that follows: JAX's
     profile-guided path). If JAX's own caches serve it, it is the program whose XLA
     executable they gave."""
@@ -529,7 +530,7 @@ class _Window:
         self.f, self.fun_name = f, f"jit({f.short})"
         self.planned = False  # the compile about to start was asked for
         self.expect_none = False  # an executable was installed: no compile is due
-        self.changes: Sequence[rp.Change] = ()  # and what the record keeps:
+        self.changes: Sequence[rp.Change] = ()  # these three: the compile's record
         self.structure: bytes | None = None
         self.differ: rp.Differ | None = None
         self.number = 0  # of the last compile booked

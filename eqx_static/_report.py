@@ -313,7 +313,8 @@ class Compile(NamedTuple):
 
 
 def budget_error(qualname: str, limit: int, history: Sequence[Compile],
-                 changes: Sequence[Change], differ: Differ | None) -> RecompileError:  # fmt: skip
+                 changes: Sequence[Change],
+                 differ: Differ | None) -> RecompileError:  # fmt: skip
     lines = "".join(
         f"\n  compile {i}: {', '.join(dict.fromkeys(c.name for c in h.changes)) or 'first call'}"
         for i, h in enumerate(history, 1)
