@@ -1,17 +1,17 @@
 """The miss path, the books, and programs provably the same.
 
-Each key has its own C++ dispatcher (JAX's `PjitFunction`, as a `jax.jit` has). It
-serves the key's hits, and calls `_cache_miss` for anything it has no executable
-for: new shapes, a new sharding, a new context, a transformation. A miss traces and
-lowers the call with the key's `jax.jit`, compares the program with those this
-function compiled (`Fingerprint`), installs the executable of one provably the
-same or compiles, and lets that `jax.jit` run it and hand the dispatcher what it
-needs to serve the next such call in C++. A key keeps its `jax.jit` (JAX's trace
-and lowering) only if it compiled a program or ran under a transformation.
+Each key has its own C++ dispatcher (JAX's `PjitFunction`, as a `jax.jit` has): it
+serves the key's hits and calls `_cache_miss` for anything else (new avals, a new
+context, a transformation). A miss traces and lowers the call with the key's
+`jax.jit`, installs the executable of a compiled program provably the same
+(`Fingerprint`, `same`) or compiles, and lets that `jax.jit` run it and hand the
+dispatcher what it keeps to serve the next such call in C++. A key keeps its
+`jax.jit` only if it compiled a program or ran under a transformation.
 
-Compiles are booked from what JAX reports (`jax.monitoring`), in a window opened
-around everything the miss path asks of JAX: whatever JAX compiles for the
-function while a call of it runs, asked for or not, is counted, and budgeted.
+Compiles are booked from JAX's own events (`jax.monitoring`) in a window around
+everything a miss asks of JAX: whatever JAX compiles for the function meanwhile,
+asked for or not, is counted and budgeted. No lock is held while JAX traces,
+compiles or runs.
 """
 
 import contextlib
@@ -33,19 +33,8 @@ import jax.tree_util as jtu
 import numpy as np
 from jax.core import Tracer
 
-from . import _compat as jx, _report as rp
-from ._key import (
-    ARRAY_TYPES,
-    build,
-    build_call,
-    count_leaves,
-    deep,
-    form,
-    is_module_node,
-    Key,
-    SIMPLE,
-    typed,
-)
+from . import _compat as jx, _key, _report as rp
+from ._key import Key
 from ._module import is_module_type
 
 
@@ -62,13 +51,12 @@ class Fingerprint(NamedTuple):
 
 @dataclasses.dataclass(eq=False)
 class Program:
-    """One XLA compile of the miss path: the executable every key whose program is
-    provably the same runs, and what the explanations read of it."""
+    """One XLA compile: the executable of every key whose program is the same."""
 
     number: int  # among this function's compiles, from 1
     fingerprint: Fingerprint | None  # None: never shared
     executable: Any
-    ops: tuple  # the per-operation summary `differ_of` compares
+    ops: tuple  # `rp.ops_of`, for `rp.differ_of`
     structure: bytes | None  # the module's digest with its constants masked
     users: int = 0  # signatures that run it
 
@@ -78,21 +66,17 @@ class Program:
 
 
 class Entry:
-    """One compile key: its dispatcher, its `jax.jit`, and what each signature
-    (avals and JAX's context) it ran runs."""
+    """One compile key: its dispatcher, its `jax.jit`, and what it runs for each
+    signature (avals and JAX's context) it ran."""
 
     __slots__ = ("call", "dispatch", "helper", "key", "runs", "used")
+    call: Callable  # what a hit calls: the dispatcher, maybe wrapped
+    dispatch: Any  # C++: serves the key's hits, calls `_cache_miss`
 
     def __init__(self, key: Key):
-        self.key = key
-        self.dispatch: Any = None  # C++: serves its hits, calls `_cache_miss`
-        self.call: Callable = self._call  # what a hit calls
+        self.key, self.used = key, 0  # `used`: when last called, for `maxsize`
         self.helper: Any = None  # its `jax.jit`, called by the miss path only
         self.runs: dict[tuple, Program | None] = {}
-        self.used = 0  # for `maxsize`: when it was last called
-
-    def _call(self, *leaves: Any) -> Any:
-        return self.dispatch(*leaves)
 
 
 class CacheInfo(NamedTuple):
@@ -151,21 +135,19 @@ class CompileInfo(NamedTuple):
 
 
 def _read(counter: "itertools.count[int]") -> int:
-    """An `itertools.count`'s next value, read without advancing it."""
-    return int(repr(counter)[6:-1])
+    return int(repr(counter)[6:-1])  # its next value, without advancing it
 
 
 class Cache:
     """The keys, programs and books of one function, shared by every wrapper of it
-    with the same options. The lock guards bookkeeping only: it is never held while
-    JAX traces, compiles or runs a program."""
+    with the same options. The lock guards bookkeeping only."""
 
     def __init__(self, maxsize: int | None):
         self.maxsize = maxsize
         self.entries: dict[Key, Entry] = {}
         self.calls = itertools.count()  # counted in C: no lock, no lost increment
+        self.clock = itertools.count(1)  # for `Entry.used`
         self.misses = self.at_clear = 0
-        self.clock = itertools.count(1)
         self.programs: dict[bytes, list[Program]] = {}  # by module digest
         self.compiling: dict[bytes, threading.Event] = {}  # by module digest
         self.history: list[rp.Compile] = []  # every XLA compile since `clear`
@@ -187,29 +169,34 @@ class Cache:
 
     def clear(self) -> None:
         with self.lock:
-            self.entries.clear()
-            self.programs.clear()
-            self.history.clear()
-            self.reused.clear()
+            for d in (self.entries, self.programs, self.history, self.reused):
+                d.clear()
             self.at_clear, self.misses, self.warned = _read(self.calls), 0, False
 
     def known(self) -> list[rp.Seen]:
         with self.lock:
-            runs = [(e, r, p) for e in self.entries.values() for r, p in e.runs.items()]
-        return [rp.Seen(e.key, sig, ctx, p) for e, (sig, ctx), p in runs]
+            es = self.entries.values()
+            return [rp.Seen(e.key, s, c, p) for e in es for (s, c), p in e.runs.items()]
 
-    def book_miss(
-        self, changes: Sequence[rp.Change] = (), shared: bool = False
-    ) -> None:
+    def book_miss(self, reused: Sequence[rp.Change] = ()) -> None:
+        """Count a miss; `reused`: what changed in it, if it shared a program."""
         with self.lock:
             self.misses += 1
-            for c in changes if shared else ():
+            for c in reused:
                 self.reused[c.name] = self.reused.get(c.name, 0) + 1
 
+    def running(self, lowering: Any) -> Program | None:
+        """The program whose XLA executable `lowering` holds, if it holds one."""
+        if lowering is None or (executable := jx.executable_of(lowering)) is None:
+            return None
+        xla = jx.xla_executable(executable)
+        with self.lock:
+            ps = [p for ps in self.programs.values() for p in ps]
+        return next((p for p in ps if jx.xla_executable(p.executable) is xla), None)
+
     def find(self, fp: Fingerprint | None) -> Program | None:
-        """A compiled program provably the same as `fp`. While another thread
-        compiles the same module, wait and look again (no lock held); if there is
-        none, `fp` is marked as being compiled until `done` unmarks it."""
+        """A compiled program provably the same as `fp`; else `fp` is marked as
+        compiling until `done`, and a `find` of the same module waits for it."""
         while fp is not None:
             with self.lock:
                 for p in self.programs.get(fp.digest, ()):
@@ -222,15 +209,6 @@ class Cache:
             event.wait()
         return None
 
-    def running(self, executable: Any) -> Program | None:
-        """The program whose XLA executable `executable` holds."""
-        xla = jx.xla_executable(executable)
-        with self.lock:
-            programs = [p for ps in self.programs.values() for p in ps]
-        return next(
-            (p for p in programs if jx.xla_executable(p.executable) is xla), None
-        )
-
     def done(self, fp: Fingerprint | None, new: Program | None) -> None:
         with self.lock:
             if new is not None and new.fingerprint is not None:
@@ -240,8 +218,7 @@ class Cache:
             event.set()
 
     def add_run(self, entry: Entry, run: tuple, program: Program | None) -> None:
-        """Record what `entry` runs for `run`; then, past `maxsize` signatures,
-        evict the least recently used other keys."""
+        """`entry` runs `program` for `run`; past `maxsize`, evict other keys (LRU)."""
         with self.lock:
             if (old := entry.runs.get(run)) is not None:
                 old.users -= 1
@@ -276,8 +253,8 @@ class Function:
     def __init__(self, fn: Callable, fn_node: Any, n_fn: int, argnames: tuple,
                  donate: str, max_compiles: int | None, warn_after: int | None,
                  cache: Cache):  # fmt: skip
-        # A traced function gets a plain function by a weak reference (its cache
-        # dies with it), a pytree callable rebuilt from its traced leaves.
+        # A plain function is held weakly (its cache dies with it); any other
+        # callable is rebuilt from its node and traced leaves.
         self.fn_node = None if type(fn) is types.FunctionType else fn_node
         self.fn_ref = weakref.ref(fn) if self.fn_node is None else None
         self.n_fn, self.argnames, self.donate = n_fn, argnames, donate
@@ -289,7 +266,7 @@ class Function:
 
     def name(self, key: Key) -> str:
         """`Class.method` for a method called on a module, else the qualname."""
-        if self.method and key.args and is_module_node(key.args[0]):
+        if self.method and key.args and _key.is_module_node(key.args[0]):
             return f"{key.args[0][0].__qualname__}.{self.short}"
         return self.qualname
 
@@ -303,18 +280,20 @@ class Function:
 
 
 class _Local(threading.local):
-    def __init__(self):
-        self.traces = 0  # traces made in this thread
-        self.window: _Window | None = None  # where a compile is booked
+    traces = 0  # traces made in this thread
+    window: "_Window | None" = None  # where a compile is booked
 
 
 _local: Final = _Local()
 
 
+# ----------------------------------------------------------------------------------
+# A key's dispatcher.
+
+
 def new_entry(f: Function, key: Key, leaves: Sequence) -> Entry:
-    """A key's entry, in the cache at once: a call of the key from another thread
-    while this one's first miss runs finds it, and JAX's dispatcher makes it wait
-    for that miss instead of tracing again."""
+    """A key's entry, in the cache at once: a call from another thread during its
+    first miss finds it, and JAX's dispatcher makes it wait instead of tracing."""
     entry = Entry(key)
     _new_dispatch(f, entry, leaves)
     with f.cache.lock:
@@ -324,163 +303,60 @@ def new_entry(f: Function, key: Key, leaves: Sequence) -> Entry:
 def _new_dispatch(f: Function, entry: Entry, leaves: Sequence) -> None:
     miss = functools.partial(_cache_miss, f, entry)
     donated = _donated(f, entry.key, leaves)
-    entry.dispatch = jx.dispatcher(
-        f.short, _traced(f, entry.key, eager=True), miss, donated
-    )
+    entry.dispatch = jx.dispatcher(f.short, _traced(f, entry.key, True), miss, donated)
     entry.call, entry.helper = _calling(f, entry, reports=False), None
 
 
 def _calling(f: Function, entry: Entry, reports: bool) -> Callable:
-    """What a call of `entry` calls: its dispatcher; if a program may hold an
-    `eqx.error_if`, waiting for the result to report a failure as Equinox does;
-    with `donate="all"`, hiding JAX's warning of unusable donations."""
+    """What a hit calls: the dispatcher, reporting `eqx.error_if` failures as
+    Equinox does if a program may hold one, quiet with `donate="all"`."""
     call = rp.reporting_errors(entry.dispatch) if reports else entry.dispatch
-    if not f.quiet:
-        return call
-
-    def quietly(*leaves: Any) -> Any:
-        with _quiet(f):
-            return call(*leaves)
-
-    return quietly
+    return _quiet(f)(call) if f.quiet else call
 
 
 def _traced(f: Function, key: Key, eager: bool = False) -> Callable:
-    """The function `jax.jit` traces for `key`: it rebuilds the call from the key and
-    the traced leaves and runs it (eagerly under `jax.disable_jit()`)."""
-    fn_node, fn_ref, n_fn, cache, name = (
-        f.fn_node,
-        f.fn_ref,
-        f.n_fn,
-        f.cache,
-        f.name(key),
-    )
+    """What `jax.jit` traces for `key` (and runs under `jax.disable_jit()`)."""
 
     def traced(*_es_leaves: Any) -> Any:
         _local.traces += 1
-        fn = (
-            fn_ref()
-            if fn_ref is not None
-            else deep(build, fn_node, iter(_es_leaves[:n_fn]))
-        )
+        n, ref = f.n_fn, f.fn_ref
+        fn = ref() if ref else _key.deep(_key.build, f.fn_node, iter(_es_leaves[:n]))
         assert fn is not None, "a live wrapper holds its function"
-        args, kwargs = deep(build_call, key, _es_leaves[n_fn:])
+        args, kwargs = _key.deep(_key.build_call, key, _es_leaves[n:])
         if eager:
-            cache.book_miss()  # it runs, eagerly, as under `eqx.filter_jit`
-            return fn(*args, **kwargs)
+            f.cache.book_miss()  # it runs, eagerly, as under `eqx.filter_jit`
         try:
             out = fn(*args, **kwargs)
-        except rp.TracedFieldError:
-            raise
         except Exception as e:
-            if rp.LEAVES_NAME + "[" not in str(e):
+            error = rp.traced_field_error(f.name(key), e, key, f.argnames, n)
+            if error is None:
                 raise
-            error = rp.traced_field_error(name, e, key, f.argnames, n_fn)
             raise error.with_traceback(e.__traceback__) from None
-        arrays, static = split(out)
-        return arrays[0] if static.mask is None else (arrays, static)
+        return split(out)
 
     traced.__name__, traced.__qualname__ = f.short, f.qualname
     return traced
 
 
 def _donated(f: Function, key: Key, leaves: Sequence) -> tuple[int, ...]:
-    """The positions of the leaves whose buffers `donate` gives to XLA."""
+    """The positions of the array leaves whose buffers `donate` gives to XLA."""
     if f.donate == "none":
         return ()
-    skip = f.n_fn + (
-        count_leaves(key.args[0]) if f.donate.endswith("first") and key.args else 0
-    )
+    n = _key.count_leaves(key.args[0]) if f.donate.endswith("first") and key.args else 0
+    kept = range(f.n_fn, f.n_fn + n)
     return tuple(
-        i
-        for i, x in enumerate(leaves)
-        if (i >= skip or i < f.n_fn) and isinstance(x, jax.Array)
+        i for i, x in enumerate(leaves) if i not in kept and isinstance(x, jax.Array)
     )
 
 
-# ----------------------------------------------------------------------------------
-# Booking what JAX compiles.
-
-
-class _Window:
-    """What this thread asks of JAX for one function: every compile JAX reports
-    meanwhile of a program of its name is booked to it, and budgeted."""
-
-    def __init__(self, f: Function):
-        self.f, self.fun_name = f, f"jit({f.short})"
-        self.planned = False  # the compile about to start was asked for
-        self.expect_none = False  # an executable was installed: no compile is due
-        self.changes: Sequence[rp.Change] = ()
-        self.structure: bytes | None = None
-        self.differ: rp.Differ | None = None
-        self.number = 0  # of the last compile booked
-        self.previous: _Window | None = None
-
-    def __enter__(self) -> "_Window":
-        self.previous, _local.window = _local.window, self
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        _local.window = self.previous
-
-    def starting(self) -> None:
-        if self.expect_none:
-            _sharing_broken()
-        elif not self.planned:  # JAX's own: a profile-guided compile, say
-            self.f.check_budget(self.changes or _AGAIN, None)
-
-    def finished(self, seconds: float) -> None:
-        record = rp.Compile(tuple(self.changes), seconds, self.structure, self.differ)
-        with self.f.cache.lock:
-            self.f.cache.history.append(record)
-            self.number = len(self.f.cache.history)
-        self.planned = False
-
-
-_AGAIN: Final = [
-    rp.Change("JAX compiled it again (profile-guided)", "call", "structure")
-]
-
-
-def _on_compile_start(event: str, value: float, **kwargs: Any) -> None:
-    w = _local.window
-    if (
-        w is not None
-        and event == jx.COMPILE_EVENT
-        and kwargs.get("fun_name") == w.fun_name
-    ):
-        w.starting()
-
-
-def _on_compile_end(event: str, duration_secs: float, **kwargs: Any) -> None:
-    w = _local.window
-    if (
-        w is not None
-        and event == jx.COMPILE_EVENT
-        and kwargs.get("fun_name") == w.fun_name
-    ):
-        w.finished(duration_secs)
-
-
-jax.monitoring.register_scalar_listener(_on_compile_start)
-jax.monitoring.register_event_duration_secs_listener(_on_compile_end)
-
-_sharing: Final = [True]
-
-
-def _sharing_broken() -> None:
-    """JAX compiled a call whose executable the miss path had installed: this JAX
-    does not run what a lowering holds. Stop sharing programs; say so once."""
-    if _sharing[0]:
-        _sharing[0] = False
-        warnings.warn(
-            f"eqx_static: jax {jax.__version__} compiled a program whose executable "
-            "es.jit had installed, so es.jit stops sharing programs between keys in "
-            "this process (each key compiles its own, as under `eqx.filter_jit`). "
-            "Please report this with your JAX version.",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+@contextlib.contextmanager
+def _quiet(f: Function) -> Iterator[None]:
+    """`donate="all"` and `"all-except-first"` hide JAX's warning that some donated
+    buffers were not usable, as `eqx.filter_jit` does."""
+    with warnings.catch_warnings():
+        if f.quiet:
+            warnings.filterwarnings("ignore", "Some donated buffers were not usable")
+        yield
 
 
 # ----------------------------------------------------------------------------------
@@ -488,12 +364,11 @@ def _sharing_broken() -> None:
 
 
 def _cache_miss(f: Function, entry: Entry, *leaves: Any) -> tuple:
-    """What `entry`'s dispatcher calls when it has no executable for a call: the
-    outputs, and what it keeps to serve the next such call in C++. It must not wait
-    for the program to finish: the dispatcher holds other calls of this signature
-    until it returns, and the program's callbacks may make them."""
+    """The outputs, and what the dispatcher keeps to serve the next such call. It
+    must not wait for the program: the dispatcher holds other calls of this
+    signature until it returns, and the program's callbacks may make them."""
     __tracebackhide__ = True
-    # `eqx.error_if` records the frames of its trace up to this rp.marker (the name is
+    # `eqx.error_if` records the frames of its trace up to this marker (the name is
     # Equinox's): a new one per miss, as `eqx.filter_jit` makes one per call.
     __equinox_jit_id__ = os.urandom(16)
     previous, rp.marker.current = rp.marker.current, __equinox_jit_id__
@@ -507,56 +382,45 @@ def _cache_miss(f: Function, entry: Entry, *leaves: Any) -> tuple:
 
 
 def _top_level(f: Function, entry: Entry, leaves: tuple) -> tuple:
-    """Trace and lower the call, reuse or compile its program, and run it. A miss
-    if it traced or compiled; else a hit (JAX's dispatcher had only seen another
-    kind of input: a NumPy array, a committed one)."""
-    cache, sig, ctx = f.cache, tuple(map(_aval, leaves)), jx.trace_context()
+    """Trace and lower, reuse or compile, run. A miss if it traced or compiled; else
+    a hit (the dispatcher had seen another kind of input: a NumPy array, say)."""
+    cache, run = f.cache, _signature(leaves)
     pgle = jx.pgle_enabled()  # JAX compiles in the call then, with its profile
-    w, traces, changes, shared = _Window(f), _local.traces, [], False
+    w, traces, shared = _Window(f), _local.traces, False
     try:
         with w:
             if pgle and entry.helper is not None:
-                return _reported(entry.helper, leaves)
+                return _run(entry.helper, leaves)
             _make_room(f, entry)
             helper = entry.helper or _helper(f, entry.key, leaves)
             traced = helper.trace(*leaves)
             lowered = traced.lower()
             lowering = jx.lowering_of(lowered)
             known = cache.known()
-            changes, closest = rp.explain(known, entry.key, sig, ctx, f.argnames)
-            w.changes = changes
-            fp = (
-                None
-                if pgle or lowering is None
-                else fingerprint(traced.jaxpr, lowering)
-            )
+            w.changes, closest = rp.explain(known, entry.key, run, f.argnames)
+            fp = None if pgle else fingerprint(traced.jaxpr, lowering)
             # JAX's lowering cache may give a lowering compiled already (the inputs'
             # shardings compare equal to an earlier call's: `P()`, `P(None)`).
-            ran = None if lowering is None else jx.executable_of(lowering)
-            program = (cache.running(ran) if ran is not None else None) or (
-                cache.find(fp) if _sharing[0] else None
-            )
+            program = cache.running(lowering) or (cache.find(fp) if _sharing else None)
             try:
                 if program is not None:
                     shared = True
                     jx.set_executable(lowering, program.executable)
                 else:  # the key keeps its `jax.jit`: it compiled a program
-                    program = _compile(
-                        f, w, entry.key, traced, lowered, fp, closest, len(known)
-                    )
+                    program = _compile(w, entry, traced, lowered, fp, closest, known)
                     shared, entry.helper = program is not None and not w.number, helper
             finally:
                 cache.done(fp, None if shared else program)
             if shared and _local.traces != traces:
                 assert program is not None
-                rp.log(f.name(entry.key), "traced", len(known), changes,
-                    f"same program as compile {program.number}, not compiled again")  # fmt: skip
+                again = f"same program as compile {program.number}, not compiled again"
+                rp.log(f.name(entry.key), "traced", len(known), w.changes, again)
             w.expect_none = program is not None
-            cache.add_run(entry, (sig, ctx), program)
+            cache.add_run(entry, run, program)
             if program is None or program.has_callbacks:
                 entry.call = _calling(f, entry, reports=True)
             try:
-                return _reported(helper, leaves)
+                return _run(helper, leaves)
             except BaseException:
                 # JAX's dispatcher falls back to Python for a signature whose first
                 # run raised: later calls come here, through this `jax.jit`.
@@ -564,65 +428,39 @@ def _top_level(f: Function, entry: Entry, leaves: tuple) -> tuple:
                 raise
     finally:
         if _local.traces != traces or w.number:
-            cache.book_miss(changes, shared)
-            if f.warn_after and not cache.warned and len(cache.history) >= f.warn_after:
-                cache.warned = rp.storm(
-                    f.name(entry.key), cache.history, cache.reused, f.warn_after
-                )
+            cache.book_miss(w.changes if shared else ())
+            n = f.warn_after
+            if n and not cache.warned and len(cache.history) >= n:
+                name = f.name(entry.key)
+                cache.warned = rp.storm(name, cache.history, cache.reused, n)
 
 
-def _helper(f: Function, key: Key, leaves: Sequence) -> Any:
-    """A `jax.jit` of the key's traced function, called by the miss path only."""
-    return jx.jax_jit(_traced(f, key), donate_argnums=_donated(f, key, leaves))
-
-
-def _reported(helper: Any, leaves: tuple) -> tuple:
-    """Run the call through `helper`'s own miss, which gives a dispatcher what it
-    keeps, an `eqx.error_if` failure reported as Equinox does (without waiting for
-    the outputs: see `_cache_miss`)."""
-    __tracebackhide__ = True
-    return rp.reporting_errors(functools.partial(jx.jit_miss, helper), wait=False)(
-        *leaves
-    )
-
-
-def _compile(f: Function, w: _Window, key: Key, traced: Any, lowered: Any,
-             fp: Fingerprint | None, closest: rp.Seen | None, n: int) -> Program | None:  # fmt: skip
-    """Compile a lowering no compiled program is the same as, once the budget allows
-    (or leave it to the call that follows: JAX's profile-guided path). JAX may serve
-    it from its own caches, compiling nothing: it is then the program whose XLA
-    executable it is."""
+def _compile(w: "_Window", entry: Entry, traced: Any, lowered: Any,
+             fp: Fingerprint | None, closest: rp.Seen | None,
+             known: list) -> Program | None:  # fmt: skip
+    """Compile, once the budget allows (or leave it to the call that follows: JAX's
+    profile-guided path). If JAX's own caches serve it, it is the program whose XLA
+    executable they gave."""
     lowering = jx.lowering_of(lowered)
     w.structure = None if lowering is None else _structure(lowering)
     w.differ = rp.differ_of(closest, w.changes, traced.jaxpr, w.structure)
-    f.check_budget(w.changes, w.differ)
+    w.f.check_budget(w.changes, w.differ)
     w.planned = True
-    executable = None
-    if lowering is not None and fp is not None:
+    if fp is not None:
         lowered.compile()
-        executable = jx.executable_of(lowering)
-        if not w.number and (same := f.cache.running(executable)) is not None:
+        if not w.number and (same := w.f.cache.running(lowering)) is not None:
             return same
-    rp.log(f.name(key), "compiling", n, w.changes, w.differ)
+    rp.log(w.f.name(entry.key), "compiling", len(known), w.changes, w.differ)
+    executable = None if fp is None else jx.executable_of(lowering)
     if executable is None:
         return None  # compiled by the call that follows, booked by the window
-    return Program(w.number, fp, executable, rp.ops_of(traced.jaxpr), w.structure)
-
-
-def _make_room(f: Function, entry: Entry) -> None:
-    """Before a key compiles another signature: if it alone holds `maxsize`, start
-    it again, empty (a new dispatcher, so that JAX frees them too)."""
-    if f.cache.maxsize is not None and len(entry.runs) >= f.cache.maxsize:
-        with f.cache.lock:
-            f.cache.release(entry)
-        _new_dispatch(f, entry, ())
+    ops = tuple(rp.ops_of(traced.jaxpr))
+    return Program(w.number, fp, executable, ops, w.structure)
 
 
 def _staged(f: Function, entry: Entry, leaves: tuple) -> Any:
-    """Stage the call into the outer trace with the key's own trace, as
-    `eqx.filter_jit` does (through the key's `jax.jit`, which keeps it). What JAX
-    compiles meanwhile (an eager `grad` or `vmap` compiles the transformed program
-    at once) is booked."""
+    """Stage the call into the outer trace through the key's `jax.jit`, as
+    `eqx.filter_jit` does; what JAX compiles meanwhile (an eager `grad`) is booked."""
     with f.cache.lock:
         entry.helper = helper = entry.helper or _helper(f, entry.key, leaves)
     if jx.jit_is_replaced():  # Equinox's breakpoint mode: through its `jax.jit`
@@ -635,41 +473,122 @@ def _staged(f: Function, entry: Entry, leaves: tuple) -> Any:
         if _local.traces != traces or w.number:
             f.cache.book_miss()
         if _local.traces != traces:
-            sig, ctx = tuple(map(_aval, leaves)), jx.trace_context()
             known = f.cache.known()
-            changes, _ = rp.explain(known, entry.key, sig, ctx, f.argnames)
-            rp.log(
-                f.name(entry.key), "traced under a transformation", len(known), changes
-            )
+            changes, _ = rp.explain(known, entry.key, _signature(leaves), f.argnames)
+            what = "traced under a transformation"
+            rp.log(f.name(entry.key), what, len(known), changes)
 
 
-@contextlib.contextmanager
-def _quiet(f: Function) -> Iterator[None]:
-    """`donate="all"` and `"all-except-first"` hide JAX's warning that some donated
-    buffers were not usable, as `eqx.filter_jit` does."""
-    with warnings.catch_warnings():
-        if f.quiet:
-            warnings.filterwarnings("ignore", "Some donated buffers were not usable")
-        yield
+def _helper(f: Function, key: Key, leaves: Sequence) -> Any:
+    """A `jax.jit` of the key's traced function, for the miss path only."""
+    return jx.jax_jit(_traced(f, key), donate_argnums=_donated(f, key, leaves))
+
+
+def _run(helper: Any, leaves: tuple) -> tuple:
+    """`helper`'s own miss: it runs the call, and returns what a dispatcher keeps."""
+    __tracebackhide__ = True
+    run = functools.partial(jx.jit_miss, helper)
+    return rp.reporting_errors(run, wait=False)(*leaves)
+
+
+def _make_room(f: Function, entry: Entry) -> None:
+    """Empty a key that alone holds `maxsize` (a new dispatcher: JAX's goes too)."""
+    if f.cache.maxsize is not None and len(entry.runs) >= f.cache.maxsize:
+        with f.cache.lock:
+            f.cache.release(entry)
+        _new_dispatch(f, entry, ())
+
+
+def _signature(leaves: tuple) -> tuple:
+    """What a key runs a program for: its leaves' avals, and JAX's context."""
+    return tuple(map(_aval, leaves)), jx.trace_context()
 
 
 def _aval(x: Any) -> tuple:
     """A leaf's shape, dtype, weak type and (if placed explicitly) sharding."""
     a = jax.typeof(x)
     committed = not isinstance(x, Tracer) and getattr(x, "committed", False)
-    return (
-        a.shape,
-        a.dtype,
-        getattr(a, "weak_type", False),
-        x.sharding if committed else None,
-    )
+    sharding = x.sharding if committed else None
+    return a.shape, a.dtype, getattr(a, "weak_type", False), sharding
 
 
 def lower_call(f: Function, key: Key, leaves: list) -> Any:
-    """`jax.stages.Lowered` for a call, through a `jax.jit` of its own: it books
-    nothing, and is not one of the function's programs."""
+    """`jax.stages.Lowered` for a call, by a `jax.jit` of its own: nothing booked."""
     with _quiet(f):
         return _helper(f, key, leaves).trace(*leaves).lower()
+
+
+# ----------------------------------------------------------------------------------
+# The books: every compile JAX reports while a window is open in this thread.
+
+
+class _Window:
+    """What this thread asks of JAX for one function: every compile JAX reports
+    meanwhile of a program of its name is booked to it, and budgeted."""
+
+    def __init__(self, f: Function):
+        self.f, self.fun_name = f, f"jit({f.short})"
+        self.planned = False  # the compile about to start was asked for
+        self.expect_none = False  # an executable was installed: no compile is due
+        self.changes: Sequence[rp.Change] = ()  # these three: the compile's record
+        self.structure: bytes | None = None
+        self.differ: rp.Differ | None = None
+        self.number = 0  # of the last compile booked
+        self.previous: _Window | None = None
+
+    def __enter__(self) -> "_Window":
+        self.previous, _local.window = _local.window, self
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _local.window = self.previous
+
+
+def _window(event: str, kwargs: dict[str, Any]) -> "_Window | None":
+    """This thread's open window, if JAX reports a compile of its function."""
+    w = _local.window
+    if w is None or event != jx.COMPILE_EVENT or kwargs.get("fun_name") != w.fun_name:
+        return None
+    return w
+
+
+def _on_compile_start(event: str, value: float, **kwargs: Any) -> None:
+    if (w := _window(event, kwargs)) is None:
+        return
+    if w.expect_none:  # this JAX compiled a lowering whose executable was installed
+        _stop_sharing()
+    elif not w.planned:  # JAX's own: a profile-guided compile, say
+        again = rp.Change("JAX compiled it again (profile-guided)", "call", "structure")
+        w.f.check_budget(w.changes or [again], None)
+
+
+def _on_compile_end(event: str, duration_secs: float, **kwargs: Any) -> None:
+    if (w := _window(event, kwargs)) is not None:
+        record = rp.Compile(tuple(w.changes), duration_secs, w.structure, w.differ)
+        with w.f.cache.lock:
+            w.f.cache.history.append(record)
+            w.number = len(w.f.cache.history)
+        w.planned = False
+
+
+jax.monitoring.register_scalar_listener(_on_compile_start)
+jax.monitoring.register_event_duration_secs_listener(_on_compile_end)
+
+_sharing = True  # cleared if this JAX compiles what the miss path installed
+
+
+def _stop_sharing() -> None:
+    global _sharing
+    if _sharing:
+        _sharing = False
+        warnings.warn(
+            f"eqx_static: jax {jax.__version__} compiled a program whose executable "
+            "es.jit had installed, so es.jit stops sharing programs between keys in "
+            "this process (each key compiles its own, as under `eqx.filter_jit`). "
+            "Please report this with your JAX version.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 
 # ----------------------------------------------------------------------------------
@@ -677,45 +596,36 @@ def lower_call(f: Function, key: Key, leaves: list) -> Any:
 # tree structure, as `eqx.filter_jit` does, so that `jax.jit` keeps it per trace.
 
 
+@jtu.register_static
+@dataclasses.dataclass(frozen=True, eq=False, slots=True)
 class Static:
-    """A pytree node without children whose metadata is an output's static part."""
+    """A pytree node without children, whose metadata is an output's static part."""
 
-    __slots__ = ("mask", "statics", "treedef")
-
-    def __init__(self, treedef: Any, mask: tuple | None, statics: tuple):
-        self.treedef, self.mask, self.statics = (
-            treedef,
-            mask,
-            statics,
-        )  # mask None: one array
+    treedef: Any
+    mask: tuple  # which leaves are arrays
+    statics: tuple
 
 
-jtu.register_pytree_node(Static, lambda s: ((), s), lambda s, _: s)
-_ONE: Final = Static(None, None, ())
-
-
-def split(out: Any) -> tuple[list, Static]:
-    if isinstance(out, ARRAY_TYPES):
-        return [out], _ONE
+def split(out: Any) -> Any:
+    """One array as itself; else the arrays, and a `Static` of the rest."""
+    if isinstance(out, _key.ARRAY_TYPES):
+        return out
     flat, treedef = jtu.tree_flatten(out)
-    mask = tuple([isinstance(x, ARRAY_TYPES) for x in flat])
+    mask = tuple([isinstance(x, _key.ARRAY_TYPES) for x in flat])
     statics = tuple([None if m else x for x, m in zip(flat, mask)])
     return [x for x, m in zip(flat, mask) if m], Static(treedef, mask, statics)
 
 
 def combine(arrays: list, static: Static) -> Any:
-    if static.mask is None:
-        return arrays[0]
     it = iter(arrays)
-    return static.treedef.unflatten(
-        [next(it) if m else s for m, s in zip(static.mask, static.statics)]
-    )
+    leaves = [next(it) if m else s for m, s in zip(static.mask, static.statics)]
+    return static.treedef.unflatten(leaves)
 
 
 # ----------------------------------------------------------------------------------
 # Programs: a lowering's fingerprint, and when two are provably one program.
 
-# rp.Compile arguments that do not change what the executable computes (debug names,
+# Compile arguments that do not change what the executable computes (debug names,
 # the profiler), and the callbacks, compared through their Python functions.
 _NOT_PROGRAM: Final = frozenset(
     {"all_args_info", "pgle_profiler", "host_callbacks", "keepalive"}
@@ -724,20 +634,17 @@ _CONSTANT: Final = re.compile(rb"dense<[^>]*>")
 
 
 def fingerprint(jaxpr: Any, lowering: Any) -> Fingerprint | None:
-    """A traced call's fingerprint, or None if a host callback's Python function
-    cannot be found (never shared then)."""
-    args = lowering.compile_args
-    callbacks = callbacks_of(jaxpr)
+    """None (never shared) if the lowering or a callback's function is unknown."""
+    if lowering is None:
+        return None
+    args, callbacks = lowering.compile_args, callbacks_of(jaxpr)
     if len(callbacks) != len(args.get("host_callbacks") or ()):
         return None
-    arguments = tuple(
-        (k, _comparable(args[k])) for k in sorted(args) if k not in _NOT_PROGRAM
-    )
-    kept = tuple(args.get("keepalive") or ())
+    arguments = [(k, _comparable(args[k])) for k in sorted(set(args) - _NOT_PROGRAM)]
+    arguments += jx.program_options(lowering)
+    callbacks += tuple(args.get("keepalive") or ())
     digest = hashlib.sha256(_module_text(lowering)).digest()
-    return Fingerprint(
-        digest, arguments + jx.program_options(lowering), callbacks + kept
-    )
+    return Fingerprint(digest, tuple(arguments), callbacks)
 
 
 def _module_text(lowering: Any) -> bytes:
@@ -762,30 +669,23 @@ def _comparable(v: Any) -> Any:
     if t is np.ndarray:
         return (t, v.shape, tuple(map(_comparable, v.flat)))
     if hasattr(v, "__dict__") and t.__eq__ is object.__eq__:
-        derived = {
-            k
-            for k in dir(t)
-            if isinstance(getattr(t, k, None), functools.cached_property)
-        }
-        items = [(k, _comparable(x)) for k, x in vars(v).items() if k not in derived]
-        return (t, tuple(sorted(items, key=lambda kv: kv[0])))
+        d, cached = vars(v), functools.cached_property
+        names = [k for k in d if not isinstance(getattr(t, k, None), cached)]
+        return (t, tuple((k, _comparable(d[k])) for k in sorted(names)))
     return v
 
 
 def same_program(a: Fingerprint, b: Fingerprint) -> bool:
     try:
-        if a.digest != b.digest or a.arguments != b.arguments:
+        if a[:2] != b[:2] or len(a.callbacks) != len(b.callbacks):
             return False
     except Exception:  # a comparison that cannot be made: not the same
         return False
-    return len(a.callbacks) == len(b.callbacks) and all(
-        map(same, a.callbacks, b.callbacks)
-    )
+    return all(map(same, a.callbacks, b.callbacks))
 
 
 def callbacks_of(jaxpr: Any) -> tuple:
-    """The `callback` parameters of a closed jaxpr's callback equations, nested
-    jaxprs included (each once, as each is lowered once)."""
+    """The host callbacks of a jaxpr, nested jaxprs included (each once)."""
     found, stack, seen = [], [jaxpr], set()
     while stack:
         j = stack.pop()
@@ -807,45 +707,39 @@ def same(a: Any, b: Any) -> bool:
     `error_if` callbacks: their messages). When in doubt, not."""
     try:
         return _same(a, b, set())
-    except Exception:  # an `__eq__` that raises, say
+    except Exception:  # an `__eq__` that raises, an empty cell: not provably the same
         return False
 
 
-_IMMUTABLE: Final = SIMPLE | {float, complex, np.dtype}
+_IMMUTABLE: Final = _key.SIMPLE | {float, complex, np.dtype}
 
 
 def _same(a: Any, b: Any, seen: set) -> bool:
+    # Every rule is a conjunction: a `False` or an exception anywhere is `False`.
     if a is b or (id(a), id(b)) in seen:  # a cycle: equal so far, so equal
         return True
     t = type(a)
     if t is not type(b) or len(seen) > 1000:
         return False
     seen.add((id(a), id(b)))
-    if (flat := jx.flat_callback(a)) is not None:
-        other = jx.flat_callback(b)
-        return (
-            other is not None
-            and _same(flat[0], other[0], seen)
-            and form(flat[1]) == form(other[1])
-        )
+    if (fa := jx.flat_callback(a)) is not None and (fb := jx.flat_callback(b)):
+        return _same(fa[0], fb[0], seen) and _key.form(fa[1]) == _key.form(fb[1])
     if t is types.FunctionType:
         return _same_function(a, b, seen)
     if t is functools.partial:
-        return _same(
-            (a.func, a.args, _items(a.keywords)),
-            (b.func, b.args, _items(b.keywords)),
-            seen,
-        )
+        pa, pb = [(p.func, p.args, _items(p.keywords)) for p in (a, b)]
+        return _same(pa, pb, seen)
     if t is types.MethodType:
         return _same((a.__func__, a.__self__), (b.__func__, b.__self__), seen)
     if t in _IMMUTABLE or (t is frozenset and all(type(x) in _IMMUTABLE for x in a)):
-        return typed(a) == typed(b)
+        return _key.typed(a) == _key.typed(b)
     if t is tuple or (isinstance(a, tuple) and hasattr(t, "_fields")):
         return len(a) == len(b) and all(_same(x, y, seen) for x, y in zip(a, b))
     params = getattr(t, "__dataclass_params__", None)
     if is_module_type(t) or (params is not None and params.frozen):
-        fa, fb = _fields_of(a), _fields_of(b)
-        return fa is not None and fb is not None and _same(fa, fb, seen)
+        names = [f.name for f in dataclasses.fields(b)]  # slots too
+        x, y = (tuple(getattr(v, n) for n in names) for v in (a, b))
+        return _same(x, y, seen)
     return False  # mutable, or compared by its own `__eq__`: only itself
 
 
@@ -859,28 +753,11 @@ def _same_function(a: types.FunctionType, b: types.FunctionType, seen: set) -> b
             continue
         if not (known or jx.cell_bound_once(a, name)):
             return False
-        if not _same(_content(x), _content(y), seen):
+        if not _same(x.cell_contents, y.cell_contents, seen):
             return False
-    held = (a.__defaults__, _items(a.__kwdefaults__), _items(a.__dict__))
-    return _same(
-        held, (b.__defaults__, _items(b.__kwdefaults__), _items(b.__dict__)), seen
-    )
-
-
-def _content(cell: Any) -> Any:
-    try:
-        return cell.cell_contents
-    except ValueError:  # empty, to be bound later: not provably the same
-        return object()
+    held = [(g.__defaults__, _items(g.__kwdefaults__), _items(vars(g))) for g in (a, b)]
+    return _same(held[0], held[1], seen)
 
 
 def _items(d: dict | None) -> tuple:
     return tuple(sorted(d.items())) if d else ()
-
-
-def _fields_of(v: Any) -> tuple | None:
-    """A frozen dataclass's or module's fields, by name (slots too)."""
-    try:
-        return tuple((f.name, getattr(v, f.name)) for f in dataclasses.fields(v))
-    except Exception:  # a field that cannot be read
-        return None

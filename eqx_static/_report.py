@@ -12,7 +12,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, NamedTuple
 
 import equinox as eqx
@@ -42,20 +42,6 @@ class Change(NamedTuple):
     kind: str  # "static field", "leaf", "argument", "array", "structure", "context"
 
 
-class Origin(NamedTuple):
-    """Where a traced leaf comes from."""
-
-    path: str
-    cls: type | None
-    field: str | None
-
-
-def leaf_origins(key: Key, argnames: Sequence[str]) -> list[Origin]:
-    return [
-        Origin(v.path, v.cls, v.field) for v in walk(key, argnames) if v.node is LEAF
-    ]
-
-
 def unhashable_message(name: str, key: Key) -> str:
     """Where a call's unhashable static leaf is, and the hashable value to pass."""
     for v in walk(key, ()):
@@ -74,8 +60,8 @@ _HASHABLE: Final = {list: "a tuple", set: "a frozenset", dict: "a tuple of its i
 
 
 def diff(old: Key, new: Key, argnames: Sequence[str]) -> list[Change]:
-    """What differs from `old` to `new`: a node whose kind, class or structure
-    differs is reported and nothing below it; a module's static fields one by one."""
+    """What differs from `old` to `new`: a node that changed kind, class or
+    structure and nothing below it; a module's static fields one by one."""
     if len(old.args) != len(new.args) or old.names != new.names:
         what = f"{len(old.args)} -> {len(new.args)} positional, keywords {list(old.names)} -> {list(new.names)}"
         return [Change(f"call signature changed: {what}", "call", "structure")]
@@ -94,87 +80,44 @@ def diff(old: Key, new: Key, argnames: Sequence[str]) -> list[Change]:
 
 
 def _compare(a: Any, b: Any, path: str, method: bool, out: list[Change]) -> bool:
-    """Append what differs between the nodes `a` and `b` themselves; return whether
-    their children are not to be compared."""
+    """Append what differs between two unequal nodes themselves (not both traced,
+    nor both None); return whether to skip their children."""
     is_self = method and path == "self"
     name = path.removeprefix("self.") if method else path
     argument = "." not in path and "[" not in path
     what = "self" if is_self else f"argument {path}" if argument else f"field {name!r}"
     ka, kb = _kind(a), _kind(b)
-    if ka != kb:
-        out.append(Change(f"{what} changed kind: {ka} -> {kb}", name, "structure"))
-    elif ka == "module" and a[0] is not b[0]:
-        who = "class" if is_self else f"{what} class"
-        out.append(
-            Change(
-                f"{who} {a[0].__qualname__} -> {b[0].__qualname__}", name, "structure"
-            )
-        )
-    elif ka == "module":
-        for field, x, y, tx, ty in zip(
-            field_info(a[0]).static_names, a[1], b[1], a[2], b[2]
-        ):
+    if ka == kb == "module" and a[0] is b[0]:
+        names = field_info(a[0]).static_names
+        for field, x, y, tx, ty in zip(names, a[1], b[1], a[2], b[2]):
             if tx is not ty or x != y:
                 field = field if is_self else f"{name}.{field}"
-                out.append(
-                    Change(
-                        f"static field {field!r} changed {_show(x)} -> {_show(y)}",
-                        field,
-                        "static field",
-                    )
-                )
+                change = f"{field!r} changed {value_of(x)!r} -> {value_of(y)!r}"
+                out.append(Change(f"static field {change}", field, "static field"))
         if a[4] != b[4]:
             out.append(Change(f"{what} extra attributes changed", name, "structure"))
         return False
-    elif ka == "static":
-        out.append(
-            Change(
-                f"{what} changed {_show(a[2])} -> {_show(b[2])}",
-                name,
-                "argument" if argument else "leaf",
-            )
-        )
-    elif (
-        a is not LEAF
-        and a is not None
-        and (a[0] is ARRAYS or a[:-1] != b[:-1] or len(a[-1]) != len(b[-1]))
-    ):
-        out.append(Change(f"{what} structure changed", name, "structure"))
+    if ka == kb == "static":
+        change = f"{what} changed {value_of(a[2])!r} -> {value_of(b[2])!r}"
+        out.append(Change(change, name, "argument" if argument else "leaf"))
+        return True
+    if ka != kb:
+        change = f"{what} changed kind: {ka} -> {kb}"
+    elif ka == "module":
+        who = "class" if is_self else f"{what} class"
+        change = f"{who} {a[0].__qualname__} -> {b[0].__qualname__}"
+    elif a[0] is ARRAYS or a[:-1] != b[:-1] or len(a[-1]) != len(b[-1]):
+        change = f"{what} structure changed"
     else:
-        return a is LEAF or a is None
+        return False
+    out.append(Change(change, name, "structure"))
     return True
 
 
 def _kind(n: Any) -> str:
-    if n is LEAF or n is None:
-        return "traced" if n is LEAF else "None"
-    return (
-        "module" if is_module_node(n) else "sequence" if n[0] is ARRAYS else n[0].name
-    )
-
-
-def _show(s: Any) -> str:
-    return repr(value_of(s))
-
-
-def _describe_leaf(o: Origin, a: tuple, b: tuple) -> Change:
-    """A change of one traced leaf's shape, dtype, weak type or sharding."""
-    name = o.path.removeprefix("self.") if o.field else o.path
-    where = f"field {name!r}" if o.field else f"argument {o.path}"
-    for what, i in (("shape", 0), ("dtype", 1), ("weak type", 2)):
-        if a[i] != b[i]:
-            return Change(f"{where} {what} {a[i]} -> {b[i]}", name, "array")
-    return Change(
-        f"{where} sharding {_sharding(a[3])} -> {_sharding(b[3])}", name, "array"
-    )
-
-
-def _sharding(s: Any) -> str:
-    return (
-        "uncommitted"
-        if s is None
-        else repr(getattr(s, "spec", None) or type(s).__name__)
-    )
+    if n is LEAF or n is None or is_module_node(n):
+        return "traced" if n is LEAF else "None" if n is None else "module"
+    return "sequence" if n[0] is ARRAYS else n[0].name
 
 
 class Seen(NamedTuple):
@@ -186,21 +129,64 @@ class Seen(NamedTuple):
     program: Any  # what it runs
 
 
-def explain(known: Sequence[Seen], key: Key, sig: tuple, context: Any,
-            argnames: Sequence[str]) -> tuple[list[Change], Seen | None]:  # fmt: skip
-    """What differs between the call `(key, sig, context)` and the closest of
-    `known` (the fewest differences; the most recent of equals), and that one."""
+def explain(
+    known: Sequence[Seen], key: Key, run: tuple, argnames: Sequence[str]
+) -> tuple[list[Change], Seen | None]:
+    """What differs between a call of `key` for `run` (avals, JAX's context) and the
+    closest of `known` (fewest differences, most recent), and that one."""
+    sig, context = run
     best: tuple[list[Change], Seen | None] = ([], None)
     for seen in reversed(known[-64:]):
         changes = diff(seen.key, key, argnames)
         if seen.sig != sig and not any(c.kind == "structure" for c in changes):
-            pairs = zip(leaf_origins(key, argnames), seen.sig, sig)  # they line up
-            changes += [_describe_leaf(o, a, b) for o, a, b in pairs if a != b]
+            leaves = [v for v in walk(key, argnames) if v.node is LEAF]
+            pairs = zip(leaves, seen.sig, sig)  # they line up
+            changes += [_leaf_change(o, a, b) for o, a, b in pairs if a != b]
         if not changes and seen.context != context:
             changes = [Change("JAX's configuration changed", "context", "context")]
         if best[1] is None or len(changes) < len(best[0]):
             best = (changes, seen)
     return best
+
+
+def _leaf_change(o: Any, a: tuple, b: tuple) -> Change:
+    """A change of one traced leaf's shape, dtype, weak type or sharding."""
+    name = o.path.removeprefix("self.") if o.field else o.path
+    where = f"field {name!r}" if o.field else f"argument {o.path}"
+    i = next((i for i in range(3) if a[i] != b[i]), 3)
+    x, y = (a[i], b[i]) if i < 3 else map(_sharding, (a[3], b[3]))
+    what = ("shape", "dtype", "weak type", "sharding")[i]
+    return Change(f"{where} {what} {x} -> {y}", name, "array")
+
+
+def _sharding(s: Any) -> str:
+    if s is None:
+        return "uncommitted"
+    return repr(getattr(s, "spec", None) or type(s).__name__)
+
+
+def phrase(changes: Sequence[Change], tail: object = None) -> str:
+    text = "; ".join(c.phrase for c in changes) or "same key and avals"
+    return f"{text}; {tail}" if tail else text
+
+
+def log(
+    name: str, what: str, n: int, changes: Sequence[Change], tail: object = None
+) -> None:
+    """The INFO line of a miss after the first."""
+    if n and logger.isEnabledFor(logging.INFO):
+        logger.info("%s: %s (%d cached): %s", name, what, n, phrase(changes, tail))
+
+
+# ----------------------------------------------------------------------------------
+# Where two programs first differ, in the user's code: each program keeps one
+# small record per operation (a digest, its name, where it was traced).
+
+
+class Op(NamedTuple):
+    what: bytes  # a digest of the primitive, its parameters and inputs
+    name: str  # the primitive's name
+    where: tuple[str, int, str] | None  # file, line, function of the user's code
 
 
 class Differ(NamedTuple):
@@ -215,75 +201,32 @@ class Differ(NamedTuple):
         return f"the programs first differ at {self.place}"
 
 
-def phrase(changes: Sequence[Change], differ: Differ | None = None) -> str:
-    text = "; ".join(c.phrase for c in changes) or "same key and avals"
-    return f"{text}; {differ}" if differ else text
-
-
-def log(
-    name: str, what: str, n: int, changes: Sequence[Change], tail: Any = None
-) -> None:
-    """The INFO line of a miss after the first."""
-    if n and logger.isEnabledFor(logging.INFO):
-        logger.info(
-            "%s: %s (%d cached): %s%s",
-            name,
-            what,
-            n,
-            phrase(changes),
-            f"; {tail}" if tail else "",
-        )
-
-
-# ----------------------------------------------------------------------------------
-# Where two programs first differ, in the user's code: each program keeps one
-# small record per operation (a digest, its name, where it was traced).
-
-
-class Op(NamedTuple):
-    what: bytes  # a digest of the primitive, its parameters and inputs
-    name: str  # the primitive's name
-    where: tuple[str, int, str] | None  # file, line, function of the user's code
-
-
 # Operations that only call the program nested in them (whose operations are listed).
 _CALLS: Final = frozenset(
-    {
-        "pjit",
-        "jit",
-        "closed_call",
-        "custom_jvp_call",
-        "custom_vjp_call",
-        "remat",
-        "checkpoint",
-    }
+    "pjit jit closed_call custom_jvp_call custom_vjp_call remat checkpoint".split()
 )
 
 
-def ops_of(jaxpr: Any, out: list | None = None, depth: int = 0) -> tuple[Op, ...]:
+def ops_of(jaxpr: Any, depth: int = 0) -> Iterator[Op]:
     """A traced program, one record per operation, nested bodies in place."""
-    out = [] if out is None else out
     inner = jx.open_jaxpr(jaxpr)
     consts = dict(zip(inner.constvars, getattr(jaxpr, "consts", ())))
     # Inputs by where they come from: the n-th input of the program or output of an
     # operation; so `dc * x` and `dp * x` are different operations.
     numbers = {v: i for i, v in enumerate([*inner.constvars, *inner.invars])}
     for eqn in inner.eqns:
-        if eqn.primitive.name not in _CALLS:
+        if (name := eqn.primitive.name) not in _CALLS:
             params = [
                 (k, _stable(v))
                 for k, v in sorted(eqn.params.items())
                 if not list(jx.nested_jaxprs({k: v}))
             ]
             inputs = [_input(v, consts, numbers) for v in eqn.invars]
-            what = hashlib.sha1(
-                repr((eqn.primitive.name, params, inputs)).encode()
-            ).digest()[:8]
-            out.append(Op(what, eqn.primitive.name, jx.user_frame(eqn.source_info)))
+            what = hashlib.sha1(repr((name, params, inputs)).encode()).digest()[:8]
+            yield Op(what, name, jx.user_frame(eqn.source_info))
         numbers.update((v, len(numbers)) for v in eqn.outvars)
         for sub in jx.nested_jaxprs(eqn.params) if depth < 8 else ():
-            ops_of(sub, out, depth + 1)
-    return tuple(out)
+            yield from ops_of(sub, depth + 1)
 
 
 def _input(v: Any, consts: dict, numbers: dict) -> Any:
@@ -297,41 +240,36 @@ def _input(v: Any, consts: dict, numbers: dict) -> Any:
 
 def _stable(v: Any) -> Any:
     """A parameter as it is from one trace to the next: a function by its name."""
-    return (
-        getattr(v, "__qualname__", type(v).__name__)
-        if callable(v) and not isinstance(v, type)
-        else v
-    )
+    if callable(v) and not isinstance(v, type):
+        return getattr(v, "__qualname__", type(v).__name__)
+    return v
 
 
 def differ_of(closest: Seen | None, changes: Sequence[Change], jaxpr: Any,
               structure: bytes | None) -> Differ | None:  # fmt: skip
-    """Where a new program first differs from the program of the closest compiled
-    call. None for the first compile, and when a shape or the context changed (the
-    explanation says so)."""
-    old = getattr(closest and closest.program, "ops", None)
-    if (
-        old is None
-        or not changes
-        or any(c.kind in ("array", "context") for c in changes)
-    ):
+    """Where a new program first differs from the closest call's; None for the
+    first compile and when avals or the context changed (the explanation says so)."""
+    old = None if closest is None else closest.program
+    if old is None or not changes or {c.kind for c in changes} & {"array", "context"}:
         return None
-    constant = structure is not None and structure == closest.program.structure  # pyright: ignore[reportOptionalMemberAccess]
-    for a, b in itertools.zip_longest(old, ops_of(jaxpr)):
+    constant = structure is not None and structure == old.structure
+    for a, b in itertools.zip_longest(old.ops, ops_of(jaxpr)):
         if a is None or b is None or a.what != b.what:
-            op = b or a
-            if op is None or op.where is None:
-                return None
-            file, line, function = op.where
-            place = f"{os.path.basename(file)}:{line} in {function.rsplit('.', 1)[-1]}"
-            if constant or (a is not None and b is not None and a.name == b.name):
-                what = op.name
-            elif a is None or b is None:
-                what = f"{op.name}, {'new' if a is None else 'gone'}"
-            else:
-                what = f"{b.name} where {a.name} was"
-            return Differ(f"{place} ({what})", constant)
-    return None
+            break
+    else:
+        return None
+    op = b or a
+    if op is None or op.where is None:
+        return None
+    file, line, function = op.where
+    place = f"{os.path.basename(file)}:{line} in {function.rsplit('.', 1)[-1]}"
+    if constant or (a is not None and b is not None and a.name == b.name):
+        what = op.name
+    elif a is None or b is None:
+        what = f"{op.name}, {'new' if a is None else 'gone'}"
+    else:
+        what = f"{b.name} where {a.name} was"
+    return Differ(f"{place} ({what})", constant)
 
 
 # ----------------------------------------------------------------------------------
@@ -340,8 +278,8 @@ def differ_of(closest: Seen | None, changes: Sequence[Change], jaxpr: Any,
 
 class RecompileError(RuntimeError):
     """An [`eqx_static.jit`][] function would compile more often than its
-    `max_compiles` allows. Raised before XLA compiles; the message says what
-    changed, where the programs differ, for this compile and every earlier one.
+    `max_compiles` allows. Raised before XLA compiles, saying what changed for this
+    compile (and where the programs differ) and for every earlier one.
 
     !!! example
 
@@ -375,10 +313,11 @@ class Compile(NamedTuple):
 
 
 def budget_error(qualname: str, limit: int, history: Sequence[Compile],
-                 changes: Sequence[Change], differ: Differ | None) -> RecompileError:  # fmt: skip
+                 changes: Sequence[Change],
+                 differ: Differ | None) -> RecompileError:  # fmt: skip
     lines = "".join(
-        f"\n  compile {i + 1}: {', '.join(dict.fromkeys(c.name for c in h.changes)) or 'first call'}"
-        for i, h in enumerate(history)
+        f"\n  compile {i}: {', '.join(dict.fromkeys(c.name for c in h.changes)) or 'first call'}"
+        for i, h in enumerate(history, 1)
     )
     fix = _fix(changes[0], differ is None or differ.constant) if changes else ""
     return RecompileError(
@@ -391,16 +330,11 @@ def budget_error(qualname: str, limit: int, history: Sequence[Compile],
 def storm(
     name: str, history: Sequence[Compile], reused: dict[str, int], n: int
 ) -> bool:
-    """After `n` compiles in which one field or argument changed every time, log one
-    WARNING naming it, the time spent and what to do; return whether it did. Of
-    several that changed every time, the one that changed least often without a new
-    program is named: one that also changed alone, sharing a program, is not what
-    makes the programs differ."""
+    """Warn once something changed in each of the last `n` compiles; of several,
+    name the one least often changed in a miss that shared a program."""
     recent = history[-n:]
     per_compile = [{c.name: c for c in h.changes} for h in recent[1:]]
-    common = (
-        set(per_compile[0]).intersection(*per_compile[1:]) if per_compile else set()
-    )
+    common = set(per_compile[0]).intersection(*per_compile) if per_compile else ()
     if not common:
         return False
     culprit = min(common, key=lambda k: (reused.get(k, 0), k))
@@ -413,17 +347,16 @@ def storm(
         else f"The programs differ only in their constants{at}: {culprit!r} is only used as a value. " if constant
         else f"The programs differ in their structure, not only in constants{at}. "
     )  # fmt: skip
-    seconds = sum(h.seconds for h in history)
     logger.warning(
         "%s has compiled %d times, and %r changed every time (%.2f s spent compiling). %s%s",
-        name, len(history), culprit, seconds, verdict, _fix(change, constant),
+        name, len(history), culprit, sum(h.seconds for h in history), verdict,
+        _fix(change, constant),
     )  # fmt: skip
     return True
 
 
 def _fix(change: Change, constant: bool) -> str:
-    """What to do about a value that keeps changing, for its kind: trace it if the
-    programs differ only in its constants; else it picks program structure."""
+    """What to do about a value that keeps changing (`constant`: only as a value)."""
     name = repr(change.name)
     if change.kind == "array":
         return (
@@ -454,10 +387,9 @@ def _fix(change: Change, constant: bool) -> str:
 
 class TracedFieldError(jax.errors.ConcretizationTypeError):
     """A traced (dynamic) field, or a traced argument, was used where Python needs a
-    concrete value. The message names the field and its class (or the argument) and
-    the fix for what it is. It is also an instance of the JAX error it replaces
-    (`jax.errors.TracerBoolConversionError`, ...); its traceback ends at the
-    offending line.
+    concrete value. The message names it (a field with its class) and the fix; the
+    error is also the JAX error it replaces (`jax.errors.TracerBoolConversionError`,
+    ...), and its traceback ends at the offending line.
 
     !!! example
 
@@ -484,31 +416,25 @@ class TracedFieldError(jax.errors.ConcretizationTypeError):
 
 @functools.cache
 def _traced_field_error_type(jax_error: type) -> type:
-    if issubclass(jax_error, TracedFieldError):
-        return jax_error
     return type("TracedFieldError", (TracedFieldError, jax_error), {})
 
 
-# The traced function's parameter: JAX names a traced leaf `_es_leaves[i]`.
-LEAVES_NAME: Final = "_es_leaves"
-_LEAF_INDEX: Final = re.compile(LEAVES_NAME + r"\[(\d+)\]")
+# JAX names a traced leaf by the traced function's parameter: `_es_leaves[i]`.
+_LEAF_INDEX: Final = re.compile(r"_es_leaves\[(\d+)\]")
 
 
 def traced_field_error(
     name: str, e: Exception, key: Key, argnames: Sequence[str], n_fn: int
-) -> Exception:
-    """`TracedFieldError` naming the field or argument behind the traced leaf JAX
-    named in `e`, with the fix for what it is (`e` itself if it named none). `n_fn`
-    leaves of the function come first."""
-    origins = leaf_origins(key, argnames)
-    found = [
-        origins[i - n_fn]
-        for i in map(int, _LEAF_INDEX.findall(str(e)))
-        if 0 <= i - n_fn < len(origins)
-    ]
-    if not found:
-        return e
-    o = found[0]
+) -> TracedFieldError | None:
+    """`TracedFieldError` for the field or argument of the leaf `e` names (None if
+    none, or `e` is one already); `n_fn` leaves of the function come first."""
+    indices = [int(i) - n_fn for i in _LEAF_INDEX.findall(str(e))]
+    if not indices or isinstance(e, TracedFieldError):
+        return None
+    origins = [v for v in walk(key, argnames) if v.node is LEAF]
+    o = next((origins[i] for i in indices if 0 <= i < len(origins)), None)
+    if o is None:
+        return None
     need = "where Python needs a concrete value (`if`, `bool()`, `int()`, a shape, ...)"
     if o.field is None or o.cls is None:
         what = (
@@ -518,12 +444,8 @@ def traced_field_error(
             "or `jax.lax.cond`."
         )
     else:
-        ann = field_info(o.cls).annotations.get(o.field)
-        kind = (
-            "a number stored as an array"
-            if ann in (int, float, complex)
-            else "an array"
-        )
+        number = field_info(o.cls).annotations.get(o.field) in (int, float, complex)
+        kind = "a number stored as an array" if number else "an array"
         what = (
             f"{name} used the traced field {o.field!r} of `{o.cls.__qualname__}` (at "
             f"{o.path}) {need}. It is a dynamic field holding {kind}, traced, its "
@@ -545,22 +467,18 @@ _callback_logger: Final = logging.getLogger(jx.CALLBACK_LOGGER)
 
 
 class _Marker(threading.local):
-    """The marker of the call being traced in this thread, None outside a miss:
-    Equinox's message shows the stack inside the program up to the marker of the
-    call that traced it, and for any other call the whole recorded stack, as
-    `eqx.filter_jit`, which marks each call anew, does."""
-
-    def __init__(self):
-        self.current: bytes | None = None
+    # The marker of the miss running in this thread: Equinox's message shows the
+    # stack up to it, and the whole stack outside a miss (a hit), as under
+    # `eqx.filter_jit`, which marks each call anew.
+    current: bytes | None = None
 
 
 marker: Final = _Marker()
 
 
 def reporting_errors(call: Callable, wait: bool = True) -> Callable:
-    """`call`, run as `eqx.filter_jit` runs a program that may hold an
-    `eqx.error_if`: synchronously (if `wait`), a failure raised as
-    `EquinoxRuntimeError`."""
+    """`call` as `eqx.filter_jit` runs a program that may hold an `eqx.error_if`:
+    (if `wait`) synchronously, a failure raised as `EquinoxRuntimeError`."""
 
     def reporting(*leaves: Any) -> Any:
         __tracebackhide__ = True
@@ -568,32 +486,21 @@ def reporting_errors(call: Callable, wait: bool = True) -> Callable:
         _callback_logger.addFilter(quiet)
         try:
             out = call(*leaves)
-            arrays = out[0] if wait and type(out) is tuple else [out] if wait else []
-            ready = [
-                a
-                for a in arrays
-                if isinstance(a, jax.Array) and not isinstance(a, Tracer)
-            ]
-            if ready:
-                ready[0].block_until_ready()  # one execution: its outputs come together
+            for a in (out[0] if type(out) is tuple else [out]) if wait else ():
+                if isinstance(a, jax.Array) and not isinstance(a, Tracer):
+                    a.block_until_ready()  # one execution: its outputs come together
+                    break
         except (jx.JaxRuntimeError, ValueError) as e:
             info = jx.equinox_error_info()
             if info is None or "_EquinoxRuntimeError: " not in str(e):
                 raise
-            raise eqx.EquinoxRuntimeError(_message(info, marker.current)) from None
+            msg, frames = info
+            mine = itertools.takewhile(lambda f: f != marker.current, frames)
+            stack = "".join(reversed([f for f in mine if type(f) is str]))
+            error = jx.on_error_message.format(msg=msg, stack=stack)
+            raise eqx.EquinoxRuntimeError(error) from None
         finally:
             _callback_logger.removeFilter(quiet)
         return out
 
     return reporting
-
-
-def _message(info: tuple[str, list], eqx_id: bytes | None) -> str:
-    msg, stack = info
-    pieces: list[str] = []
-    for frame in stack:
-        if frame == eqx_id:
-            break
-        if type(frame) is str:
-            pieces.append(frame)
-    return jx.on_error_message.format(msg=msg, stack="".join(reversed(pieces)))

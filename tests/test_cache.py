@@ -71,6 +71,18 @@ def test_disable_jit_runs_eagerly_and_compiles_nothing():
     assert f.compile_info().compiles == 1 and f.cache_info().hits == 1
 
 
+def test_disable_jit_returns_what_the_function_returns():
+    """Eagerly too, an output that is not one array comes back as it was returned."""
+
+    @es.jit
+    def f(x):
+        return x, {"y": 2 * x, "name": "z"}
+
+    with jax.disable_jit():
+        x, out = f(jnp.float32(0.5))
+    assert out["name"] == "z" and float(out["y"]) == 2 * float(x) == 1.0
+
+
 def test_a_trace_that_raises_is_a_miss_and_compiles_nothing():
     @es.jit
     def f(x, fail):
