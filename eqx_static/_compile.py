@@ -209,11 +209,12 @@ class Cache:
             event.wait()
         return None
 
-    def done(self, fp: Fingerprint | None, new: Program | None) -> None:
+    def done(self, marked: Fingerprint | None, new: Program | None) -> None:
+        """Register `new`, and release the calls waiting on `marked`."""
         with self.lock:
             if new is not None and new.fingerprint is not None:
                 self.programs.setdefault(new.fingerprint.digest, []).append(new)
-            event = None if fp is None else self.compiling.pop(fp.digest, None)
+            event = None if marked is None else self.compiling.pop(marked.digest, None)
         if event is not None:
             event.set()
 
@@ -401,7 +402,10 @@ def _top_level(f: Function, entry: Entry, leaves: tuple) -> tuple:
             fp = None if pgle else fingerprint(traced.jaxpr, lowering)
             # JAX's lowering cache may give a lowering compiled already (the inputs'
             # shardings compare equal to an earlier call's: `P()`, `P(None)`).
-            program = cache.running(lowering) or (cache.find(fp) if _sharing else None)
+            program, marked = cache.running(lowering), None
+            if program is None and _sharing:
+                program = cache.find(fp)  # None: `fp` is marked as compiling
+                marked = fp if program is None else None
             try:
                 if program is not None:
                     shared = True
@@ -410,7 +414,7 @@ def _top_level(f: Function, entry: Entry, leaves: tuple) -> tuple:
                     program = _compile(w, entry, traced, lowered, fp, closest, known)
                     shared, entry.helper = program is not None and not w.number, helper
             finally:
-                cache.done(fp, None if shared else program)
+                cache.done(marked, None if shared else program)
             if shared and _local.traces != traces:
                 assert program is not None
                 again = f"same program as compile {program.number}, not compiled again"
