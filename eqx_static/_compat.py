@@ -109,12 +109,11 @@ def hide_frames(file: str) -> None:
     _traceback_util.register_exclusion(file)
 
 
-# A lowering (`jax.stages.Lowered`) holds the computation that `jax.jit` compiles
-# and then runs: `jitted.trace(...).lower()` and a later `jitted(...)` with the same
-# arguments share it (JAX caches the trace and the lowering), and its executable is
-# kept on it. So the miss path can compile it, or install an executable compiled
-# for an identical program, and the call that follows runs that.
-# (jax 0.9 - 0.10: `Lowered._lowering` is a `pxla.MeshComputation`.)
+# A lowering (`Lowered._lowering`, a `pxla.MeshComputation`) holds what `jax.jit`
+# compiles and runs: `jitted.trace(...).lower()` and a later `jitted(...)` with the
+# same arguments share it (JAX caches both), and its executable is kept on it. So the
+# miss path can compile it, or install the executable of an identical program, and
+# the call that follows runs that.
 _LOWERING_ATTRIBUTES: Final = (
     "_executable compile_args stablehlo _donated_invars _compiler_options_kvs "
     "_device_list _platforms"
@@ -122,8 +121,7 @@ _LOWERING_ATTRIBUTES: Final = (
 
 
 def lowering_of(lowered: Any) -> Any:
-    """The computation inside a `jax.stages.Lowered`, or None if it is not one whose
-    executable this library knows how to read and set."""
+    """The computation in a `jax.stages.Lowered` (None if not one we can handle)."""
     lowering = getattr(lowered, "_lowering", None)
     if lowering is None or not all(hasattr(lowering, a) for a in _LOWERING_ATTRIBUTES):
         return None
@@ -164,10 +162,9 @@ _CPP_CACHE_KEYS: Final = (
 
 
 def dispatcher(name: str, fun: Callable, cache_miss: Callable, donate: tuple) -> Any:
-    """A `jax.jit`-like C++ dispatcher (JAX's own `PjitFunction`) whose cache miss
-    calls `cache_miss(*args)`, which returns `(outputs, fastpath_data, rebuild)` as
-    the miss of a `jax.jit` does (`jitted._cache_miss`); under `jax.disable_jit()` it
-    calls `fun(*args)`. Built as `pjit._cpp_pjit` builds one (jax 0.9 - 0.10)."""
+    """JAX's C++ `PjitFunction` dispatcher, built as `pjit._cpp_pjit` builds one: a
+    miss calls `cache_miss(*args)`, which returns what `jit_miss` does; under
+    `jax.disable_jit()` it calls `fun(*args)`."""
     ji = jax_jit(fun, donate_argnums=donate)._jit_info  # pyright: ignore[reportAttributeAccessIssue]
     key = _pxla.JitGlobalCppCacheKeys(**{k: getattr(ji, k) for k in _CPP_CACHE_KEYS})
     cpp_cache = _pjit._get_cpp_global_cache(key.contains_explicit_attributes)  # pyright: ignore[reportArgumentType]
@@ -178,15 +175,13 @@ def dispatcher(name: str, fun: Callable, cache_miss: Callable, donate: tuple) ->
 
 
 def jit_miss(jitted: Any, *args: Any) -> tuple:
-    """A `jax.jit`'s own cache miss: it traces, lowers and compiles (or reads what it
-    cached, or the executable installed on the lowering), runs, and returns
-    `(outputs, fastpath_data, rebuild)` for a dispatcher's C++ cache."""
+    """A `jax.jit`'s own cache miss (trace, lower, compile or read the executable set
+    on the lowering, run): `(outputs, fastpath_data, rebuild)` for a dispatcher."""
     return jitted._cache_miss(*args)
 
 
 def trace_context() -> Any:
-    """The configuration JAX keys its caches by besides the arguments (x64, the
-    default device, `threefry_partitionable`, ...)."""
+    """What JAX keys its caches by besides the arguments (x64, default device, ...)."""
     return _config.trace_context()
 
 
@@ -208,16 +203,14 @@ def nested_jaxprs(params: dict[str, Any]) -> Iterator[Any]:
 
 
 def flat_callback(cb: Any) -> tuple[Callable, Any] | None:
-    """The Python function and argument structure of the `callback` parameter of a
-    `pure_callback`/`io_callback` equation (None if it is not JAX's wrapper)."""
+    """The function and `in_tree` of a callback equation's `callback`, or None."""
     if type(cb) is _callback._FlatCallback:
         return cb.callback_func, cb.in_tree
     return None
 
 
 def user_frame(source_info: Any) -> tuple[str, int, str] | None:
-    """The innermost frame of user code (not JAX's, Equinox's or this library's)
-    where an equation was traced: file, line and function."""
+    """File, line and function of the user code where an equation was traced."""
     frame = _source_info.user_frame(source_info.traceback)
     if frame is None:
         return None
@@ -236,8 +229,8 @@ def is_named_dim(dim: Any) -> bool:
 
 
 def jaxtyped_class(cls: type) -> bool:
-    """Whether `cls` was decorated with `@jaxtyped(typechecker=...)`: jaxtyping
-    marks nothing on the class, but its `__init__` is then jaxtyping's wrapper."""
+    """Whether `cls` is `@jaxtyped`: nothing marks the class, but its `__init__` is
+    then jaxtyping's wrapper."""
     init = getattr(cls, "__init__", None)
     module = getattr(init, "__globals__", {}).get("__name__")
     return module == jaxtyping.jaxtyped.__module__
@@ -326,8 +319,7 @@ def _nested(code: types.CodeType) -> Iterator[tuple[types.CodeType, types.CodeTy
 
 
 def _code_tree(name: str) -> dict[types.CodeType, types.CodeType]:
-    """Each code object reachable from module `name`'s functions and classes, mapped
-    to the code object it is nested in."""
+    """The parent of each code object reachable from module `name`."""
     module = sys.modules.get(name)
     stack = list(vars(module).values()) if module is not None else []
     parents: dict[types.CodeType, types.CodeType] = {}

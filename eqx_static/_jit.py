@@ -51,10 +51,8 @@ def f(cls, x): ...
 
 
 class _Signature:
-    """Binds a call's arguments with the callable's own signature (not the one
-    `functools.wraps` copied: a decorator's defaults are its own), defaults applied,
-    so that `f(x)`, `f(x, 2.0)` and `f(x, scale=2.0)` are one call. Where it cannot be
-    read, the arguments are passed as given."""
+    """Binds a call with the callable's own signature (a decorator's defaults are its
+    own) and defaults, so that `f(x)`, `f(x, 2.0)`, `f(x, scale=2.0)` are one key."""
 
     def __init__(self, fn: Callable):
         self.n, self.names, self.tail = -1, (), ()
@@ -168,8 +166,8 @@ class _Jit(Generic[_P, _R]):
         return f"<es.jit {self.qualname}>"
 
     def _make_call(self) -> tuple[Callable, Callable]:
-        """The call paths as closures, so that a hit looks up no attribute:
-        `method(obj, *args)` is the path of `obj.f(*args)`, `call` the general one."""
+        """The paths of `obj.f(*args)` and of any call, as closures: a hit looks up no
+        attribute."""
         f, cache, signature = self.f, self.cache, self._signature
         entries, calls, clock = cache.entries, cache.calls, cache.clock
         n, fn_leaves, lru = signature.n, self._fn_leaves, cache.maxsize is not None
@@ -247,8 +245,7 @@ class _Jit(Generic[_P, _R]):
         return self.lower_bound((), args, kwargs)
 
     def lower_bound(self, bound: tuple, args: tuple, kwargs: dict) -> "Lowered":
-        """`lower` for a method bound to `bound`: the compiled callable takes the
-        arguments after it, as the bound method does."""
+        """`lower` for a method bound to `bound`, for the arguments after it."""
         key, leaves = self.leaves_of((*bound, *args), kwargs)
         return Lowered(cp.lower_call(self.f, key, leaves), self, key, bound)
 
@@ -283,8 +280,7 @@ def _check_options(donate: Any, *counts: Any) -> None:
 
 
 def _cyclic_error(name: str, argnames: tuple, e: ky.CyclicValue) -> ValueError:
-    """Name the argument that contains itself (`e.path` starts at `[0][i]` for the
-    i-th positional argument, `[1]['k']` for a keyword)."""
+    """Name the argument in `e.path` (`[0][i]...` positional, `[1]['k']...` keyword)."""
     head, _, rest = e.path[1:].partition("]")
     index, _, rest = rest[1:].partition("]")
     where = ky.argname(argnames, int(index)) if head == "0" else index.strip("'")
@@ -393,8 +389,7 @@ jtu.register_pytree_with_keys(
 
 
 def _special_method(wrapper: "_Jit", owner: type, name: str) -> Callable:
-    """The plain function installed on an `es.Module` class for a special method:
-    the wrapper's method path, carrying the wrapper's attributes."""
+    """The wrapper's method path as a plain function with its attributes."""
     method = wrapper.method
     functools.update_wrapper(method, wrapper.fn)
     method.__qualname__ = f"{owner.__qualname__}.{name}"
@@ -516,36 +511,34 @@ def jit(fn: Any = None, /, *, donate: Donate = "none", maxsize: int | None = Non
         **removed: Any) -> Any:  # fmt: skip
     """Compile a function or method once per distinct program.
 
-    `es.jit` traces what `eqx.filter_jit` traces (every leaf of the arguments, and of
-    the function if it is a pytree, for which `eqx.is_array` holds; every other leaf
-    is static), so it returns what the eager call and `eqx.filter_jit` return. Its
-    key also compares static values by type *and* value (`1`, `True` and `1.0` are
-    three entries), binds default arguments first, and is shared by the wrappers of
-    one function. A new key is traced, and compiled only if this function has not
-    compiled the same program already (the same module, constants included, the
-    same shardings, donation and host callbacks): changing a static field the
-    program does not depend on costs one trace and no compile.
+    `es.jit` traces what `eqx.filter_jit` traces (the leaves of the arguments, and of
+    a pytree function, for which `eqx.is_array` holds; every other leaf is static),
+    and returns what it returns. Its key compares static values by type *and* value
+    (`1`, `True` and `1.0` are three keys), binds default arguments first, and is
+    shared by the wrappers of one function. A new key is traced, and compiled only if
+    the function has not compiled the same program (module, constants, shardings,
+    donation and host callbacks) already: changing a static field the program does
+    not read costs one trace and no compile.
 
     **Arguments:**
 
     - `fn`: the function or method to compile (also a `staticmethod`).
-    - `donate`: as in `eqx.filter_jit`: `"none"`, `"all"`, `"all-except-first"`,
-        `"warn"` or `"warn-except-first"`: which arrays' buffers XLA may reuse for
-        the outputs (`"all"` includes the buffers of `self`).
+    - `donate`: as in `eqx.filter_jit` (`"none"`, `"all"`, `"all-except-first"`,
+        `"warn"`, `"warn-except-first"`): which arrays' buffers XLA may reuse for the
+        outputs (`"all"` includes those of `self`).
     - `maxsize`: at most this many compiled signatures, the least recently used
-        evicted first; `None` (the default) keeps them all.
-    - `max_compiles`: raise [`eqx_static.RecompileError`][] instead of making more
-        than this many XLA compiles (a test-suite guard that says why).
-    - `warn_after`: after this many XLA compiles in which the same field or
-        argument changed every time, log one WARNING on `"eqx_static"` that says
-        so; `None` never warns.
+        evicted first; `None` keeps them all.
+    - `max_compiles`: raise [`eqx_static.RecompileError`][] rather than make more XLA
+        compiles than this (a test-suite guard that says why).
+    - `warn_after`: after this many XLA compiles in which the same field or argument
+        changed every time, log one WARNING on `"eqx_static"` saying so (`None`: off).
 
     **Returns:**
 
-    A wrapper, reachable from the class or an instance, with `cache_info()` (calls:
-    hits and misses), `compile_info()` (XLA compiles), `cache_clear()` and
-    `lower(*args)`. Each miss after the first logs one line at INFO on the logger
-    `"eqx_static"`, naming what changed and whether it compiled.
+    A wrapper, on the class or an instance, with `cache_info()` (hits and misses),
+    `compile_info()` (XLA compiles), `cache_clear()` and `lower(*args)`. Each miss
+    after the first logs one INFO line on `"eqx_static"`: what changed, and whether
+    it compiled.
 
     !!! example
 

@@ -1,19 +1,13 @@
 """The compile key: the one description of a call that the cache, the explanations
-and the budget read.
+and the budget read. The leaves for which `eqx.is_array` holds are traced, as under
+`eqx.filter_jit`; everything else is keyed by type *and* value (`1`, `True`, `1.0`
+are three keys; so are `0.0` and `-0.0`) at any depth, pytree metadata included.
 
-A call is partitioned as `eqx.filter_jit` does (the leaves for which `eqx.is_array`
-holds are traced, the rest static), and its key mirrors the arguments as a tree of
-hashable nodes, walked in Python once per call so that static values are compared by
-type *and* value (`1`, `True`, `1.0` are three values; so are `0.0` and `-0.0`) at
-any depth: module fields, tuples, dict keys, the metadata of registered pytrees.
-The walk is specialised once per type; a module class gets generated code.
-
-Nodes (the traced leaves are listed apart): `LEAF`, a traced array (`jax.jit`'s
-dispatch checks its aval and sharding); a module, `(cls, statics, static_types,
-children, wrapper)`, `children` being a count when all dynamic fields are traced
-leaves; `(SEQ, type, children)`, `(ARRAYS, type, n)`, `(NAMED, type, children)`,
-`(DICT, keys, key_types, children)`, `(TREE, treedef, aux, children)`, `(STATIC,
-type, value)`; `None`.
+Nodes (traced leaves are listed apart): `LEAF`, a traced array (`jax.jit` checks its
+aval and sharding); a module, `(cls, statics, static_types, children, wrapper)`,
+`children` a count when all dynamic fields are traced; `(SEQ, type, children)`,
+`(ARRAYS, type, n)`, `(NAMED, type, children)`, `(DICT, keys, key_types, children)`,
+`(TREE, treedef, aux, children)`, `(STATIC, type, value)`; `None`.
 """
 
 import functools
@@ -49,8 +43,7 @@ def _equal(a: Any, b: Any) -> bool:
 
 
 class Typed:
-    """A hashable static value as a key: its type and value (`form`), hashed once,
-    so that a large static tuple is hashed once per object."""
+    """A hashable static value as a key: compared by its `form`, hashed once."""
 
     __slots__ = ("_hash", "form", "value")
 
@@ -76,8 +69,8 @@ class Typed:
 
 
 class ByEq:
-    """An unhashable static value of a plain `eqx.Module` (a list in a static field):
-    compared with `==`, as Equinox's tree structure compares it; hashed by type."""
+    """An unhashable static value of an `eqx.Module`: compared with `==`, as Equinox
+    compares it."""
 
     __slots__ = ("value",)
 
@@ -98,8 +91,8 @@ _typed_memo: Final[dict[int, Typed]] = {}
 
 
 def typed(v: Any) -> Any:
-    """`v` as a key: itself if its type is `SIMPLE`, else a `Typed` (made once per
-    object while the object is recent; the memo keeps it alive, so its id is safe)."""
+    """`v` as a key: itself if `SIMPLE`, else a `Typed`, made once per recent object
+    (the memo keeps it alive, so its id is safe)."""
     if type(v) in SIMPLE:
         return v
     hit = _typed_memo.get(id(v))
@@ -130,10 +123,9 @@ def value_of(s: Any) -> Any:
 
 
 def form(v: Any) -> Any:
-    """What `v` is compared by: its type and value, recursively. Floats by their
-    bits (every nan is one value, its sign kept); tuples, frozensets, dataclasses
-    and modules (with the generated `__eq__`) item by item; a treedef node by node
-    (its own `==` compares metadata with `==`); anything else by its own `__eq__`."""
+    """What `v` is compared by, with its type: floats by their bits (every nan one
+    value, its sign kept); tuples, frozensets, treedefs, dataclasses and modules with
+    the generated `__eq__` item by item; anything else by its own `__eq__`."""
     t = type(v)
     if t in SIMPLE:
         return v
@@ -145,7 +137,7 @@ def form(v: Any) -> Any:
         return (form(v.real), form(v.imag))
     if isinstance(v, np.generic):
         return (v.dtype.str, v.tobytes())
-    if t is jtu.PyTreeDef:
+    if t is jtu.PyTreeDef:  # its own `==` compares metadata with `==`: 0.0 == -0.0
         data = v.node_data()
         here = None if data is None else (data[0], type(data[1]), form(data[1]))
         return (v.num_leaves, here, tuple(map(form, v.children())))
@@ -282,8 +274,7 @@ def _dict(v: dict, leaves: list, depth: int) -> Any:
 
 
 def _other(v: Any, leaves: list, depth: int) -> Any:
-    """A registered pytree node, keyed one level at a time with its metadata typed;
-    or a static leaf."""
+    """A pytree node, one level at a time, its metadata typed; or a static leaf."""
     if depth > _max_depth[0]:  # never near the recursion limit inside JAX's C++
         raise RecursionError("es.jit: nested too deep for this recursion limit")
     flat, treedef = one_level(v)
@@ -295,17 +286,14 @@ def _other(v: Any, leaves: list, depth: int) -> Any:
 
 
 def one_level(v: Any) -> tuple[list, Any]:
-    """The children of the pytree node `v` and its one-level structure. (A walk that
-    recurses in Python raises a clean `RecursionError` on a value that contains
-    itself; inside JAX's C++ flatten it would not.)"""
+    """The children of pytree node `v` and its treedef. (Walked in Python, a value
+    that contains itself raises `RecursionError`; in JAX's C++ it would not.)"""
     return jtu.tree_flatten(v, is_leaf=functools.partial(operator.is_not, v))
 
 
 def _module_walker(cls: type) -> Walker:
-    """The walker of a module class, generated as Equinox generates its flatten: the
-    fields read by name, their types tested inline (about half the time of a generic
-    walk). Anything else (unset fields, wrapper attributes, an array type not seen
-    yet, a static value compared by `form`) goes to the generic walk: the same node."""
+    """A module class's walker, generated as Equinox generates its flatten (half the
+    time of the generic walk, which takes any case it does not, to the same node)."""
     info = field_info(cls)
     slow = _generic_walker(cls)
     names = [*info.dynamic_names, *info.static_names]
@@ -380,8 +368,7 @@ class Key(NamedTuple):
 
 
 def key_and_leaves(args: tuple, kwargs: dict[str, Any], first: tuple) -> tuple:
-    """The key of a call and its traced leaves (after `first`); `deep` for any
-    nesting."""
+    """The key of a call and its traced leaves, after `first` (under `deep`)."""
     leaves = [*first]
     nodes = []
     for a in args:
@@ -398,21 +385,18 @@ def key_and_leaves(args: tuple, kwargs: dict[str, Any], first: tuple) -> tuple:
 
 
 # ----------------------------------------------------------------------------------
-# The per-instance memo: a module called again keys in one look-up.
-#
-# A module is frozen, so its node and leaves stay the same while it lives, unless
-# it holds something mutable (a list, a dict, another pytree, an unhashable static
-# value) or a module still being initialised or edited: those are never memoised.
-# A module is memoised the second time in a row it is seen, so that a loop making
-# a new module every step pays nothing for the memo.
+# The per-instance memo: a module called again keys in one look-up. A frozen module's
+# node and leaves stay the same while it lives, unless it holds something mutable (a
+# list, a dict, another pytree, an unhashable static value) or is being initialised
+# or edited: never memoised. It is memoised the second time in a row it is seen, so
+# that a loop making a new module every step pays nothing for the memo.
 
 _memo: Final[dict[int, tuple]] = {}
 _last: Final[list[Callable[[], Any]]] = [lambda: None]  # the module keyed last
 
 
 def top_node(v: Any, leaves: list) -> Any:
-    """The node of `v`, the `self` of a method call: from the memo if it is a
-    module seen before."""
+    """The node of a method call's `self`: from the memo for a module seen before."""
     e = _memo.get(id(v))
     if e is not None and e[0]() is v:
         leaves += e[2]
@@ -480,9 +464,8 @@ _max_depth: Final = [sys.getrecursionlimit() // 4]
 
 
 def deep(f: Callable[..., Any], *args: Any) -> Any:
-    """`f(*args)`, again with a higher recursion limit if it ran out (JAX's own
-    flatten, in C++, has no such limit). A value that contains itself has no end to
-    walk: `CyclicValue` says where."""
+    """`f(*args)`, again with a higher recursion limit if it ran out (JAX's C++ has
+    none); `CyclicValue` if a value contains itself."""
     try:
         return f(*args)
     except RecursionError:
