@@ -34,14 +34,6 @@ from ._module import field_info, instance_dict, is_module_type, UNSET
 SIMPLE: Final = frozenset({bool, int, str, bytes, type(None), type})
 
 
-def _equal(a: Any, b: Any) -> bool:
-    """`a == b`; False if `==` raises."""
-    try:
-        return a is b or bool(a == b)
-    except Exception:
-        return False
-
-
 class Typed:
     """A hashable static value as a key: compared by its `form`, hashed once."""
 
@@ -57,7 +49,10 @@ class Typed:
     def __eq__(self, other: object) -> bool:
         if type(other) is not Typed or self._hash != other._hash:
             return False
-        return _equal(self.form, other.form)
+        try:
+            return bool(self.form == other.form)
+        except Exception:  # an `__eq__` that raises: unequal
+            return False
 
     def __hash__(self) -> int:
         if self._hash is None:
@@ -78,7 +73,12 @@ class ByEq:
         self.value = value
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is ByEq and _equal(other.value, self.value)
+        if type(other) is not ByEq:
+            return False
+        try:
+            return other.value is self.value or bool(other.value == self.value)
+        except Exception:
+            return False
 
     def __hash__(self) -> int:
         return hash(type(self.value))
@@ -195,8 +195,9 @@ def node(v: Any, leaves: list, depth: int = 0) -> Any:
 
 def _walker(t: type, v: Any) -> Walker:
     """How to key values of type `t` (`v` is one), decided once per type."""
-    if t in _walkers:
-        return _walkers[t]
+    w = _walkers.get(t)
+    if w is not None:
+        return w
     if is_module_type(t):
         w = _module_walker(t)
     elif issubclass(t, ARRAY_TYPES):
@@ -243,17 +244,18 @@ def _seq(v: Any, leaves: list, depth: int) -> Any:
     if all_arrays(v):
         leaves += v
         return (ARRAYS, type(v), len(v))
-    big = type(v) is tuple and len(v) >= _BIG
-    hit = _big_tuples.get(id(v)) if big else None
-    if hit is not None and hit[0] is v:
-        return hit[1]
-    start = len(leaves)
-    n = (SEQ, type(v), tuple([node(x, leaves, depth + 1) for x in v]))
-    if big and len(leaves) == start and _memoisable(v):
-        if len(_big_tuples) >= 64:
-            _big_tuples.clear()
-        _big_tuples[id(v)] = (v, n)
-    return n
+    if type(v) is tuple and len(v) >= _BIG:
+        hit = _big_tuples.get(id(v))
+        if hit is not None and hit[0] is v:
+            return hit[1]
+        start = len(leaves)
+        n = (SEQ, tuple, tuple([node(x, leaves, depth + 1) for x in v]))
+        if len(leaves) == start and _memoisable(v):
+            if len(_big_tuples) >= 64:
+                _big_tuples.clear()
+            _big_tuples[id(v)] = (v, n)
+        return n
+    return (SEQ, type(v), tuple([node(x, leaves, depth + 1) for x in v]))
 
 
 def _named(v: Any, leaves: list, depth: int) -> Any:
