@@ -172,7 +172,8 @@ class _Jit(Generic[_P, _R]):
         entries, calls, clock = cache.entries, cache.calls, cache.clock
         n, fn_leaves, lru = signature.n, self._fn_leaves, cache.maxsize is not None
         arrays, node, top_node, leaf = ky.array_types, ky.node, ky.top_node, ky.LEAF
-        key_type, new_entry, combine = ky.Key, cp.new_entry, cp.combine
+        key_type, key_and_leaves, deep = ky.Key, ky.key_and_leaves, ky.deep
+        new_entry, combine = cp.new_entry, cp.combine
 
         def method(obj: Any, /, *args: Any, **kwargs: Any) -> Any:
             __tracebackhide__ = True
@@ -213,7 +214,7 @@ class _Jit(Generic[_P, _R]):
             if kwargs or len(args) != n:
                 args, kwargs = signature.bind(args, kwargs)
             try:
-                key, leaves = ky.deep(ky.key_and_leaves, args, kwargs, fn_leaves)
+                key, leaves = deep(key_and_leaves, args, kwargs, fn_leaves)
             except ky.CyclicValue as e:
                 raise _cyclic_error(self.qualname, signature.names, e) from None
             next(calls)
@@ -222,7 +223,7 @@ class _Jit(Generic[_P, _R]):
             except TypeError:  # an unhashable static value: say which
                 raise TypeError(unhashable_message(self.qualname, key)) from None
             except RecursionError:
-                entry = ky.deep(entries.get, key)
+                entry = deep(entries.get, key)
             if entry is None:
                 entry = new_entry(f, key, leaves)
             if lru:
@@ -568,8 +569,13 @@ def jit(fn: Any = None, /, *, donate: Donate = "none", maxsize: int | None = Non
     if removed:
         raise TypeError(_removed_message(removed))
     if fn is None:
-        options = dict(donate=donate, maxsize=maxsize, max_compiles=max_compiles)
-        return functools.partial(jit, warn_after=warn_after, **options)
+        return functools.partial(
+            jit,
+            donate=donate,
+            maxsize=maxsize,
+            max_compiles=max_compiles,
+            warn_after=warn_after,
+        )
     return _Jit(fn, donate, maxsize, max_compiles, warn_after)
 
 
