@@ -5,6 +5,7 @@ by name, before it fails somewhere deep in a call."""
 
 import dataclasses
 import dis
+import operator
 import sys
 import types
 import weakref
@@ -19,46 +20,38 @@ import jaxtyping
 
 SUPPORTED: Final = "equinox >=0.13.3,<0.14"
 
-try:
-    # `eqx.error_if` raises inside a callback; `eqx.filter_jit` turns that into an
-    # `EquinoxRuntimeError` with this message, from what the callback left here,
-    # and hides JAX's log of the failed callback with this filter.
+try:  # equinox 0.13.3
     import equinox._errors as _eqx_errors
-    import equinox._jit as _eqx_jit  # equinox 0.13
-    from equinox._jit import (
-        _FilterCallback as FilterCallback,
-        _on_error_msg as on_error_message,
-    )
+    import equinox._jit as _eqx_jit
+    from equinox._module import _flatten, _module, _prebuilt
 
+    # `eqx.error_if` raises inside a callback; `eqx.filter_jit` turns that into an
+    # `EquinoxRuntimeError` with this message, from what the callback left (read by
+    # `equinox_error_info`), and hides JAX's log of the failed callback with this.
+    on_error_message: Final[str] = _eqx_jit._on_error_msg
+    FilterCallback = _eqx_jit._FilterCallback
     # Equinox's flatten: a module whose instance dictionary holds more or fewer
     # entries than it has fields carries these attributes in its tree structure,
     # `MISSING` for those absent; unflatten sets all of them.
-    from equinox._module._flatten import (  # equinox 0.13.3
-        MISSING as EQX_MISSING,
-        WRAPPER_FIELD_NAMES as WRAPPER_FIELD_NAMES,
-    )
-
+    EQX_MISSING: Final = _flatten.MISSING
+    WRAPPER_FIELD_NAMES: Final = _flatten.WRAPPER_FIELD_NAMES
     # Equinox lets a module assign its own fields while it is in this set: that is
     # how `__init__` works, and how `es.edit` makes its copies editable.
-    from equinox._module._module import (
-        _currently_initialising as currently_initialising,  # equinox 0.13
-    )
-
-    # What reading a method off a module gives (`module.method`): a pytree.
-    from equinox._module._prebuilt import BoundMethod as BoundMethod  # equinox 0.13
-
-except ImportError as e:  # pragma: no cover
+    currently_initialising: Final = _module._currently_initialising
+    BoundMethod = _prebuilt.BoundMethod  # what `module.method` is: a pytree
+except (ImportError, AttributeError) as e:  # pragma: no cover
     raise ImportError(
         f"eqx_static supports {SUPPORTED}; equinox {eqx.__version__} is installed, "
         f"which lacks a name it needs ({e}). Install a supported equinox: "
         f'`pip install "{SUPPORTED.replace(" ", "")}"`.'
     ) from None
 
-module_eq: Final[Callable[..., Any]] = eqx.Module.__eq__
-
+# Captured by `eqx.error_if`'s callbacks for the error message only.
+EQUINOX_MESSAGE_ONLY: Final = frozenset({"stack"})
 # The ids in `currently_initialising`, as a dict read in C. (Equinox keeps a copied
 # or unpickled module there for good: test membership, not size.)
 initialising_ids: Final[dict[int, Any]] = currently_initialising._dict  # pyright: ignore[reportAttributeAccessIssue]
+module_eq: Final[Callable[..., Any]] = eqx.Module.__eq__
 
 
 def equinox_error_info() -> tuple[str, list] | None:
@@ -67,14 +60,9 @@ def equinox_error_info() -> tuple[str, list] | None:
 
 
 def is_equinox_error_callback(fn: Any) -> bool:
-    """Whether `fn` is one of the functions `eqx.error_if` calls back into (they
-    read only their messages, and record their stack for the message)."""
+    """Whether `fn` is one of the functions `eqx.error_if` calls back into."""
     code = getattr(fn, "__code__", None)
     return code is not None and code.co_filename == _eqx_errors.__file__
-
-
-# Captured by `eqx.error_if`'s callbacks for the error message only.
-EQUINOX_MESSAGE_ONLY: Final = frozenset({"stack"})
 
 
 # ----------------------------------------------------------------------------------
@@ -84,7 +72,6 @@ from jax._src import (  # noqa: E402  (grouped with its reason)
     api as _api,
     callback as _callback,
     config as _config,
-    core as _core,
     pjit as _pjit,
     source_info_util as _source_info,
     traceback_util as _traceback_util,
@@ -102,21 +89,12 @@ except ImportError:  # jax 0.9
 
     _pjit_function = _xc._xla.pjit  # pyright: ignore[reportAttributeAccessIssue]
 
-
-def hide_frames(file: str) -> None:
-    """Leave the frames of `file` out of the tracebacks JAX filters, as Equinox
-    leaves out its own: an error in user code shows the user's frames."""
-    _traceback_util.register_exclusion(file)
-
-
 # The logger on which JAX reports an exception raised in a host callback.
 CALLBACK_LOGGER: Final = "jax._src.callback"
-
 # The `jax.monitoring` event around every XLA compile: a scalar is recorded when it
 # starts, a duration when it ends, each with `fun_name="jit(<function name>)"`.
 COMPILE_EVENT: Final = "/jax/core/compile/backend_compile_duration"
-
-
+JaxRuntimeError: Final = jax.errors.JaxRuntimeError
 # `jax.jit` itself. Under `EQX_ON_ERROR=breakpoint` Equinox replaces the name
 # `jax.jit` with a function (for JAX issue #16732) that has no `.trace`.
 jax_jit: Final = _api.jit
@@ -126,26 +104,24 @@ def jit_is_replaced() -> bool:
     return jax.jit is not jax_jit
 
 
-# A lowering (`jax.stages.Lowered`) holds the computation that `jax.jit` compiles
-# and then runs: `jitted.trace(...).lower()` and a later `jitted(...)` with the same
-# arguments share it (JAX caches the trace and the lowering), and its executable is
-# kept on it. So the miss path can compile it, or install an executable compiled
-# for an identical program, and the call that follows runs that.
-# (jax 0.9 - 0.10: `Lowered._lowering` is a `pxla.MeshComputation`.)
+def hide_frames(file: str) -> None:
+    """Leave `file`'s frames out of the tracebacks JAX filters, as Equinox does."""
+    _traceback_util.register_exclusion(file)
+
+
+# A lowering (`Lowered._lowering`, a `pxla.MeshComputation`) holds what `jax.jit`
+# compiles and runs: `jitted.trace(...).lower()` and a later `jitted(...)` with the
+# same arguments share it (JAX caches both), and its executable is kept on it. So the
+# miss path can compile it, or install the executable of an identical program, and
+# the call that follows runs that.
 _LOWERING_ATTRIBUTES: Final = (
-    "_executable",
-    "compile_args",
-    "stablehlo",
-    "_donated_invars",
-    "_compiler_options_kvs",
-    "_device_list",
-    "_platforms",
-)
+    "_executable compile_args stablehlo _donated_invars _compiler_options_kvs "
+    "_device_list _platforms"
+).split()
 
 
 def lowering_of(lowered: Any) -> Any:
-    """The computation inside a `jax.stages.Lowered`, or None if it is not one whose
-    executable this library knows how to read and set."""
+    """The computation in a `jax.stages.Lowered` (None if not one we can handle)."""
     lowering = getattr(lowered, "_lowering", None)
     if lowering is None or not all(hasattr(lowering, a) for a in _LOWERING_ATTRIBUTES):
         return None
@@ -167,39 +143,31 @@ def executable_of(lowering: Any) -> Any:
     return lowering._executable
 
 
-def xla_executable(executable: Any) -> Any:
-    """The XLA executable inside JAX's: JAX's own caches may wrap one in two."""
-    return getattr(executable, "xla_executable", executable)
-
-
 def set_executable(lowering: Any, executable: Any) -> None:
     """Make the call that follows a lowering run `executable`, compiling nothing."""
     lowering._executable = executable
 
 
+def xla_executable(executable: Any) -> Any:
+    """The XLA executable inside JAX's: JAX's own caches may wrap one in two."""
+    return getattr(executable, "xla_executable", executable)
+
+
+_CPP_CACHE_KEYS: Final = (
+    "donate_argnums donate_argnames device backend in_shardings_treedef "
+    "in_shardings_leaves out_shardings_treedef out_shardings_leaves "
+    "in_layouts_treedef in_layouts_leaves out_layouts_treedef out_layouts_leaves "
+    "compiler_options_kvs"
+).split()
+
+
 def dispatcher(name: str, fun: Callable, cache_miss: Callable, donate: tuple) -> Any:
-    """A `jax.jit`-like C++ dispatcher (JAX's own `PjitFunction`) whose cache miss
-    calls `cache_miss(*args)`, which returns `(outputs, fastpath_data, rebuild)` as
-    the miss of a `jax.jit` does (`jitted._cache_miss`); under `jax.disable_jit()` it
-    calls `fun(*args)`. Built as `pjit._cpp_pjit` builds one (jax 0.9 - 0.10)."""
+    """JAX's C++ `PjitFunction` dispatcher, built as `pjit._cpp_pjit` builds one: a
+    miss calls `cache_miss(*args)`, which returns what `jit_miss` does; under
+    `jax.disable_jit()` it calls `fun(*args)`."""
     ji = jax_jit(fun, donate_argnums=donate)._jit_info  # pyright: ignore[reportAttributeAccessIssue]
-    key = _pxla.JitGlobalCppCacheKeys(
-        donate_argnums=ji.donate_argnums,
-        donate_argnames=ji.donate_argnames,
-        device=ji.device,
-        backend=ji.backend,
-        in_shardings_treedef=ji.in_shardings_treedef,
-        in_shardings_leaves=ji.in_shardings_leaves,
-        out_shardings_treedef=ji.out_shardings_treedef,
-        out_shardings_leaves=ji.out_shardings_leaves,
-        in_layouts_treedef=ji.in_layouts_treedef,
-        in_layouts_leaves=ji.in_layouts_leaves,
-        out_layouts_treedef=ji.out_layouts_treedef,
-        out_layouts_leaves=ji.out_layouts_leaves,
-        compiler_options_kvs=ji.compiler_options_kvs,
-    )
-    explicit: bool = key.contains_explicit_attributes  # pyright: ignore[reportAssignmentType]
-    cpp_cache = _pjit._get_cpp_global_cache(explicit)
+    key = _pxla.JitGlobalCppCacheKeys(**{k: getattr(ji, k) for k in _CPP_CACHE_KEYS})
+    cpp_cache = _pjit._get_cpp_global_cache(key.contains_explicit_attributes)  # pyright: ignore[reportArgumentType]
     return _pjit_function(
         name, fun, cache_miss, ji.static_argnums, ji.static_argnames, key,
         _tree_util.dispatch_registry, _pxla.cc_shard_arg, cpp_cache,
@@ -207,27 +175,19 @@ def dispatcher(name: str, fun: Callable, cache_miss: Callable, donate: tuple) ->
 
 
 def jit_miss(jitted: Any, *args: Any) -> tuple:
-    """What a `jax.jit`'s own cache miss returns for `args`: it traces (or reads its
-    trace), lowers (or reads its lowering) and compiles (or reads the executable
-    installed on that lowering), runs the program, and returns `(outputs,
-    fastpath_data, rebuild)` for a dispatcher's C++ cache."""
+    """A `jax.jit`'s own cache miss (trace, lower, compile or read the executable set
+    on the lowering, run): `(outputs, fastpath_data, rebuild)` for a dispatcher."""
     return jitted._cache_miss(*args)
 
 
 def trace_context() -> Any:
-    """The configuration JAX keys its caches by besides the arguments (x64, the
-    default device, `threefry_partitionable`, ...)."""
+    """What JAX keys its caches by besides the arguments (x64, default device, ...)."""
     return _config.trace_context()
 
 
 def pgle_enabled() -> bool:
     """Whether JAX profiles programs and compiles them again with the profile."""
     return bool(jax.config.jax_enable_pgle) and jax.config.jax_pgle_profiling_runs > 0  # pyright: ignore[reportAttributeAccessIssue]
-
-
-def trace_state_clean() -> bool:
-    """Whether this thread is outside any JAX transformation or trace."""
-    return _core.trace_state_clean()
 
 
 def open_jaxpr(j: Any) -> Any:
@@ -243,23 +203,18 @@ def nested_jaxprs(params: dict[str, Any]) -> Iterator[Any]:
 
 
 def flat_callback(cb: Any) -> tuple[Callable, Any] | None:
-    """The Python function and argument structure of the `callback` parameter of a
-    `pure_callback`/`io_callback` equation (None if it is not JAX's wrapper)."""
+    """The function and `in_tree` of a callback equation's `callback`, or None."""
     if type(cb) is _callback._FlatCallback:
         return cb.callback_func, cb.in_tree
     return None
 
 
 def user_frame(source_info: Any) -> tuple[str, int, str] | None:
-    """The innermost frame of user code (not JAX's, Equinox's or this library's)
-    where an equation was traced: file, line and function."""
+    """File, line and function of the user code where an equation was traced."""
     frame = _source_info.user_frame(source_info.traceback)
     if frame is None:
         return None
     return frame.file_name, frame.start_line, frame.function_name
-
-
-JaxRuntimeError: Final = jax.errors.JaxRuntimeError
 
 
 # ----------------------------------------------------------------------------------
@@ -274,8 +229,8 @@ def is_named_dim(dim: Any) -> bool:
 
 
 def jaxtyped_class(cls: type) -> bool:
-    """Whether `cls` was decorated with `@jaxtyped(typechecker=...)`: jaxtyping
-    marks nothing on the class, but its `__init__` is then jaxtyping's wrapper."""
+    """Whether `cls` is `@jaxtyped`: nothing marks the class, but its `__init__` is
+    then jaxtyping's wrapper."""
     init = getattr(cls, "__init__", None)
     module = getattr(init, "__globals__", {}).get("__name__")
     return module == jaxtyping.jaxtyped.__module__
@@ -288,9 +243,7 @@ def jaxtyped_class(cls: type) -> bool:
 # recognised by its code: the same bytecode, names and constants as the `__eq__`
 # this interpreter writes for a dataclass with the same fields.
 
-_generated_eq: Final[weakref.WeakKeyDictionary[type, bool]] = (
-    weakref.WeakKeyDictionary()
-)
+_generated_eq: Final = weakref.WeakKeyDictionary[type, bool]()
 
 
 def generated_dataclass_eq(t: type) -> bool:
@@ -315,11 +268,8 @@ def _is_generated_eq(t: type) -> bool:
         for f in dataclasses.fields(t)
     ]
     ref = dataclasses.make_dataclass("_Probe", fields, eq=True).__eq__.__code__
-    return _code_parts(code) == _code_parts(ref)
-
-
-def _code_parts(code: types.CodeType) -> tuple:
-    return (code.co_code, code.co_names, code.co_consts, code.co_varnames)
+    parts = operator.attrgetter("co_code", "co_names", "co_consts", "co_varnames")
+    return parts(code) == parts(ref)
 
 
 # A closure cell can be rebound by the frame that made it (an assignment run again,
@@ -330,120 +280,63 @@ def _code_parts(code: types.CodeType) -> tuple:
 # the code objects reachable from the function's module (functions and classes,
 # at any depth); a function made elsewhere (by `exec`, say) is not provable.
 
-_STORES: Final = frozenset({"STORE_DEREF", "DELETE_DEREF"})
 _BACKWARD: Final = frozenset({"JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT"})
 _parents: Final[dict[str, dict[types.CodeType, types.CodeType]]] = {}
 
 
 def cell_bound_once(fn: types.FunctionType, name: str) -> bool:
     """Whether the closure cell `name` of `fn` provably keeps its value forever."""
-    owner = fn.__code__
-    while name not in owner.co_cellvars:
-        parent = _parent_code(fn.__module__, owner)
-        if parent is None:
-            return False
-        owner = parent
-    stores = [
-        i
-        for i in dis.get_instructions(owner)
-        if i.opname in _STORES and i.argval == name
-    ]
-    if len(stores) > 1 or (stores and _in_loop(owner, stores[0].offset)):
+    owner: types.CodeType | None = fn.__code__
+    module = fn.__module__ or ""
+    while owner is not None and name not in owner.co_cellvars:
+        parents = _parents.get(module)
+        if parents is None or owner not in parents:  # a module grows: look again
+            parents = _parents[module] = _code_tree(module)
+        owner = parents.get(owner)
+    if owner is None:
         return False
-    return not any(
-        i.opname in _STORES and i.argval == name
-        for code in _nested(owner)
-        if name in code.co_freevars
+    stores = _stores(owner, name)
+    jumps = [i for i in dis.get_instructions(owner) if i.opname in _BACKWARD]
+    if len(stores) > 1 or any(j.argval <= s < j.offset for j in jumps for s in stores):
+        return False  # stored twice, or in a loop
+    return not any(_stores(c, name) for _, c in _nested(owner) if name in c.co_freevars)
+
+
+def _stores(code: types.CodeType, name: str) -> list[int]:
+    return [
+        i.offset
         for i in dis.get_instructions(code)
-    )
+        if i.opname in ("STORE_DEREF", "DELETE_DEREF") and i.argval == name
+    ]
 
 
-def _in_loop(code: types.CodeType, offset: int) -> bool:
-    return any(
-        i.opname in _BACKWARD and i.argval <= offset < i.offset
-        for i in dis.get_instructions(code)
-    )
-
-
-def _nested(code: types.CodeType) -> Iterator[types.CodeType]:
+def _nested(code: types.CodeType) -> Iterator[tuple[types.CodeType, types.CodeType]]:
+    """`(parent, child)` for each code object nested in `code`, at any depth."""
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
-            yield c
+            yield code, c
             yield from _nested(c)
 
 
-def _parent_code(module: str | None, code: types.CodeType) -> types.CodeType | None:
-    parents = _parents.get(module or "")
-    if parents is None or code not in parents:  # a module grows: look again
-        parents = _parents[module or ""] = _code_tree(sys.modules.get(module or ""))
-    return parents.get(code)
-
-
-def _code_tree(module: Any) -> dict[types.CodeType, types.CodeType]:
-    """Each code object reachable from `module`'s functions and classes, mapped to
-    the code object it is nested in."""
+def _code_tree(name: str) -> dict[types.CodeType, types.CodeType]:
+    """The parent of each code object reachable from module `name`."""
+    module = sys.modules.get(name)
+    stack = list(vars(module).values()) if module is not None else []
     parents: dict[types.CodeType, types.CodeType] = {}
-    if module is None:
-        return parents
     seen: set[int] = set()
-    stack = list(vars(module).values())
     while stack:
         v = stack.pop()
         if id(v) in seen:
             continue
         seen.add(id(v))
-        if isinstance(v, type) and v.__module__ == module.__name__:
-            stack += vars(v).values()
-        elif isinstance(v, types.FunctionType) and v.__module__ == module.__name__:
-            _link(v.__code__, parents)
+        if isinstance(v, type):
+            if v.__module__ == name:
+                stack += vars(v).values()
+            continue
+        if isinstance(v, types.FunctionType) and v.__module__ == name:
+            parents.update((c, p) for p, c in _nested(v.__code__))
         for attr in ("__wrapped__", "__func__", "fn", "fget", "fset"):
-            inner = getattr(v, attr, None) if not isinstance(v, type) else None
+            inner = getattr(v, attr, None)
             if inner is not None:
                 stack.append(inner)
     return parents
-
-
-def _link(code: types.CodeType, parents: dict) -> None:
-    for c in code.co_consts:
-        if isinstance(c, types.CodeType):
-            parents[c] = code
-            _link(c, parents)
-
-
-__all__ = [
-    "CALLBACK_LOGGER",
-    "COMPILE_EVENT",
-    "EQX_MISSING",
-    "EQUINOX_MESSAGE_ONLY",
-    "SUPPORTED",
-    "WRAPPER_FIELD_NAMES",
-    "BoundMethod",
-    "FilterCallback",
-    "JaxRuntimeError",
-    "cell_bound_once",
-    "currently_initialising",
-    "dispatcher",
-    "equinox_error_info",
-    "executable_of",
-    "flat_callback",
-    "generated_dataclass_eq",
-    "hide_frames",
-    "initialising_ids",
-    "is_equinox_error_callback",
-    "is_named_dim",
-    "jax_jit",
-    "jaxtyped_class",
-    "jit_is_replaced",
-    "jit_miss",
-    "lowering_of",
-    "module_eq",
-    "nested_jaxprs",
-    "on_error_message",
-    "open_jaxpr",
-    "pgle_enabled",
-    "program_options",
-    "set_executable",
-    "trace_context",
-    "user_frame",
-    "xla_executable",
-]

@@ -10,34 +10,15 @@ import threading
 import types
 import weakref
 from collections.abc import Callable
-from typing import Any, Final, Generic, Literal, overload, ParamSpec, TypeVar
+from typing import Any, Final, Generic, get_args, Literal, overload, ParamSpec, TypeVar
 
 import equinox as eqx
 import jax.tree_util as jtu
 
+from . import _compile as cp, _key as ky
 from ._compat import hide_frames
-from ._compile import (
-    Cache,
-    CacheInfo,
-    combine,
-    CompileInfo,
-    Function,
-    lower_call,
-    new_entry,
-)
-from ._key import (
-    argname,
-    array_types,
-    CyclicValue,
-    deep,
-    Key,
-    key_and_leaves,
-    LEAF,
-    node,
-    top_node,
-)
 from ._module import is_es_module_class
-from ._report import RecompileError, TracedFieldError, unhashable_message
+from ._report import unhashable_message
 
 
 hide_frames(__file__)
@@ -45,7 +26,6 @@ hide_frames(__file__)
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 Donate = Literal["none", "all", "all-except-first", "warn", "warn-except-first"]
-_DONATE: Final = ("none", "all", "all-except-first", "warn", "warn-except-first")
 
 _MSG_DECORATOR_ORDER: Final = """An `es.jit` wrapper has no `__globals__`: it is not a plain function.
 If this comes from `@jaxtyped(...)` above `@es.jit`:
@@ -71,34 +51,27 @@ def f(cls, x): ...
 
 
 class _Signature:
-    """Binds a call's arguments with the callable's own signature, defaults applied,
-    so that `f(x)`, `f(x, 2.0)` and `f(x, scale=2.0)` are one call. The signature is
-    the callable's own, not the one `functools.wraps` copied from what it wraps:
-    a decorator's defaults are its own. Where it cannot be read, the arguments are
-    passed as given."""
+    """Binds a call with the callable's own signature (a decorator's defaults are its
+    own) and defaults, so that `f(x)`, `f(x, 2.0)`, `f(x, scale=2.0)` are one key."""
 
     def __init__(self, fn: Callable):
+        self.n, self.names, self.tail = -1, (), ()
         try:
             self.sig: inspect.Signature | None = inspect.signature(
                 fn, follow_wrapped=False
             )
         except (TypeError, ValueError):
             self.sig = None
-            self.n, self.names, self.tail = -1, (), ()
             return
         params = list(self.sig.parameters.values())
         positional = [
             p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
         ]
-        simple = len(positional) == len(params)  # no *args, keyword-only, **kwargs
-        self.n = len(positional) if simple else -1
+        if len(positional) == len(params):  # no *args, keyword-only, **kwargs
+            self.n = len(positional)
         self.names = tuple(p.name for p in positional)
-        tail = []
-        for p in reversed(positional):
-            if p.default is p.empty:
-                break
-            tail.append(p.default)
-        self.tail = tuple(reversed(tail))  # defaults of the trailing parameters
+        # The defaults of the trailing parameters (only defaults follow a default).
+        self.tail = tuple(p.default for p in positional if p.default is not p.empty)
 
     def bind(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
         n = self.n
@@ -117,14 +90,8 @@ class _Signature:
 class _Jit(Generic[_P, _R]):
     """The wrapper returned by [`eqx_static.jit`][]."""
 
-    def __init__(
-        self,
-        fn: Callable[_P, _R],
-        donate: Donate,
-        maxsize: int | None,
-        max_compiles: int | None,
-        warn_after: int | None,
-    ):
+    def __init__(self, fn: Callable[_P, _R], donate: Donate, maxsize: int | None,
+                 max_compiles: int | None, warn_after: int | None):  # fmt: skip
         if isinstance(fn, classmethod):
             raise TypeError(_MSG_CLASSMETHOD)
         self._is_static = isinstance(fn, staticmethod)
@@ -141,10 +108,10 @@ class _Jit(Generic[_P, _R]):
         self._options = (donate, maxsize, max_compiles, warn_after)
         self._signature = _Signature(fn)
         fn_leaves: list = []
-        fn_node = None if type(fn) is types.FunctionType else node(fn, fn_leaves)
+        fn_node = None if type(fn) is types.FunctionType else ky.node(fn, fn_leaves)
         self._fn_leaves = tuple(fn_leaves)
         self.cache = _shared_cache(fn, (fn_node, self._options), maxsize)
-        self.f = Function(
+        self.f = cp.Function(
             fn, fn_node, len(fn_leaves), self._signature.names, donate,
             max_compiles, warn_after, self.cache,
         )  # fmt: skip
@@ -160,16 +127,11 @@ class _Jit(Generic[_P, _R]):
     def __set_name__(self, owner: type, name: str) -> None:
         self._owner, self._name = owner, name
         self.f.method = True
-        if (
-            name.startswith("__")
-            and name.endswith("__")
-            and not self._is_static
-            and is_es_module_class(owner)
-            and owner.__module__ != "__main__"
-        ):
-            # `m(x)` looks `__call__` up on the class and calls a plain function
-            # without binding anything: install one, saving the descriptor call.
-            # Not in `__main__`, whose classes cloudpickle copies by value.
+        special = name.startswith("__") and name.endswith("__") and not self._is_static
+        # `m(x)` looks `__call__` up on the class and calls a plain function without
+        # binding anything: install one, saving the descriptor call. Not in
+        # `__main__`, whose classes cloudpickle copies by value.
+        if special and is_es_module_class(owner) and owner.__module__ != "__main__":
             setattr(owner, name, _special_method(self, owner, name))
 
     def __get__(self, obj: object, owner: type | None = None) -> Any:
@@ -204,14 +166,14 @@ class _Jit(Generic[_P, _R]):
         return f"<es.jit {self.qualname}>"
 
     def _make_call(self) -> tuple[Callable, Callable]:
-        """The call paths as closures, so that a hit looks up no attribute:
-        `method(obj, *args)` is the path of `obj.f(*args)`, `call` the general one."""
-        f, cache = self.f, self.cache
+        """The paths of `obj.f(*args)` and of any call, as closures: a hit looks up no
+        attribute."""
+        f, cache, signature = self.f, self.cache, self._signature
         entries, calls, clock = cache.entries, cache.calls, cache.clock
-        signature, fn_leaves = self._signature, self._fn_leaves
-        n = signature.n
-        lru = cache.maxsize is not None
-        arrays = array_types
+        n, fn_leaves, lru = signature.n, self._fn_leaves, cache.maxsize is not None
+        arrays, node, top_node, leaf = ky.array_types, ky.node, ky.top_node, ky.LEAF
+        key_type, key_and_leaves, deep = ky.Key, ky.key_and_leaves, ky.deep
+        new_entry, combine = cp.new_entry, cp.combine
 
         def method(obj: Any, /, *args: Any, **kwargs: Any) -> Any:
             __tracebackhide__ = True
@@ -223,17 +185,17 @@ class _Jit(Generic[_P, _R]):
                 for a in args:
                     if type(a) in arrays:
                         leaves.append(a)
-                        nodes.append(LEAF)
+                        nodes.append(leaf)
                     else:
                         nodes.append(node(a, leaves))
             except RecursionError:  # deeply nested: the general path copes
                 return call((obj, *args), kwargs)
-            key = tuple.__new__(Key, (tuple(nodes), (), ()))
-            next(calls)
+            key = tuple.__new__(key_type, (tuple(nodes), (), ()))
             try:
                 entry = entries.get(key)
-            except (TypeError, RecursionError):  # the general path says why
-                return dispatch(key, leaves, counted=True)
+            except (TypeError, RecursionError):  # the general path says why, or copes
+                return call((obj, *args), kwargs)
+            next(calls)
             if entry is None:
                 entry = new_entry(f, key, leaves)
             if lru:
@@ -246,21 +208,16 @@ class _Jit(Generic[_P, _R]):
             return combine(*out) if type(out) is tuple else out
 
         def call(args: tuple, kwargs: dict[str, Any]) -> Any:
+            # Calls the key's dispatcher: JAX's C++ runs what it has for these avals,
+            # and calls the miss path (which books a miss) for anything else.
             __tracebackhide__ = True
             if kwargs or len(args) != n:
                 args, kwargs = signature.bind(args, kwargs)
             try:
-                key, leaves = key_and_leaves(args, kwargs, fn_leaves)
-            except CyclicValue as e:
+                key, leaves = deep(key_and_leaves, args, kwargs, fn_leaves)
+            except ky.CyclicValue as e:
                 raise _cyclic_error(self.qualname, signature.names, e) from None
-            return dispatch(key, leaves)
-
-        def dispatch(key: Key, leaves: list, counted: bool = False) -> Any:
-            """Call the key's dispatcher: JAX's C++ runs what it has for these
-            avals, and calls the miss path (which books a miss) for anything else."""
-            __tracebackhide__ = True
-            if not counted:
-                next(calls)
+            next(calls)
             try:
                 entry = entries.get(key)
             except TypeError:  # an unhashable static value: say which
@@ -277,80 +234,60 @@ class _Jit(Generic[_P, _R]):
         method.es_jit = self  # pyright: ignore[reportFunctionMemberAccess]
         return method, call
 
-    def leaves_of(self, args: tuple, kwargs: dict[str, Any]) -> tuple[Key, list]:
+    def leaves_of(self, args: tuple, kwargs: dict[str, Any]) -> tuple[ky.Key, list]:
         """The key and traced leaves of a call, as the hot path computes them."""
         args, kwargs = self._signature.bind(args, kwargs)
-        return key_and_leaves(args, kwargs, self._fn_leaves)
+        return ky.deep(ky.key_and_leaves, args, kwargs, self._fn_leaves)
 
     def lower(self, *args: Any, **kwargs: Any) -> "Lowered":
-        """Lower the call for these arguments ahead of time.
-
-        Returns an object with JAX's `as_text()` and `cost_analysis()`, whose
-        `compile()` gives a callable that takes the same arguments as the wrapper.
-        """
+        """Lower the call for these arguments ahead of time: JAX's `as_text()` and
+        `cost_analysis()`, and `compile()`, whose result takes the wrapper's
+        arguments."""
         return self.lower_bound((), args, kwargs)
 
     def lower_bound(self, bound: tuple, args: tuple, kwargs: dict) -> "Lowered":
-        """`lower` for a method bound to an instance: the compiled callable takes
-        the arguments after `bound`, as the bound method does."""
+        """`lower` for a method bound to `bound`, for the arguments after it."""
         key, leaves = self.leaves_of((*bound, *args), kwargs)
-        return Lowered(lower_call(self.f, key, leaves), self, key, bound)
+        return Lowered(cp.lower_call(self.f, key, leaves), self, key, bound)
 
-    def cache_info(self) -> CacheInfo:
+    def cache_info(self) -> cp.CacheInfo:
         """Hits, misses, `maxsize` and the compiled signatures held."""
         return self.cache.info()
 
-    def compile_info(self) -> CompileInfo:
+    def compile_info(self) -> cp.CompileInfo:
         """XLA compiles since the cache was cleared, the programs held now (keys
         whose programs are the same share one), and the seconds spent compiling."""
         return self.cache.compile_info()
 
     def cache_clear(self) -> None:
         """Drop every compiled entry and program, and reset the statistics."""
-        from ._key import forget_all
-
-        forget_all()  # the per-instance memo too: it may hold static values
+        ky.forget_all()  # the per-instance memo too: it may hold static values
         self.cache.clear()
 
 
-def _check_options(
-    donate: Any, maxsize: Any, max_compiles: Any, warn_after: Any
-) -> None:
-    if donate not in _DONATE:
+def _check_options(donate: Any, *counts: Any) -> None:
+    if donate not in get_args(Donate):
         raise ValueError(
-            f"`es.jit(donate=...)` must be one of {', '.join(map(repr, _DONATE))}; "
-            f"got {donate!r}."
+            "`es.jit(donate=...)` must be one of "
+            f"{', '.join(map(repr, get_args(Donate)))}; got {donate!r}."
         )
-    counts = {
-        "maxsize": "compiled entries",
-        "max_compiles": "XLA compiles",
-        "warn_after": "XLA compiles",
-    }
-    for name, v in (
-        ("maxsize", maxsize),
-        ("max_compiles", max_compiles),
-        ("warn_after", warn_after),
-    ):
+    for name, v in zip(("maxsize", "max_compiles", "warn_after"), counts):
         if v is not None and (type(v) is not int or v < 1):
+            what = "compiled entries" if name == "maxsize" else "XLA compiles"
             raise ValueError(
                 f"`{name}` must be None or a positive int, got {v!r}: "
-                f"`es.jit({name}=...)` counts {counts[name]}."
+                f"`es.jit({name}=...)` counts {what}."
             )
 
 
-def _cyclic_error(name: str, argnames: tuple, e: CyclicValue) -> ValueError:
-    """Name the argument that contains itself (`e.path` starts at `[0][i]` for the
-    i-th positional argument, `[1]['k']` for a keyword)."""
+def _cyclic_error(name: str, argnames: tuple, e: ky.CyclicValue) -> ValueError:
+    """Name the argument in `e.path` (`[0][i]...` positional, `[1]['k']...` keyword)."""
     head, _, rest = e.path[1:].partition("]")
-    if head == "0":
-        index, _, rest = rest[1:].partition("]")
-        where = argname(argnames, int(index)) + rest
-    else:
-        key, _, rest = rest[1:].partition("]")
-        where = key.strip("'") + rest
+    index, _, rest = rest[1:].partition("]")
+    where = ky.argname(argnames, int(index)) if head == "0" else index.strip("'")
     return ValueError(
-        f"`{name}` got an argument that contains itself: {where} is the argument "
-        "again. `es.jit` keys a call by the structure of its arguments, as "
+        f"`{name}` got an argument that contains itself: {where}{rest} is the "
+        "argument again. `es.jit` keys a call by the structure of its arguments, as "
         "`eqx.filter_jit` does, so that structure must be finite: break the cycle "
         "before the call."
     )
@@ -359,14 +296,12 @@ def _cyclic_error(name: str, argnames: tuple, e: CyclicValue) -> ValueError:
 # The caches, as `eqx.filter_jit` keeps its own: a plain function's for as long as
 # the function lives (wrapping it again finds it), any other callable's (a module,
 # `eqx.filter_grad(f)`) by its structure and static parts, for the process.
-_by_function: Final[weakref.WeakKeyDictionary[Callable, dict[Any, Cache]]] = (
-    weakref.WeakKeyDictionary()
-)
-_by_structure: Final[dict[Any, Cache]] = {}
+_by_function: Final = weakref.WeakKeyDictionary[Callable, dict[Any, cp.Cache]]()
+_by_structure: Final[dict[Any, cp.Cache]] = {}
 _caches_lock: Final = threading.Lock()
 
 
-def _shared_cache(fn: Callable, identity: Any, maxsize: int | None) -> Cache:
+def _shared_cache(fn: Callable, identity: Any, maxsize: int | None) -> cp.Cache:
     with _caches_lock:
         if type(fn) is types.FunctionType:
             caches = _by_function.setdefault(fn, {})
@@ -375,9 +310,9 @@ def _shared_cache(fn: Callable, identity: Any, maxsize: int | None) -> Cache:
         try:
             cache = caches.get(identity)
         except TypeError:  # an unhashable callable: its own cache
-            return Cache(maxsize)
+            return cp.Cache(maxsize)
         if cache is None:
-            cache = caches[identity] = Cache(maxsize)
+            cache = caches[identity] = cp.Cache(maxsize)
         return cache
 
 
@@ -406,7 +341,7 @@ class BoundJit(functools.partial):
     def __wrapped__(self) -> Any:
         return self.__func__.fn
 
-    def cache_info(self) -> CacheInfo:
+    def cache_info(self) -> cp.CacheInfo:
         """See [`eqx_static.jit`][]."""
         return self.__func__.cache_info()
 
@@ -414,7 +349,7 @@ class BoundJit(functools.partial):
         """See [`eqx_static.jit`][]."""
         self.__func__.cache_clear()
 
-    def compile_info(self) -> CompileInfo:
+    def compile_info(self) -> cp.CompileInfo:
         """See [`eqx_static.jit`][]."""
         return self.__func__.compile_info()
 
@@ -455,8 +390,7 @@ jtu.register_pytree_with_keys(
 
 
 def _special_method(wrapper: "_Jit", owner: type, name: str) -> Callable:
-    """The plain function installed on an `es.Module` class for a special method:
-    the wrapper's method path, carrying the wrapper's attributes."""
+    """The wrapper's method path as a plain function with its attributes."""
     method = wrapper.method
     functools.update_wrapper(method, wrapper.fn)
     method.__qualname__ = f"{owner.__qualname__}.{name}"
@@ -491,11 +425,10 @@ class Lowered:
         ```
     """
 
-    def __init__(self, lowered: Any, wrapper: _Jit, key: Key, bound: tuple):
+    def __init__(self, lowered: Any, wrapper: _Jit, key: ky.Key, bound: tuple):
         self.lowered = lowered
-        self._wrapper = wrapper
-        self._key = key
-        self._bound = bound  # `m` for `m.f.lower(x)`: the compiled call takes `x`
+        # `bound` is `(m,)` for `m.f.lower(x)`: the compiled call takes `x`.
+        self._wrapper, self._key, self._bound = wrapper, key, bound
 
     def as_text(self, *args: Any, **kwargs: Any) -> str:
         """JAX's `Lowered.as_text`."""
@@ -507,10 +440,7 @@ class Lowered:
 
     def compile(self, compiler_options: dict[str, Any] | None = None) -> "Compiled":
         """Compile; the result is called with the same arguments as the wrapper."""
-        if compiler_options is None:
-            compiled = self.lowered.compile()
-        else:
-            compiled = self.lowered.compile(compiler_options=compiler_options)
+        compiled = self.lowered.compile(compiler_options=compiler_options)
         return Compiled(compiled, self._wrapper, self._key, self._bound)
 
 
@@ -523,31 +453,27 @@ class Compiled:
     !!! example
 
         ```python
-        import equinox as eqx
         import jax.numpy as jnp
         import eqx_static as es
 
         class Model(es.Module):
             scale: float
-            square: bool = eqx.field(static=True)
 
             @es.jit
             def __call__(self, x):
-                return self.scale * (x**2 if self.square else x)
+                return self.scale * x
 
-        m = Model(scale=2.0, square=True)
+        m = Model(scale=2.0)
         compiled = Model.__call__.lower(m, jnp.ones(2)).compile()
         assert (compiled(m.with_dynamic(scale=3.0), jnp.ones(2)) == 3.0).all()
-        from_instance = m.__call__.lower(jnp.ones(2)).compile()
-        assert (from_instance(jnp.ones(2)) == 2.0).all()  # `m` is bound
+        bound = m.__call__.lower(jnp.ones(2)).compile()  # `m` is bound
+        assert (bound(jnp.ones(2)) == 2.0).all()
         ```
     """
 
-    def __init__(self, compiled: Any, wrapper: _Jit, key: Key, bound: tuple):
+    def __init__(self, compiled: Any, wrapper: _Jit, key: ky.Key, bound: tuple):
         self.compiled = compiled
-        self._wrapper = wrapper
-        self._key = key
-        self._bound = bound
+        self._wrapper, self._key, self._bound = wrapper, key, bound
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         key, leaves = self._wrapper.leaves_of((*self._bound, *args), kwargs)
@@ -559,7 +485,7 @@ class Compiled:
                 "needed."
             )
         out = self.compiled(*leaves)
-        return combine(*out) if type(out) is tuple else out
+        return cp.combine(*out) if type(out) is tuple else out
 
     def as_text(self, *args: Any, **kwargs: Any) -> str:
         """JAX's `Compiled.as_text`."""
@@ -574,73 +500,46 @@ class Compiled:
 
 
 @overload
-def jit(
-    fn: Callable[_P, _R],
-    /,
-    *,
-    donate: Donate = "none",
-    maxsize: int | None = None,
-    max_compiles: int | None = None,
-    warn_after: int | None = 8,
-) -> _Jit[_P, _R]: ...
-
-
+def jit(fn: Callable[_P, _R], /, *, donate: Donate = "none", maxsize: int | None = None,
+        max_compiles: int | None = None, warn_after: int | None = 8,
+        ) -> _Jit[_P, _R]: ...  # fmt: skip
 @overload
-def jit(
-    fn: None = None,
-    /,
-    *,
-    donate: Donate = "none",
-    maxsize: int | None = None,
-    max_compiles: int | None = None,
-    warn_after: int | None = 8,
-) -> Callable[[Callable[_P, _R]], _Jit[_P, _R]]: ...
-
-
-def jit(
-    fn: Any = None,
-    /,
-    *,
-    donate: Donate = "none",
-    maxsize: int | None = None,
-    max_compiles: int | None = None,
-    warn_after: int | None = 8,
-    **removed: Any,
-) -> Any:
+def jit(fn: None = None, /, *, donate: Donate = "none", maxsize: int | None = None,
+        max_compiles: int | None = None, warn_after: int | None = 8,
+        ) -> Callable[[Callable[_P, _R]], _Jit[_P, _R]]: ...  # fmt: skip
+def jit(fn: Any = None, /, *, donate: Donate = "none", maxsize: int | None = None,
+        max_compiles: int | None = None, warn_after: int | None = 8,
+        **removed: Any) -> Any:  # fmt: skip
     """Compile a function or method once per distinct program.
 
-    `es.jit` traces exactly what `eqx.filter_jit` traces: every leaf of the
-    arguments (and of the function, if it is a pytree) for which `eqx.is_array`
-    holds is traced, and every other leaf is static. So it returns what the eager
-    call and `eqx.filter_jit` return. On top of that, the key compares static values
-    by type *and* value (`1`, `True` and `1.0` are three entries), binds default
-    arguments first, and shares one cache among the wrappers of one function.
-
-    A new key is traced; its program is compiled only if this function has not
-    compiled the same program already (the same module, constants included, the
-    same shardings, donation and host callbacks). So changing a static field the
-    program does not depend on costs one trace and no compile.
+    `es.jit` traces what `eqx.filter_jit` traces (the leaves of the arguments, and of
+    a pytree function, for which `eqx.is_array` holds; every other leaf is static),
+    and returns what it returns. Its key compares static values by type *and* value
+    (`1`, `True` and `1.0` are three keys), binds default arguments first, and is
+    shared by the wrappers of one function. A new key is traced, and compiled only if
+    the function has not compiled the same program (module, constants, shardings,
+    donation and host callbacks) already: changing a static field the program does
+    not read costs one trace and no compile.
 
     **Arguments:**
 
     - `fn`: the function or method to compile (also a `staticmethod`).
-    - `donate`: as in `eqx.filter_jit`: `"none"`, `"all"`, `"all-except-first"`,
-        `"warn"` or `"warn-except-first"`: which arrays' buffers XLA may reuse for
-        the outputs (`"all"` includes the buffers of `self`).
-    - `maxsize`: at most this many compiled signatures; the least recently used
-        key is evicted. `None` (the default) keeps them all.
-    - `max_compiles`: raise [`eqx_static.RecompileError`][] instead of making more
-        than this many XLA compiles (a test-suite guard that says why).
-    - `warn_after`: after this many XLA compiles in which the same field or
-        argument changed every time, log one WARNING on `"eqx_static"` that says
-        so. `None` switches it off.
+    - `donate`: as in `eqx.filter_jit` (`"none"`, `"all"`, `"all-except-first"`,
+        `"warn"`, `"warn-except-first"`): which arrays' buffers XLA may reuse for the
+        outputs (`"all"` includes those of `self`).
+    - `maxsize`: at most this many compiled signatures, the least recently used
+        evicted first; `None` keeps them all.
+    - `max_compiles`: raise [`eqx_static.RecompileError`][] rather than make more XLA
+        compiles than this (a test-suite guard that says why).
+    - `warn_after`: after this many XLA compiles in which the same field or argument
+        changed every time, log one WARNING on `"eqx_static"` saying so (`None`: off).
 
     **Returns:**
 
-    A wrapper, reachable from the class or from an instance, with `cache_info()`
-    (calls: hits and misses), `compile_info()` (XLA compiles), `cache_clear()` and
-    `lower(*args)`. Each miss after the first logs one line at INFO on the logger
-    `"eqx_static"`, naming what changed and whether it compiled.
+    A wrapper, on the class or an instance, with `cache_info()` (hits and misses),
+    `compile_info()` (XLA compiles), `cache_clear()` and `lower(*args)`. Each miss
+    after the first logs one INFO line on `"eqx_static"`: what changed, and whether
+    it compiled.
 
     !!! example
 
@@ -694,6 +593,3 @@ def _removed_message(removed: dict[str, Any]) -> str:
         f"`es.jit` got unexpected keyword arguments {names}; it takes `donate`, "
         "`maxsize`, `max_compiles` and `warn_after`."
     )
-
-
-__all__ = ["CacheInfo", "CompileInfo", "RecompileError", "TracedFieldError", "jit"]

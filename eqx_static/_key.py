@@ -1,23 +1,13 @@
 """The compile key: the one description of a call that the cache, the explanations
-and the budget read.
+and the budget read. The leaves for which `eqx.is_array` holds are traced, as under
+`eqx.filter_jit`; everything else is keyed by type *and* value (`1`, `True`, `1.0`
+are three keys; so are `0.0` and `-0.0`) at any depth, pytree metadata included.
 
-`es.jit` partitions a call as `eqx.filter_jit` does: every leaf for which
-`eqx.is_array` holds is traced, every other leaf is static. A key mirrors the
-arguments as a tree of hashable nodes, walked in Python once per call so that
-static values are compared by type *and* value (`1`, `True` and `1.0` are three
-values; so are `0.0` and `-0.0`), at any depth: in module fields, tuples, dict keys
-and the metadata of registered pytrees. The walk is specialised once per type
-(`_walker`): a module class gets a function that reads its fields in C.
-
-Nodes (tuples, first item says which; the traced leaves are listed apart):
-
-- `LEAF`: a traced array; `jax.jit`'s dispatch checks its shape, dtype, weak type
-  and sharding;
-- a module: `(cls, statics, static_types, children, wrapper)`; `children` is the
-  number of dynamic fields when all of them are traced leaves;
-- `(SEQ, type, children)`, `(ARRAYS, type, n)`, `(NAMED, type, children)`,
-  `(DICT, keys, key_types, children)`, `(TREE, treedef, aux, children)`, `(STATIC, type,
-  value)`, `None`.
+Nodes (traced leaves are listed apart): `LEAF`, a traced array (`jax.jit` checks its
+aval and sharding); a module, `(cls, statics, static_types, children, wrapper)`,
+`children` a count when all dynamic fields are traced; `(SEQ, type, children)`,
+`(ARRAYS, type, n)`, `(NAMED, type, children)`, `(DICT, keys, key_types, children)`,
+`(TREE, treedef, aux, children)`, `(STATIC, type, value)`; `None`.
 """
 
 import functools
@@ -33,13 +23,7 @@ import jax.tree_util as jtu
 import numpy as np
 from jax.core import Tracer
 
-from ._compat import (
-    EQX_MISSING,
-    generated_dataclass_eq,
-    initialising_ids,
-    module_eq,
-    WRAPPER_FIELD_NAMES,
-)
+from . import _compat as jx
 from ._module import field_info, instance_dict, is_module_type, UNSET
 
 
@@ -51,22 +35,18 @@ SIMPLE: Final = frozenset({bool, int, str, bytes, type(None), type})
 
 
 class Typed:
-    """A hashable static value as a key: its type and value (`form`), hashed once,
-    so that a large static tuple is hashed once per object."""
+    """A hashable static value as a key: compared by its `form`, hashed once."""
 
     __slots__ = ("_hash", "form", "value")
 
     def __init__(self, value: Any, form: Any):
-        self.value = value
-        self.form = form
+        self.value, self.form = value, form
         try:
             self._hash: int | None = hash(form)
         except TypeError:  # `static_value` compares it with `==` instead
             self._hash = None
 
     def __eq__(self, other: object) -> bool:
-        if self is other:
-            return True
         if type(other) is not Typed or self._hash != other._hash:
             return False
         try:
@@ -84,8 +64,8 @@ class Typed:
 
 
 class ByEq:
-    """An unhashable static value of a plain `eqx.Module` (a list in a static field):
-    compared with `==`, as Equinox's tree structure compares it; hashed by type."""
+    """An unhashable static value of an `eqx.Module`: compared with `==`, as Equinox
+    compares it."""
 
     __slots__ = ("value",)
 
@@ -111,8 +91,8 @@ _typed_memo: Final[dict[int, Typed]] = {}
 
 
 def typed(v: Any) -> Any:
-    """`v` as a key: itself if its type is `SIMPLE`, else a `Typed` (made once per
-    object while the object is recent; the memo keeps it alive, so its id is safe)."""
+    """`v` as a key: itself if `SIMPLE`, else a `Typed`, made once per recent object
+    (the memo keeps it alive, so its id is safe)."""
     if type(v) in SIMPLE:
         return v
     hit = _typed_memo.get(id(v))
@@ -143,10 +123,9 @@ def value_of(s: Any) -> Any:
 
 
 def form(v: Any) -> Any:
-    """What `v` is compared by: its type and value, recursively. Floats by their
-    bits (every nan is one value, its sign kept); tuples, frozensets, dataclasses
-    and modules (with the generated `__eq__`) item by item; a treedef node by node;
-    anything else by its own `__eq__`."""
+    """What `v` is compared by, with its type: floats by their bits (every nan one
+    value, its sign kept); tuples, frozensets, treedefs, dataclasses and modules with
+    the generated `__eq__` item by item; anything else by its own `__eq__`."""
     t = type(v)
     if t in SIMPLE:
         return v
@@ -158,14 +137,18 @@ def form(v: Any) -> Any:
         return (form(v.real), form(v.imag))
     if isinstance(v, np.generic):
         return (v.dtype.str, v.tobytes())
-    if t is tuple or (isinstance(v, tuple) and _default_eq(t, tuple)):
+    if t is jtu.PyTreeDef:  # its own `==` compares metadata with `==`: 0.0 == -0.0
+        data = v.node_data()
+        here = None if data is None else (data[0], type(data[1]), form(data[1]))
+        return (v.num_leaves, here, tuple(map(form, v.children())))
+    if t is tuple or (isinstance(v, tuple) and _default_eq(t)):
         return tuple([(type(x), form(x)) for x in v])
     if t is frozenset:
         return frozenset([(type(x), form(x)) for x in v])
-    if t is jtu.PyTreeDef:
-        return treedef_form(v)
     fields = getattr(t, "__dataclass_fields__", None)
-    if fields is not None and (t.__eq__ is module_eq or generated_dataclass_eq(t)):
+    if fields is not None and (
+        t.__eq__ is jx.module_eq or jx.generated_dataclass_eq(t)
+    ):
         d = getattr(v, "__dict__", None)
         if d is not None:
             items = [(k, d.get(k, UNSET)) for k in fields]
@@ -173,16 +156,8 @@ def form(v: Any) -> Any:
     return v
 
 
-def treedef_form(td: Any) -> tuple:
-    """A treedef compared node by node, each node's metadata by type and value (a
-    treedef's own `==` compares metadata with `==`: `0.0` equals `-0.0`)."""
-    data = td.node_data()
-    here = None if data is None else (data[0], type(data[1]), form(data[1]))
-    return (td.num_leaves, here, tuple(map(treedef_form, td.children())))
-
-
-def _default_eq(t: type, base: type) -> bool:
-    return t.__eq__ is base.__eq__ and t.__hash__ is base.__hash__
+def _default_eq(t: type) -> bool:
+    return t.__eq__ is tuple.__eq__ and t.__hash__ is tuple.__hash__
 
 
 # ----------------------------------------------------------------------------------
@@ -220,6 +195,9 @@ def node(v: Any, leaves: list, depth: int = 0) -> Any:
 
 def _walker(t: type, v: Any) -> Walker:
     """How to key values of type `t` (`v` is one), decided once per type."""
+    w = _walkers.get(t)
+    if w is not None:
+        return w
     if is_module_type(t):
         w = _module_walker(t)
     elif issubclass(t, ARRAY_TYPES):
@@ -252,20 +230,7 @@ def all_arrays(values: Any) -> bool:
     """Whether every value is an array (in C when their types were seen before)."""
     if array_types.issuperset(map(type, values)):
         return True
-    return all(_walker_of(type(x), x) is _leaf for x in values)
-
-
-def _walker_of(t: type, v: Any = None) -> Walker:
-    return _walkers.get(t) or _walker(t, v)
-
-
-def _seq(v: Any, leaves: list, depth: int) -> Any:
-    if all_arrays(v):
-        leaves += v
-        return (ARRAYS, type(v), len(v))
-    if type(v) is tuple and len(v) >= _BIG:
-        return _big_tuple(v, leaves, depth)
-    return (SEQ, type(v), tuple([node(x, leaves, depth + 1) for x in v]))
+    return all(_walker(type(x), x) is _leaf for x in values)
 
 
 # A large tuple of static values (a lookup table passed as an argument) is keyed
@@ -275,17 +240,22 @@ _BIG: Final = 64
 _big_tuples: Final[dict[int, tuple]] = {}
 
 
-def _big_tuple(v: tuple, leaves: list, depth: int) -> Any:
-    hit = _big_tuples.get(id(v))
-    if hit is not None and hit[0] is v:
-        return hit[1]
-    start = len(leaves)
-    n = (SEQ, tuple, tuple([node(x, leaves, depth + 1) for x in v]))
-    if len(leaves) == start and _memoisable(v):
-        if len(_big_tuples) >= 64:
-            _big_tuples.clear()
-        _big_tuples[id(v)] = (v, n)
-    return n
+def _seq(v: Any, leaves: list, depth: int) -> Any:
+    if all_arrays(v):
+        leaves += v
+        return (ARRAYS, type(v), len(v))
+    if type(v) is tuple and len(v) >= _BIG:
+        hit = _big_tuples.get(id(v))
+        if hit is not None and hit[0] is v:
+            return hit[1]
+        start = len(leaves)
+        n = (SEQ, tuple, tuple([node(x, leaves, depth + 1) for x in v]))
+        if len(leaves) == start and _memoisable(v):
+            if len(_big_tuples) >= 64:
+                _big_tuples.clear()
+            _big_tuples[id(v)] = (v, n)
+        return n
+    return (SEQ, type(v), tuple([node(x, leaves, depth + 1) for x in v]))
 
 
 def _named(v: Any, leaves: list, depth: int) -> Any:
@@ -294,24 +264,19 @@ def _named(v: Any, leaves: list, depth: int) -> Any:
 
 def _dict(v: dict, leaves: list, depth: int) -> Any:
     try:
-        keys = sorted(v)  # as JAX flattens a dict
+        keys = tuple(sorted(v))  # as JAX flattens a dict
     except TypeError:  # keys that do not sort: JAX's flatten says so
         return _other(v, leaves, depth)
     children = tuple([node(v[k], leaves, depth + 1) for k in keys])
-    keys = tuple(keys)
-    return (DICT, keys, _typed_items(keys), children)
-
-
-def _typed_items(items: tuple) -> Any:
-    """What the items of a tuple are compared by besides `==`: their types, or
-    their typed forms if a type's `==` does not tell types apart."""
-    types = tuple(map(type, items))
-    return types if SIMPLE.issuperset(types) else Typed(items, (tuple, form(items)))
+    # The keys' types, or their typed forms if a type's `==` does not tell types apart.
+    types = tuple(map(type, keys))
+    if not SIMPLE.issuperset(types):
+        types = Typed(keys, (tuple, form(keys)))
+    return (DICT, keys, types, children)
 
 
 def _other(v: Any, leaves: list, depth: int) -> Any:
-    """A registered pytree node, keyed one level at a time with its metadata typed;
-    or a static leaf."""
+    """A pytree node, one level at a time, its metadata typed; or a static leaf."""
     if depth > _max_depth[0]:  # never near the recursion limit inside JAX's C++
         raise RecursionError("es.jit: nested too deep for this recursion limit")
     flat, treedef = one_level(v)
@@ -319,38 +284,31 @@ def _other(v: Any, leaves: list, depth: int) -> Any:
         return (STATIC, type(v), typed(v))
     data = treedef.node_data()
     aux = None if data is None else typed(data[1])
-    children = tuple([node(x, leaves, depth + 1) for x in flat])
-    return (TREE, treedef, aux, children)
+    return (TREE, treedef, aux, tuple([node(x, leaves, depth + 1) for x in flat]))
 
 
 def one_level(v: Any) -> tuple[list, Any]:
-    """The children of the pytree node `v` and its one-level structure. (A walk that
-    recurses in Python raises a clean `RecursionError` on a value that contains
-    itself; inside JAX's C++ flatten it would not.)"""
+    """The children of pytree node `v` and its treedef. (Walked in Python, a value
+    that contains itself raises `RecursionError`; in JAX's C++ it would not.)"""
     return jtu.tree_flatten(v, is_leaf=functools.partial(operator.is_not, v))
 
 
 def _module_walker(cls: type) -> Walker:
-    """The walker of one module class. It is generated for the class, as Equinox
-    generates its flatten: the fields read by name, their types tested inline
-    (about half the time of a generic walk); the rest (unset fields, wrapper
-    attributes, an array type not seen yet, a static value compared by `form`)
-    goes to the generic walk, which gives the same node."""
+    """A module class's walker, generated as Equinox generates its flatten (half the
+    time of the generic walk, which takes any case it does not, to the same node)."""
     info = field_info(cls)
     slow = _generic_walker(cls)
-    dynamic = [f"d{i}" for i in range(len(info.dynamic_names))]
-    static = [f"s{i}" for i in range(len(info.static_names))]
     names = [*info.dynamic_names, *info.static_names]
     if not names or len(names) > 32:  # a very wide class: the C getters win
         return slow
-    arrays = " and ".join(f"type({d}) in AT" for d in dynamic) or "True"
-    simple = " and ".join(f"type({t}) in SIMPLE" for t in static) or "True"
-    node_ = (
-        f"(cls, ({', '.join(static)},), ({', '.join(f'type({t})' for t in static)},)"
-        f", {len(dynamic)}, None)"
-        if static
-        else "PLAIN"
-    )
+    dynamic = [f"d{i}" for i in range(len(info.dynamic_names))]
+    static = [f"s{i}" for i in range(len(info.static_names))]
+    tests = [f"type({d}) in AT" for d in dynamic]
+    tests += [f"type({s}) in SIMPLE" for s in static]
+    node_ = "PLAIN"
+    if static:
+        types = ", ".join(f"type({s})" for s in static)
+        node_ = f"(cls, ({', '.join(static)},), ({types},), {len(dynamic)}, None)"
     source = f"""
 def walk(v, leaves, depth):
     d = get_dict(v)
@@ -359,19 +317,13 @@ def walk(v, leaves, depth):
             ({", ".join([*dynamic, *static])},) = ({", ".join(f"d[{k!r}]" for k in names)},)
         except KeyError:
             return slow(v, leaves, depth)
-        if {arrays} and {simple}:
+        if {" and ".join(tests)}:
             {f"leaves += ({', '.join(dynamic)},)" if dynamic else "pass"}
             return {node_}
     return slow(v, leaves, depth)
 """
-    namespace = {
-        "get_dict": instance_dict,
-        "slow": slow,
-        "cls": cls,
-        "AT": array_types,
-        "SIMPLE": SIMPLE,
-        "PLAIN": (cls, (), (), len(dynamic), None),
-    }
+    namespace = {"get_dict": instance_dict, "AT": array_types, "SIMPLE": SIMPLE}
+    namespace.update(slow=slow, cls=cls, PLAIN=(cls, (), (), len(dynamic), None))
     exec(compile(source, f"<es.jit key walk of {cls.__qualname__}>", "exec"), namespace)
     return namespace["walk"]
 
@@ -392,7 +344,10 @@ def _generic_walker(cls: type) -> Walker:
         except KeyError:  # unset fields, wrapper attributes, cached properties
             dynamic = tuple([d.get(k, UNSET) for k in info.dynamic_names])
             statics = tuple([d.get(k, UNSET) for k in info.static_names])
-            wrapper = _wrapper(d) if len(d) != n_fields else None
+            wrapper = None
+            if len(d) != n_fields:  # as Equinox flattens it: `MISSING` where absent
+                w = [d.get(k, jx.EQX_MISSING) for k in jx.WRAPPER_FIELD_NAMES]
+                wrapper = tuple(map(static_value, w))
         if all_arrays(dynamic):
             leaves += dynamic
             children: Any = n_dynamic
@@ -408,24 +363,15 @@ def _generic_walker(cls: type) -> Walker:
     return walk
 
 
-def _wrapper(d: dict) -> tuple:
-    """As in Equinox's flatten, for a module whose dictionary does not hold exactly
-    its fields: the wrapper attributes (`eqx.module_update_wrapper`), `MISSING`
-    where absent."""
-    return tuple([static_value(d.get(k, EQX_MISSING)) for k in WRAPPER_FIELD_NAMES])
-
-
 class Key(NamedTuple):
     args: tuple  # a node per positional argument
     names: tuple[str, ...]  # the keyword arguments' names, sorted
     kwargs: tuple  # and their nodes
 
 
-_new: Final = tuple.__new__
-
-
-def make_key(args: tuple, kwargs: dict[str, Any], leaves: list) -> Key:
-    """The key of a call; appends its traced leaves to `leaves` (in key order)."""
+def key_and_leaves(args: tuple, kwargs: dict[str, Any], first: tuple) -> tuple:
+    """The key of a call and its traced leaves, after `first` (under `deep`)."""
+    leaves = [*first]
     nodes = []
     for a in args:
         if type(a) in array_types:
@@ -433,41 +379,26 @@ def make_key(args: tuple, kwargs: dict[str, Any], leaves: list) -> Key:
             nodes.append(LEAF)
         else:
             nodes.append(node(a, leaves))
-    if kwargs:
-        names = tuple(sorted(kwargs))
-        return _new(
-            Key, (tuple(nodes), names, tuple(node(kwargs[k], leaves) for k in names))
-        )
-    return _new(Key, (tuple(nodes), (), ()))
-
-
-def key_and_leaves(args: tuple, kwargs: dict[str, Any], first: tuple) -> tuple:
-    """The key of a call and its traced leaves (after `first`), at any nesting."""
-
-    def attempt(args: tuple, kwargs: dict[str, Any]) -> tuple:
-        leaves = [*first]
-        return make_key(args, kwargs, leaves), leaves
-
-    return deep(attempt, args, kwargs)
+    if not kwargs:
+        return tuple.__new__(Key, (tuple(nodes), (), ())), leaves
+    names = tuple(sorted(kwargs))
+    kw = tuple([node(kwargs[k], leaves) for k in names])
+    return tuple.__new__(Key, (tuple(nodes), names, kw)), leaves
 
 
 # ----------------------------------------------------------------------------------
-# The per-instance memo: a module called again keys in one look-up.
-#
-# A module is frozen, so its node and leaves stay the same while it lives, unless
-# it holds something mutable (a list, a dict, another pytree, an unhashable static
-# value) or a module still being initialised or edited: those are never memoised.
-# A module is memoised the second time in a row it is seen, so that a loop making
-# a new module every step pays nothing for the memo.
+# The per-instance memo: a module called again keys in one look-up. A frozen module's
+# node and leaves stay the same while it lives, unless it holds something mutable (a
+# list, a dict, another pytree, an unhashable static value) or is being initialised
+# or edited: never memoised. It is memoised the second time in a row it is seen, so
+# that a loop making a new module every step pays nothing for the memo.
 
 _memo: Final[dict[int, tuple]] = {}
-_MEMO_MAX: Final = 4096
 _last: Final[list[Callable[[], Any]]] = [lambda: None]  # the module keyed last
 
 
 def top_node(v: Any, leaves: list) -> Any:
-    """The node of `v`, the `self` of a method call: from the memo if it is a
-    module seen before."""
+    """The node of a method call's `self`: from the memo for a module seen before."""
     e = _memo.get(id(v))
     if e is not None and e[0]() is v:
         leaves += e[2]
@@ -476,15 +407,14 @@ def top_node(v: Any, leaves: list) -> Any:
     n = node(v, leaves)
     if not is_module_type(type(v)):
         return n
-    if _last[0]() is v:  # the second call in a row: memoise it
-        if _memoisable(v):
-            if len(_memo) >= _MEMO_MAX:
-                _memo.clear()
-            ref = _Ref(v, _forget)
-            ref.i = id(v)
-            _memo[ref.i] = (ref, n, leaves[start:])
-    else:
+    if _last[0]() is not v:
         _last[0] = weakref.ref(v)
+    elif _memoisable(v):  # the second call in a row: memoise it
+        if len(_memo) >= 4096:
+            _memo.clear()
+        ref = _Ref(v, _forget)
+        ref.i = id(v)
+        _memo[ref.i] = (ref, n, leaves[start:])
     return n
 
 
@@ -505,17 +435,16 @@ def _memoisable(root: Any) -> bool:
     while stack:
         v = stack.pop()
         t = type(v)
-        w = _walker_of(t, v)
+        w = _walker(t, v)
         if w is _leaf or w is _none:
             continue
         if w is _seq and t is tuple:
             stack += v
         elif is_module_type(t):
-            if id(v) in initialising_ids:
-                return False
-            d = instance_dict(v)
-            info = field_info(t)
-            if not all(is_hashable(d.get(k)) for k in info.static_names):
+            d, info = instance_dict(v), field_info(t)
+            if id(v) in jx.initialising_ids or not all(
+                is_hashable(d.get(k)) for k in info.static_names
+            ):
                 return False
             stack += [d.get(k) for k in info.dynamic_names]
         elif w is not _other or one_level(v)[1].num_nodes != 1:
@@ -537,9 +466,8 @@ _max_depth: Final = [sys.getrecursionlimit() // 4]
 
 
 def deep(f: Callable[..., Any], *args: Any) -> Any:
-    """`f(*args)`, again with a higher recursion limit if it ran out (JAX's own
-    flatten, in C++, has no such limit). A value that contains itself has no end to
-    walk: `CyclicValue` says where."""
+    """`f(*args)`, again with a higher recursion limit if it ran out (JAX's C++ has
+    none); `CyclicValue` if a value contains itself."""
     try:
         return f(*args)
     except RecursionError:
@@ -575,15 +503,12 @@ def cycle_in(root: Any) -> str | None:
         if leaving:
             on_path.discard(id(v))
             done.add(id(v))
-            continue
-        if id(v) in on_path:
+        elif id(v) in on_path:
             return path
-        children = _children(v)
-        if not children or id(v) in done:
-            continue
-        on_path.add(id(v))
-        stack.append((v, path, True))
-        stack.extend((c, f"{path}{seg}", False) for seg, c in reversed(children))
+        elif id(v) not in done and (children := _children(v)):
+            on_path.add(id(v))
+            stack.append((v, path, True))
+            stack += [(c, f"{path}{seg}", False) for seg, c in reversed(children)]
     return None
 
 
@@ -595,7 +520,7 @@ def _children(v: Any) -> list[tuple[str, Any]]:
         return [(f"[{k!r}]", x) for k, x in v.items()]
     if is_module_type(t):
         return [(f".{k}", x) for k, x in instance_dict(v).items()]
-    if _walker_of(t, v) is not _other:
+    if _walker(t, v) is not _other:
         return []
     try:
         flat = one_level(v)[0]
@@ -635,23 +560,19 @@ def build(n: Any, it: Iterator) -> Any:
         return n[1].unflatten([build(c, it) for c in n[3]])
     if kind is STATIC:
         return value_of(n[2])
-    return _build_module(n, it)
-
-
-def _build_module(n: tuple, it: Iterator) -> Any:
+    # A module, in the order of Equinox's unflatten: dynamic fields, the wrapper
+    # attributes if the key holds them, static fields; unset fields stay unset.
     cls, statics, _, children, wrapper = n
     info = field_info(cls)
     obj = object.__new__(cls)
     d = instance_dict(obj)
-    # In the order of Equinox's unflatten: dynamic fields, the wrapper attributes if
-    # the key holds them, static fields; unset fields stay unset.
     if type(children) is int:
         d.update(zip(info.dynamic_names, [next(it) for _ in range(children)]))
     else:
         dynamic = [build(c, it) for c in children]
         d.update((k, v) for k, v in zip(info.dynamic_names, dynamic) if v is not UNSET)
     if wrapper is not None:
-        d.update(zip(WRAPPER_FIELD_NAMES, map(value_of, wrapper)))
+        d.update(zip(jx.WRAPPER_FIELD_NAMES, map(value_of, wrapper)))
     values = zip(info.static_names, map(value_of, statics))
     d.update((k, v) for k, v in values if v is not UNSET)
     return obj
@@ -673,52 +594,43 @@ class Visit(NamedTuple):
 
 def walk(key: Key, argnames: Sequence[str]) -> Iterator[Visit]:
     """Every node of `key`, parents first; traced leaves in the order of the call's."""
-    tops = [(n, argname(argnames, i)) for i, n in enumerate(key.args)]
-    tops += list(zip(key.kwargs, key.names))
-    stack = [Visit(path, n, None, None, None) for n, path in reversed(tops)]
+    tops = [(argname(argnames, i), n) for i, n in enumerate(key.args)]
+    tops += zip(key.names, key.kwargs)
+    stack = [Visit(path, n, None, None, None) for path, n in reversed(tops)]
     while stack:
-        visit = stack.pop()
-        yield visit
-        stack += reversed(list(_below(visit)))
+        v = stack.pop()
+        yield v
+        stack += reversed(_below(v))
+
+
+def _below(v: Visit) -> list[Visit]:
+    n, path = v.node, v.path
+    children = _child_nodes(n)
+    if is_module_node(n):
+        names = field_info(n[0]).dynamic_names
+        return [Visit(f"{path}.{k}", c, n[0], k, path) for k, c in zip(names, children)]
+    labels = n[1] if children and n[0] is DICT else range(len(children))
+    return [
+        Visit(f"{path}[{k!r}]", c, v.cls, v.field, path)
+        for k, c in zip(labels, children)
+    ]
+
+
+def _child_nodes(n: Any) -> tuple:
+    """The nodes right below `n` (traced leaves as `LEAF`)."""
+    if n is LEAF or n is None or n[0] is STATIC:
+        return ()
+    children = n[3] if is_module_node(n) else n[2] if n[0] is ARRAYS else n[-1]
+    return (LEAF,) * children if type(children) is int else children
 
 
 def is_module_node(n: Any) -> bool:
     return type(n) is tuple and type(n[0]) is not Kind
 
 
-def _below(v: Visit) -> Iterator[Visit]:
-    n = v.node
-    if n is LEAF or n is None:
-        return
-    if is_module_node(n):
-        cls, children = n[0], n[3]
-        names = field_info(cls).dynamic_names
-        if type(children) is int:
-            children = (LEAF,) * children
-        for name, child in zip(names, children):
-            yield Visit(f"{v.path}.{name}", child, cls, name, v.path)
-    elif n[0] is ARRAYS:
-        for i in range(n[2]):
-            yield Visit(f"{v.path}[{i}]", LEAF, v.cls, v.field, v.path)
-    elif n[0] is DICT:
-        for k, child in zip(n[1], n[3]):
-            yield Visit(f"{v.path}[{k!r}]", child, v.cls, v.field, v.path)
-    elif n[0] in (SEQ, NAMED, TREE):
-        for i, child in enumerate(n[-1]):
-            yield Visit(f"{v.path}[{i}]", child, v.cls, v.field, v.path)
-
-
 def count_leaves(n: Any) -> int:
     """The number of traced leaves below the node `n`."""
-    if n is LEAF:
-        return 1
-    if n is None or n[0] is STATIC:
-        return 0
-    if is_module_node(n):
-        return n[3] if type(n[3]) is int else sum(map(count_leaves, n[3]))
-    if n[0] is ARRAYS:
-        return n[2]
-    return sum(map(count_leaves, n[-1]))
+    return 1 if n is LEAF else sum(map(count_leaves, _child_nodes(n)))
 
 
 def argname(argnames: Sequence[str], i: int) -> str:
