@@ -6,6 +6,7 @@ by name, before it fails somewhere deep in a call."""
 import dataclasses
 import dis
 import operator
+import os
 import sys
 import types
 import weakref
@@ -209,12 +210,18 @@ def flat_callback(cb: Any) -> tuple[Callable, Any] | None:
     return None
 
 
+_NOT_USER: Final = tuple(
+    os.path.dirname(str(f)) + os.sep for f in (eqx.__file__, __file__)
+)
+
+
 def user_frame(source_info: Any) -> tuple[str, int, str] | None:
-    """File, line and function of the user code where an equation was traced."""
-    frame = _source_info.user_frame(source_info.traceback)
-    if frame is None:
-        return None
-    return frame.file_name, frame.start_line, frame.function_name
+    """File, line and function of the innermost frame that traced an equation
+    outside JAX, Equinox and this package."""
+    for frame in _source_info.user_frames(source_info.traceback):
+        if not frame.file_name.startswith(_NOT_USER):
+            return frame.file_name, frame.start_line, frame.function_name
+    return None
 
 
 # ----------------------------------------------------------------------------------

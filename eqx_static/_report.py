@@ -79,6 +79,13 @@ def diff(old: Key, new: Key, argnames: Sequence[str]) -> list[Change]:
     return out
 
 
+def _show(static: Any) -> str:
+    """A static value as a change names it: a function by its name, else `repr`."""
+    v = value_of(static)
+    name = getattr(v, "__qualname__", None) if callable(v) else None
+    return name if isinstance(name, str) and not isinstance(v, type) else repr(v)
+
+
 def _compare(a: Any, b: Any, path: str, method: bool, out: list[Change]) -> bool:
     """Append what differs between two unequal nodes themselves (not both traced,
     nor both None); return whether to skip their children."""
@@ -92,13 +99,13 @@ def _compare(a: Any, b: Any, path: str, method: bool, out: list[Change]) -> bool
         for field, x, y, tx, ty in zip(names, a[1], b[1], a[2], b[2]):
             if tx is not ty or x != y:
                 field = field if is_self else f"{name}.{field}"
-                change = f"{field!r} changed {value_of(x)!r} -> {value_of(y)!r}"
+                change = f"{field!r} changed {_show(x)} -> {_show(y)}"
                 out.append(Change(f"static field {change}", field, "static field"))
         if a[4] != b[4]:
             out.append(Change(f"{what} extra attributes changed", name, "structure"))
         return False
     if ka == kb == "static":
-        change = f"{what} changed {value_of(a[2])!r} -> {value_of(b[2])!r}"
+        change = f"{what} changed {_show(a[2])} -> {_show(b[2])}"
         out.append(Change(change, name, "argument" if argument else "leaf"))
         return True
     if ka != kb:

@@ -221,3 +221,26 @@ def test_nested_es_jit_scan_and_filter_vmap(caplog):
     (line,) = lines
     where = re.escape(f"{HERE}:{_line(Inner.__call__.fn, '# inner op')} in __call__")
     assert re.search(f"first differ at {where} \\(cos where sin was\\)$", line), line
+
+
+def test_a_function_in_an_equinox_layer_names_the_user_s_line(caplog):
+    """The activation of an `eqx.nn.MLP` changed: the change names the functions,
+    and the line is the user's call of the layer, not Equinox's code."""
+
+    class Net(es.Module):
+        mlp: eqx.nn.MLP
+
+        @es.jit
+        def __call__(self, x):
+            return self.mlp(x)  # the layer
+
+    net = Net(eqx.nn.MLP(3, 3, 4, 1, key=jax.random.key(0)))
+    with caplog.at_level(logging.INFO, logger="eqx_static"):
+        net(X)
+        eqx.tree_at(lambda n: n.mlp.activation, net, jax.nn.tanh)(X)
+    (line,) = _compile_lines(caplog)
+    where = f"{HERE}:{_line(Net.__call__.fn, '# the layer')} in __call__"
+    assert line.endswith(
+        f"field 'mlp.activation' changed relu -> tanh; the programs first differ at "
+        f"{where} (tanh where max was)"
+    ), line
