@@ -9,9 +9,12 @@ library's `compile_info()` and with JAX's own monitoring events (`XlaCompiles`).
 
 import dataclasses
 import functools
+import gc
 import inspect
+import json
 import operator
 import random
+import textwrap
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -23,7 +26,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 import pytest
-from helpers import XlaCompiles
+from helpers import output, run_python, XlaCompiles
 from jax import lax
 
 
@@ -922,3 +925,78 @@ def test_an_unused_static_field_of_any_nested_module_compiles_nothing(inner_base
     m.with_static(**{"inner.tag": "b"})(jnp.ones(3))
     assert Outer.__call__.cache_info().misses == 2
     assert Outer.__call__.compile_info().compiles == 1
+
+
+_PLACED_FLIPS = textwrap.dedent(
+    """
+    import json
+    import equinox as eqx, jax, numpy as np, eqx_static as es
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    names = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda e, d, **k: names.append(k.get("fun_name"))
+        if e == "/jax/core/compile/backend_compile_duration" else None
+    )
+
+    class M(es.Module):
+        tag: int = eqx.field(static=True)  # never read
+
+        @es.jit
+        def f(self, x):
+            return x * 2
+
+    x = np.arange(8, dtype=np.float32)
+    mesh = Mesh(np.array(jax.devices()[::-1]), ("d",))  # another device order
+    placements = {
+        "device 1": jax.device_put(x, jax.devices()[1]),
+        "reversed mesh": jax.device_put(x, NamedSharding(mesh, P("d"))),
+    }
+    got = {}
+    for where, placed in placements.items():
+        start = len(names)
+        for tag in range(5):
+            out = M(tag).f(placed)
+            assert (np.asarray(out) == 2 * x).all() and out.sharding == placed.sharding
+        got[where] = names[start:].count("jit(f)")
+    print(json.dumps({"compiles": got, "booked": M.f.compile_info().compiles}))
+    """
+)
+
+
+@pytest.mark.slow
+def test_an_unread_flip_compiles_nothing_on_any_placement():
+    """Five values of an unread static field on device 1 of 4, then on a mesh over
+    the devices in reverse order: one compile per placement, none per flip."""
+    result = run_python(
+        code=_PLACED_FLIPS,
+        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
+        strict=True,
+    )
+    assert result.returncode == 0, output(result)
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    assert got == {"compiles": {"device 1": 1, "reversed mesh": 1}, "booked": 2}
+
+
+def test_a_key_whose_program_is_shared_keeps_no_lowering():
+    """Keys sharing one program keep no lowering (JAX's MLIR module) each: the live
+    lowerings do not grow with the keys."""
+
+    class M(es.Module):
+        tag: int = eqx.field(static=True)  # never read
+
+        @es.jit
+        def f(self, x):
+            return jnp.tanh(x) * 2
+
+    def lowerings() -> int:
+        gc.collect()
+        return sum(type(o).__name__ == "MeshComputation" for o in gc.get_objects())
+
+    x = jnp.ones(3)
+    M(-1).f(x)
+    before = lowerings()
+    for tag in range(20):
+        M(tag).f(x)
+    assert M.f.compile_info()[:2] == (1, 1)
+    assert lowerings() - before <= 1
