@@ -47,16 +47,16 @@ def unhashable_message(name: str, key: Key) -> str:
     for v in walk(key, ()):
         n = v.node
         if type(n) is tuple and n[0] is STATIC and not is_hashable(value_of(n[2])):
-            fix = _HASHABLE.get(n[1], "a hashable value, or an array if it is data")
+            fix = "a frozenset instead" if n[1] is set else _ANY_HASHABLE
             return (
                 f"`{name}` got {v.path}, a {n[1].__name__}, which is not hashable. A "
                 "non-array argument is static: it keys the compilation cache, as under "
-                f"`eqx.filter_jit`, so it must be hashable. Pass {fix} instead."
+                f"`eqx.filter_jit`, so it must be hashable. Pass {fix}."
             )
     return f"`{name}` got an unhashable static value."
 
 
-_HASHABLE: Final = {list: "a tuple", set: "a frozenset", dict: "a tuple of its items"}
+_ANY_HASHABLE: Final = "a hashable value instead, or an array if it is data"
 
 
 def diff(old: Key, new: Key, argnames: Sequence[str]) -> list[Change]:
@@ -82,7 +82,7 @@ def diff(old: Key, new: Key, argnames: Sequence[str]) -> list[Change]:
 def _show(static: Any) -> str:
     """A static value as a change names it: a function by its name, else `repr`."""
     v = value_of(static)
-    name = getattr(v, "__qualname__", None) if callable(v) else None
+    name = getattr(v, "__qualname__", None)
     return name if isinstance(name, str) and not isinstance(v, type) else repr(v)
 
 
@@ -158,7 +158,7 @@ def explain(
 
 def _leaf_change(o: Any, a: tuple, b: tuple) -> Change:
     """A change of one traced leaf's shape, dtype, weak type or sharding."""
-    name = o.path.removeprefix("self.") if o.field else o.path
+    name = o.path.removeprefix("self.")  # only a field's path starts so
     where = f"field {name!r}" if o.field else f"argument {o.path}"
     i = next((i for i in range(3) if a[i] != b[i]), 3)
     x, y = (a[i], b[i]) if i < 3 else map(_sharding, (a[3], b[3]))

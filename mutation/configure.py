@@ -32,7 +32,7 @@ EXTRA = {
     ],
     "_report": [
         "tests/test_budget.py", "tests/test_errors.py", "tests/test_where.py",
-        "tests/test_porting.py",
+        "tests/test_porting.py", "tests/test_books.py",
     ],
     "_jit": ["tests/test_cache.py", "tests/test_binding.py", "tests/test_locks.py"],
     "_key": ["tests/test_keys_deep.py", "tests/test_sharing.py"],

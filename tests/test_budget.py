@@ -3,7 +3,10 @@ the budget, and the storm warning says which field keeps changing and what to do
 about it. Both count XLA compiles: a key whose program is the same as one already
 compiled costs a trace and spends no budget."""
 
+import inspect
 import logging
+import re
+from typing import Any
 
 import equinox as eqx
 import eqx_static as es
@@ -189,3 +192,145 @@ def test_no_storm_warning_when_different_things_change(caplog):
         for i in range(12):  # alternately a new scale and a new bias
             cls(w=jnp.ones(3), scale=float((i + 1) // 2), bias=float(i // 2))(X)
     assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+
+
+# --- the messages in full, one per kind of change -----------------------------------
+
+_EXPECTED = "(If these compiles are expected, raise `max_compiles`.)"
+
+
+def _line_of(fn: Any, text: str) -> int:
+    lines, start = inspect.getsourcelines(fn)
+    (i,) = [i for i, line in enumerate(lines) if text in line]
+    return start + i
+
+
+@es.jit(max_compiles=1)
+def _by_shape(x):
+    return 2 * x
+
+
+@es.jit(max_compiles=1)
+def _by_value(x, n):
+    return x * n  # n as a value
+
+
+@es.jit(max_compiles=1)
+def _by_length(x, n):
+    for _ in range(n):
+        x = jnp.sin(x)  # n as a loop length
+    return x
+
+
+@es.jit(max_compiles=1)
+def _by_structure(x):
+    return sum(x)  # x as a tuple
+
+
+def _where(fn: Any, marker: str, rest: str) -> str:
+    return f"test_budget.py:{_line_of(fn.fn, marker)} in {fn.fn.__name__} {rest}"
+
+
+@pytest.mark.parametrize(
+    "fn, first, second, what, fix",
+    [
+        (
+            _by_shape, (jnp.ones(2),), (jnp.ones(3),),
+            lambda: "argument x shape (2,) -> (3,)",
+            "'x' is an array whose shape, dtype or sharding keeps changing, and each "
+            "new one is a new program: pad or bucket shapes to a few sizes.",
+        ),
+        (
+            _by_value, (X, 1.0), (X, 2.0),
+            lambda: "argument n changed 1.0 -> 2.0; the programs differ only in a "
+            f"constant, at {_where(_by_value, '# n as a value', '(mul)')}",
+            "'n' is a Python value passed as an argument: pass `jnp.asarray(v)` "
+            "instead, and it is traced, with no compile per value.",
+        ),
+        (
+            _by_length, (X, 1), (X, 2),
+            lambda: "argument n changed 1 -> 2; the programs first differ at "
+            f"{_where(_by_length, '# n as a loop length', '(sin, new)')}",
+            "'n' picks program structure (an `if`, a loop length, a shape), so it "
+            "must stay static: reduce the number of distinct values.",
+        ),
+        (
+            _by_structure, ((X,),), ((X, X),),
+            lambda: "argument x structure changed; the programs first differ at "
+            f"{_where(_by_structure, '# x as a tuple', '(add, new)')}",
+            "Keep 'x' the same from call to call (its structure, or JAX's "
+            "configuration).",
+        ),
+    ],
+    ids=["shape", "value", "loop length", "structure"],
+)  # fmt: skip
+def test_the_budget_error_in_full(fn, first, second, what, fix):
+    fn.cache_clear()
+    fn(*first)
+    with pytest.raises(es.RecompileError) as info:
+        fn(*second)
+    assert str(info.value) == (
+        f"{fn.fn.__name__}: compile 2 exceeds `max_compiles=1`: {what()}.\n"
+        "Earlier compiles (what changed from the one before):\n"
+        f"  compile 1: first call\n{fix} {_EXPECTED}"
+    )
+
+
+def test_the_budget_error_lists_each_compile_s_changes():
+    @es.jit(max_compiles=3)
+    def f(x, a, b):
+        return x * a * b
+
+    f(X, 1.0, 1.0)
+    f(X, 2.0, 2.0)  # two things changed
+    f(X, 2.0, 3.0)
+    with pytest.raises(es.RecompileError) as info:
+        f(X, 2.0, 4.0)
+    lines = str(info.value).splitlines()
+    assert lines[1:5] == [
+        "Earlier compiles (what changed from the one before):",
+        "  compile 1: first call",
+        "  compile 2: a, b",
+        "  compile 3: b",
+    ]
+
+
+def _storm(caplog: pytest.LogCaptureFixture) -> str:
+    (record,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    return re.sub(r"\(\d+\.\d\d s spent", "(… s spent", record.getMessage())
+
+
+def test_the_storm_warnings_in_full(caplog):
+    """For a field used as a value, a loop length, and a shape that keeps changing."""
+    value = _stormy(warn_after=3)
+    with caplog.at_level(logging.WARNING, logger="eqx_static"):
+        for i in range(3):
+            value(w=jnp.ones(3), scale=float(i))(X)
+    at = f"test_budget.py:{_line_of(value.__call__.fn, 'traces[0] += 1') + 1} in __call__"
+    assert _storm(caplog) == (
+        "_stormy.<locals>.Stormy.__call__ has compiled 3 times, and 'scale' changed "
+        "every time (… s spent compiling). The programs differ only in their "
+        f"constants (at {at} (mul)): 'scale' is only used as a value. Make 'scale' "
+        "dynamic: drop `static=True`, and a number is stored as an array and traced, "
+        "with no compile per value."
+    )
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="eqx_static"):
+        for n in range(1, 4):
+            es.jit(_by_length.fn, warn_after=3, max_compiles=None)(X, n)
+    where = _where(_by_length, "# n as a loop length", "(sin, new)")
+    assert _storm(caplog) == (
+        "_by_length has compiled 3 times, and 'n' changed every time (… s spent "
+        f"compiling). The programs differ in their structure, not only in constants "
+        f"(at {where}). 'n' picks program structure (an `if`, a loop length, a "
+        "shape), so it must stay static: reduce the number of distinct values."
+    )
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="eqx_static"):
+        for n in range(1, 4):
+            es.jit(_by_shape.fn, warn_after=3, max_compiles=None)(jnp.ones(n))
+    assert _storm(caplog) == (
+        "_by_shape has compiled 3 times, and 'x' changed every time (… s spent "
+        "compiling). 'x' is an array whose shape, dtype or sharding keeps changing, "
+        "and each new one is a new program: pad or bucket shapes to a few sizes."
+    )

@@ -313,3 +313,67 @@ def test_traced_self_keeps_the_field_order_and_ignores_cached_properties():
     rebuilt = jax.tree_util.tree_unflatten(*reversed(jax.tree_util.tree_flatten(a)))
     assert seen == [list(vars(rebuilt))]
     assert seen[0][0] == "x" and seen[0][-1] == "flag" and "mask" not in seen[0]
+
+
+_NEED = "where Python needs a concrete value (`if`, `bool()`, `int()`, a shape, ...)"
+
+
+def _field_fix(name: str, cls: str, kind: str) -> str:
+    return (
+        f"{cls}.__call__ used the traced field {name!r} of `{cls}` (at self.{name}) "
+        f"{_NEED}. It is a dynamic field holding {kind}, traced, its value unknown "
+        f"while compiling. If {name!r} selects program structure, declare it static: "
+        f"`{name}: ... = eqx.field(static=True)` (each new value then compiles "
+        "once). Otherwise keep it dynamic and use `jnp.where` or `jax.lax.cond`."
+    )
+
+
+class _Number(es.Module):
+    s: float
+
+    @es.jit
+    def __call__(self, x):
+        return x if self.s > 0 else -x
+
+
+class _Array(es.Module):
+    w: jax.Array
+
+    @es.jit
+    def __call__(self, x):
+        return x if self.w[0] > 0 else -x
+
+
+@es.jit
+def _argument(x, n):
+    return x if n > 0 else -x
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (
+            lambda: _Number(1.0)(jnp.ones(2)),
+            _field_fix("s", "_Number", "a number stored as an array"),
+        ),
+        (
+            lambda: _Array(jnp.ones(2))(jnp.ones(2)),
+            _field_fix("w", "_Array", "an array"),
+        ),
+        (
+            lambda: _argument(jnp.ones(2), jnp.asarray(1)),
+            f"_argument used the traced argument n {_NEED}. An array argument is "
+            "traced, its value unknown while compiling: pass a Python value instead "
+            "(static: one compile per value), or keep the array and use `jnp.where` or "
+            "`jax.lax.cond`.",
+        ),
+    ],
+    ids=["number field", "array field", "argument"],
+)
+def test_a_traced_value_error_in_full(call, message):
+    """The whole message, for each kind of traced value, then JAX's own."""
+    with pytest.raises(es.TracedFieldError) as info:
+        call()
+    ours, jax_said = str(info.value).split("\n\nJAX said: ")
+    assert ours == message
+    assert jax_said.startswith("Attempted boolean conversion of traced array")

@@ -242,6 +242,10 @@ def test_the_compile_line_of_a_method_names_fields_of_self(caplog, second, line)
     assert got == [f"{name}: compiling (1 cached): {line}"]
 
 
+class _Unhashable:
+    __hash__ = None  # pyright: ignore[reportAssignmentType]
+
+
 @pytest.mark.parametrize(
     "args, kwargs, culprit",
     [
@@ -262,6 +266,25 @@ def test_an_unhashable_static_value_is_named(args, kwargs, culprit):
     with pytest.raises(TypeError) as info:
         f(*args, **kwargs)
     assert str(info.value).startswith(message)
+
+
+@pytest.mark.parametrize(
+    "value, fix",
+    [
+        ({1}, "a frozenset instead"),
+        (_Unhashable(), "a hashable value instead, or an array if it is data"),
+    ],
+    ids=["set", "other"],
+)
+def test_an_unhashable_static_value_is_told_the_fix_for_its_type(value, fix):
+    f = _fresh()
+    with pytest.raises(TypeError) as info:
+        f(X, value)
+    assert str(info.value) == (
+        f"`{f.qualname}` got args[1], a {type(value).__name__}, which is not "
+        "hashable. A non-array argument is static: it keys the compilation cache, as "
+        f"under `eqx.filter_jit`, so it must be hashable. Pass {fix}."
+    )
 
 
 class Gated(es.Module):
@@ -440,3 +463,53 @@ def test_no_explanation_below_info(caplog):
     lines = [r.getMessage() for r in caplog.records if r.name == "eqx_static"]
     assert not [line for line in lines if "compiling" in line]
     assert s.Child.__call__.cache_info().misses == 2
+
+
+X3 = jnp.ones(3)
+
+
+class _Weighted(es.Module):
+    w: jax.Array
+
+    @es.jit
+    def __call__(self, x):
+        return self.w.astype(x.dtype) * x
+
+
+@pytest.mark.parametrize(
+    "first, second, line",
+    [
+        (
+            (jnp.ones(3), X3),
+            (jnp.ones(3, jnp.int32), X3),
+            "field 'w' dtype float32 -> int32",
+        ),
+        (
+            (jnp.ones(3), X3),
+            (jnp.ones(4), jnp.ones(4)),
+            "field 'w' shape (3,) -> (4,); argument x shape (3,) -> (4,)",
+        ),
+        (
+            (jnp.ones(3), X3),
+            (jnp.ones(3), X3.astype(jnp.float16)),
+            "argument x dtype float32 -> float16",
+        ),
+        (
+            (jnp.float32(1.0), X3),
+            (jnp.asarray(1.0), X3),
+            "field 'w' weak type False -> True",
+        ),
+    ],
+    ids=["field dtype", "field shape", "argument dtype", "weak type"],
+)
+def test_a_traced_leaf_s_change_is_named(caplog, first, second, line):
+    """A traced leaf's change of shape, dtype or weak type, as the field (or
+    argument) that holds it; each leaf that changed."""
+    _Weighted.__call__.cache_clear()
+    with caplog.at_level(logging.INFO, logger="eqx_static"):
+        _Weighted(first[0])(first[1])
+        _Weighted(second[0])(second[1])
+    got = [r.getMessage() for r in caplog.records if r.name == "eqx_static"]
+    assert [_what(g) for g in got] == [
+        f"_Weighted.__call__: compiling (1 cached): {line}"
+    ]
