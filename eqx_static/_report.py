@@ -167,9 +167,13 @@ def _leaf_change(o: Any, a: tuple, b: tuple) -> Change:
 
 
 def _sharding(s: Any) -> str:
+    """A placement as a change names it: the device, or the partition spec."""
     if s is None:
         return "uncommitted"
-    return repr(getattr(s, "spec", None) or type(s).__name__)
+    if (spec := getattr(s, "spec", None)) is not None:
+        return repr(spec)
+    devices = s.device_set
+    return repr(next(iter(devices))) if len(devices) == 1 else type(s).__name__
 
 
 def phrase(changes: Sequence[Change], tail: object = None) -> str:
@@ -370,8 +374,13 @@ def _fix(change: Change, constant: bool) -> str:
             f"{name} is an array whose shape, dtype or sharding keeps changing, and "
             "each new one is a new program: pad or bucket shapes to a few sizes."
         )
-    if change.kind in ("structure", "context"):
-        return f"Keep {name} the same from call to call (its structure, or JAX's configuration)."
+    if change.kind == "structure":
+        return f"Keep the structure of {name} the same from call to call."
+    if change.kind == "context":
+        return (
+            "Keep JAX's configuration (`jax.config`, and context managers such as "
+            "`jax.default_device`) the same from call to call."
+        )
     if not constant:
         return (
             f"{name} picks program structure (an `if`, a loop length, a shape), so it "
@@ -443,7 +452,7 @@ def traced_field_error(
     if o is None:
         return None
     need = "where Python needs a concrete value (`if`, `bool()`, `int()`, a shape, ...)"
-    if o.field is None or o.cls is None:
+    if o.cls is None:  # an argument (a field has its class)
         what = (
             f"{name} used the traced argument {o.path} {need}. An array argument is "
             "traced, its value unknown while compiling: pass a Python value instead "
@@ -451,6 +460,7 @@ def traced_field_error(
             "or `jax.lax.cond`."
         )
     else:
+        assert o.field is not None, "a field's visit names it"
         number = field_info(o.cls).annotations.get(o.field) in (int, float, complex)
         kind = "a number stored as an array" if number else "an array"
         what = (

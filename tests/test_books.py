@@ -132,10 +132,15 @@ def test_a_key_under_another_context_keeps_its_first_record(context):
 
 _SHARDED = textwrap.dedent(
     """
-    import json
+    import json, logging
     import jax, numpy as np, eqx_static as es
 
-    names = []
+    names, explained = [], []
+    logger = logging.getLogger("eqx_static")
+    logger.setLevel(logging.INFO)
+    handler = logging.Handler()
+    handler.emit = lambda record: explained.append(record.getMessage())
+    logger.addHandler(handler)
 
     def on_event(event, duration, **kwargs):
         if event == "/jax/core/compile/backend_compile_duration":
@@ -158,6 +163,7 @@ _SHARDED = textwrap.dedent(
         "compiles": doubled.compile_info().compiles,
         "counted": names[start:].count("jit(doubled)"),
         "devices": [next(iter(o.devices())).id for o in out],
+        "explained": explained,
     }))
     """
 )
@@ -178,6 +184,10 @@ def test_a_new_sharding_on_a_known_key_is_a_miss():
     assert got["cache"] == [2, 2, None, 2]  # hits, misses, maxsize, currsize
     assert got["compiles"] == got["counted"] == 2
     assert got["devices"] == [0, 1, 0, 1]
+    assert got["explained"] == [
+        "doubled: compiling (1 cached): argument x sharding CpuDevice(id=0) -> "
+        "CpuDevice(id=1)"
+    ]
 
 
 # --- the budget and the storm warning -----------------------------------------------

@@ -3,9 +3,11 @@ the budget, and the storm warning says which field keeps changing and what to do
 about it. Both count XLA compiles: a key whose program is the same as one already
 compiled costs a trace and spends no budget."""
 
+import contextlib
 import inspect
 import logging
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import equinox as eqx
@@ -258,8 +260,7 @@ def _where(fn: Any, marker: str, rest: str) -> str:
             _by_structure, ((X,),), ((X, X),),
             lambda: "argument x structure changed; the programs first differ at "
             f"{_where(_by_structure, '# x as a tuple', '(add, new)')}",
-            "Keep 'x' the same from call to call (its structure, or JAX's "
-            "configuration).",
+            "Keep the structure of 'x' the same from call to call.",
         ),
     ],
     ids=["shape", "value", "loop length", "structure"],
@@ -293,6 +294,20 @@ def test_the_budget_error_lists_each_compile_s_changes():
         "  compile 2: a, b",
         "  compile 3: b",
     ]
+
+
+@contextlib.contextmanager
+def caplog_at_warning() -> Iterator[list[logging.LogRecord]]:
+    """The WARNING records of "eqx_static" logged in the block."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("eqx_static")
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
 
 
 def _storm(caplog: pytest.LogCaptureFixture) -> str:
@@ -334,3 +349,68 @@ def test_the_storm_warnings_in_full(caplog):
         "compiling). 'x' is an array whose shape, dtype or sharding keeps changing, "
         "and each new one is a new program: pad or bucket shapes to a few sizes."
     )
+
+
+def test_the_budget_error_for_a_new_jax_configuration():
+    @es.jit(max_compiles=1)
+    def f(key):
+        return jax.random.uniform(key, (3,))
+
+    key = jax.random.key(0)
+    f(key)
+    with jax.threefry_partitionable(not jax.config.jax_threefry_partitionable):
+        with pytest.raises(es.RecompileError) as info:
+            f(key)
+    assert str(info.value) == (
+        "test_the_budget_error_for_a_new_jax_configuration.<locals>.f: compile 2 "
+        "exceeds `max_compiles=1`: JAX's configuration changed.\n"
+        "Earlier compiles (what changed from the one before):\n  compile 1: first "
+        "call\nKeep JAX's configuration (`jax.config`, and context managers such as "
+        f"`jax.default_device`) the same from call to call. {_EXPECTED}"
+    )
+
+
+def test_the_storm_window_is_the_last_compiles():
+    """The warning needs the same field changed in each compile of the window (the
+    last `warn_after`, the first one's own change not counted); a window with
+    different changes does not stop a later one from warning, once."""
+    cls = _stormy(warn_after=3)
+    with caplog_at_warning() as records:
+        for scale, bias in [(0, 0), (0, 1), (1, 1), (2, 1)]:  # bias, then scale
+            cls(w=jnp.ones(3), scale=float(scale), bias=float(bias))(X)
+        assert [r.getMessage().split(",")[0] for r in records] == [
+            "_stormy.<locals>.Stormy.__call__ has compiled 4 times"
+        ]
+        for scale in range(3, 10):
+            cls(w=jnp.ones(3), scale=float(scale), bias=1.0)(X)
+        assert len(records) == 1  # once
+
+
+def test_a_storm_over_two_compiles():
+    cls = _stormy(warn_after=2)
+    with caplog_at_warning() as records:
+        for scale in (0, 1):
+            cls(w=jnp.ones(3), scale=float(scale))(X)
+    (record,) = records
+    assert "has compiled 2 times, and 'scale' changed every time" in record.getMessage()
+
+
+def test_the_storm_culprit_is_the_field_never_seen_changing_alone_for_free():
+    """`a_tag` and `lr` change together in every compile; `a_tag` once also changed
+    alone and the program was shared: it is not what makes programs differ."""
+
+    class Tagged(es.Module):
+        a_tag: int = eqx.field(static=True)
+        lr: float = eqx.field(static=True)
+
+        @es.jit(warn_after=3)
+        def __call__(self, x):
+            return x * self.lr
+
+    with caplog_at_warning() as records:
+        Tagged(0, 0.0)(X)
+        Tagged(1, 0.0)(X)  # a_tag alone: the same program
+        for i in (2, 3, 4):
+            Tagged(i, float(i))(X)
+    (record,) = records
+    assert "and 'lr' changed every time" in record.getMessage()

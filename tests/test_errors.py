@@ -377,3 +377,32 @@ def test_a_traced_value_error_in_full(call, message):
     ours, jax_said = str(info.value).split("\n\nJAX said: ")
     assert ours == message
     assert jax_said.startswith("Attempted boolean conversion of traced array")
+
+
+def test_a_traced_field_error_in_a_nested_call_is_the_inner_one():
+    """The inner `es.jit` names its field; the outer call passes that error on as
+    it is, not wrapped again around its own argument."""
+
+    @es.jit
+    def outer(m, x):
+        return m(x)
+
+    with pytest.raises(es.TracedFieldError) as info:
+        outer(_Number(1.0), jnp.ones(2))
+    ours = str(info.value).split("\n\nJAX said: ")[0]
+    assert ours == _field_fix("s", "_Number", "a number stored as an array")
+
+
+def test_a_traced_leaf_of_the_function_itself_raises_jax_s_error():
+    """A callable pytree's own traced leaf is neither a field of an argument nor an
+    argument: JAX's error, as under `eqx.filter_jit`."""
+
+    class Gate(eqx.Module):
+        w: jax.Array
+
+        def __call__(self, x):
+            return x if self.w[0] > 0 else -x
+
+    with pytest.raises(jax.errors.TracerBoolConversionError) as info:
+        es.jit(Gate(jnp.ones(2)))(jnp.ones(2))
+    assert not isinstance(info.value, es.TracedFieldError)
