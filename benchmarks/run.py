@@ -12,11 +12,11 @@ One file per group of rows, named after the target it measures:
 
     _harness.py         timing (interleaved rounds, min of medians), rows, JSON
     models.py           the seed Parent/Child and the models at n leaves
-    bench_call.py       cache-hit calls, fresh and same instance    (§4 bullets 1-2)
-    bench_training.py   a training step                             (§4 bullet 3)
-    bench_update.py     with_dynamic / es.edit / tree_at / replace  (§4 bullet 4)
-    bench_compiles.py   compile counts; first-call cost             (§4 bullet 5, §5)
-    bench_memory.py     memo memory per live instance
+    bench_call.py       cache-hit calls, fresh and same instance; the floor
+    bench_training.py   a training step
+    bench_update.py     with_dynamic / es.edit / tree_at / replace
+    bench_compiles.py   compile counts; first-call cost; a miss that reuses a program
+    bench_memory.py     memory per key sharing a program; memo memory per live instance
     bench_peers.py      flax.struct, jax_dataclasses, flax.nnx (skipped if absent)
     readme_table.py     the README table, generated from results/latest.json
     plot.py             results/scaling.svg

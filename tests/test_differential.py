@@ -231,7 +231,7 @@ def test_rewrapped_filter_grad_does_not_retrace(wrap, kind):
 
 
 def test_es_module_int_too_big_raises_naming_the_field():
-    """§2.0: an int that does not fit the dtype of a dynamic field raises at once."""
+    """An int that does not fit the dtype of a dynamic field raises at once."""
 
     class Counter(es.Module):
         count: int
