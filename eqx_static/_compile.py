@@ -469,12 +469,18 @@ def _staged(f: Function, entry: Entry, leaves: tuple) -> Any:
         entry.helper = helper = entry.helper or _helper(f, entry.key, leaves)
     if jx.jit_is_replaced():  # Equinox's breakpoint mode: through its `jax.jit`
         helper = jax.jit(_traced(f, entry.key))
-    w, traces = _Window(f), _local.traces
+    w, traces, refused = _Window(f), _local.traces, False
+    w.unplanned = rp.Change(
+        "JAX compiled a transformed program", "a transformed program", "transformed"
+    )
     try:
         with w:
             return rp.reporting_errors(helper)(*leaves)
+    except rp.RecompileError:  # a compile refused: a miss, as at the top level
+        refused = True
+        raise
     finally:
-        if _local.traces != traces or w.number:
+        if _local.traces != traces or w.number or refused:
             f.cache.book_miss()
         if _local.traces != traces:
             known = f.cache.known()
@@ -538,6 +544,10 @@ class _Window:
         self.structure: bytes | None = None
         self.differ: rp.Differ | None = None
         self.number = 0  # of the last compile booked
+        # What a compile this window did not ask for is (JAX compiling on its own).
+        self.unplanned = rp.Change(
+            "JAX compiled it again (profile-guided)", "JAX's own compile", "jax"
+        )
         self.previous: _Window | None = None
 
     def __enter__(self) -> "_Window":
@@ -561,14 +571,15 @@ def _on_compile_start(event: str, value: float, **kwargs: Any) -> None:
         return
     if w.expect_none:  # this JAX compiled a lowering whose executable was installed
         _stop_sharing()
-    elif not w.planned:  # JAX's own: a profile-guided compile, say
-        again = rp.Change("JAX compiled it again (profile-guided)", "call", "structure")
-        w.f.check_budget(w.changes or [again], None)
+    elif not w.planned:  # JAX's own: profile-guided, or of a transformed program
+        w.f.check_budget(w.changes or [w.unplanned], None)
 
 
 def _on_compile_end(event: str, duration_secs: float, **kwargs: Any) -> None:
     if (w := _window(event, kwargs)) is not None:
-        record = rp.Compile(tuple(w.changes), duration_secs, w.structure, w.differ)
+        again = not w.planned and not w.changes and w.f.cache.history
+        changes = (w.unplanned,) if again else tuple(w.changes)
+        record = rp.Compile(changes, duration_secs, w.structure, w.differ)
         with w.f.cache.lock:
             w.f.cache.history.append(record)
             w.number = len(w.f.cache.history)

@@ -39,7 +39,8 @@ class Change(NamedTuple):
 
     phrase: str  # "static field 'sp' changed False -> True"
     name: str  # what it is about: "sp", "encoder.act", "x", "y[1]"
-    kind: str  # "static field", "leaf", "argument", "array", "structure", "context"
+    kind: str  # "static field", "leaf", "argument", "array", "structure", "context",
+    # or a change no value names: "signature", "jax" (JAX's own), "transformed"
 
 
 def unhashable_message(name: str, key: Key) -> str:
@@ -64,7 +65,7 @@ def diff(old: Key, new: Key, argnames: Sequence[str]) -> list[Change]:
     structure and nothing below it; a module's static fields one by one."""
     if len(old.args) != len(new.args) or old.names != new.names:
         what = f"{len(old.args)} -> {len(new.args)} positional, keywords {list(old.names)} -> {list(new.names)}"
-        return [Change(f"call signature changed: {what}", "call", "structure")]
+        return [Change(f"call signature changed: {what}", "arguments", "signature")]
     method = bool(argnames) and argnames[0] == "self"
     before = {v.path: v.node for v in walk(old, argnames)}
     out: list[Change] = []
@@ -366,6 +367,16 @@ def storm(
     return True
 
 
+# The fix for a change that no value of the call names.
+_FIXED: Final = {
+    "signature": "Pass the same arguments, positionally or by keyword, each call.",
+    "jax": "JAX's profile-guided optimisation (`jax_enable_pgle`) compiles each "
+    "program again once it has profiled it.",
+    "transformed": "An eager `jax.grad` or `jax.vmap` compiles each transformed "
+    "program: put the transformation under a `jax.jit`.",
+}
+
+
 def _fix(change: Change, constant: bool) -> str:
     """What to do about a value that keeps changing (`constant`: only as a value)."""
     name = repr(change.name)
@@ -374,6 +385,8 @@ def _fix(change: Change, constant: bool) -> str:
             f"{name} is an array whose shape, dtype or sharding keeps changing, and "
             "each new one is a new program: pad or bucket shapes to a few sizes."
         )
+    if change.kind in _FIXED:
+        return _FIXED[change.kind]
     if change.kind == "structure":
         return f"Keep the structure of {name} the same from call to call."
     if change.kind == "context":

@@ -54,6 +54,30 @@ def test_pgle_recompiles_are_counted():
     assert info.hits + info.misses == 9 and info.currsize <= info.misses
 
 
+@pytest.mark.filterwarnings("ignore:PGLE collected an empty trace:RuntimeWarning")
+def test_a_pgle_recompile_is_budgeted_with_its_own_fix():
+    @es.jit(max_compiles=1)
+    def pgle_g(x):
+        return jnp.sin(x) * 2
+
+    before = jax.config.jax_enable_pgle  # pyright: ignore[reportAttributeAccessIssue]
+    jax.config.update("jax_enable_pgle", True)
+    try:
+        with pytest.raises(es.RecompileError) as info:
+            for _ in range(8):
+                jax.block_until_ready(pgle_g(X))
+    finally:
+        jax.config.update("jax_enable_pgle", before)
+    assert str(info.value) == (
+        "test_a_pgle_recompile_is_budgeted_with_its_own_fix.<locals>.pgle_g: compile "
+        "2 exceeds `max_compiles=1`: JAX compiled it again (profile-guided).\nEarlier "
+        "compiles (what changed from the one before):\n  compile 1: first call\n"
+        "JAX's profile-guided optimisation (`jax_enable_pgle`) compiles each program "
+        "again once it has profiled it. (If these compiles are expected, raise "
+        "`max_compiles`.)"
+    )
+
+
 def _checked():
     def checked(x):
         return eqx.error_if(x * 2, x > 1.0, "too big")
@@ -257,3 +281,19 @@ def test_recompile_error_names_a_static_string_argument():
     assert "compile 3 exceeds `max_compiles=2`" in message
     assert re.search(r"argument act changed '(relu|tanh)' -> 'sigmoid'", message)
     assert "\n  compile 1: first call\n  compile 2: act\n" in message
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the backward program of an eager `jax.grad` is compiled after the call "
+    "returned, where nothing tells it from another function's of the same name",
+)
+def test_an_eager_grad_books_its_backward_compile():
+    @es.jit
+    def sin_sum(x):
+        return jnp.sin(x).sum()
+
+    compiles = XlaCompiles()
+    g = jax.grad(sin_sum)(X)
+    assert float(g[0]) == pytest.approx(float(jnp.cos(X[0])))
+    assert sin_sum.compile_info().compiles == compiles.of("sin_sum")

@@ -414,3 +414,79 @@ def test_the_storm_culprit_is_the_field_never_seen_changing_alone_for_free():
             Tagged(i, float(i))(X)
     (record,) = records
     assert "and 'lr' changed every time" in record.getMessage()
+
+
+def _two_places(x, k):
+    if k == 2:
+        x = jnp.sin(x)  # k as a branch
+    return x * k  # k as a value
+
+
+def test_the_storm_warning_says_where_the_last_compile_differs(caplog):
+    """The second compile differs from the first in a constant (`x * k`); the third,
+    from its closest, in structure (`sin`): the warning names the last one's."""
+    f = es.jit(_two_places, warn_after=3)
+    with caplog.at_level(logging.WARNING, logger="eqx_static"):
+        for k in range(3):
+            f(X, k)
+    where = f"test_budget.py:{_line_of(_two_places, '# k as a branch')} in _two_places"
+    assert _storm(caplog) == (
+        "_two_places has compiled 3 times, and 'k' changed every time (… s spent "
+        "compiling). The programs differ in their structure, not only in constants "
+        f"(at {where} (sin where mul was)). 'k' picks program structure (an `if`, a loop "
+        "length, a shape), so it must stay static: reduce the number of distinct "
+        "values."
+    )
+
+
+def test_the_budget_error_for_a_new_call_signature():
+    @es.jit(max_compiles=1)
+    def total(*xs):
+        return sum(xs)  # xs as a tuple
+
+    total(X)
+    with pytest.raises(es.RecompileError) as info:
+        total(X, X)
+    where = f"test_budget.py:{_line_of(total.fn, '# xs as a tuple')} in total"
+    assert str(info.value) == (
+        "test_the_budget_error_for_a_new_call_signature.<locals>.total: compile 2 "
+        "exceeds `max_compiles=1`: call signature changed: 1 -> 2 positional, "
+        f"keywords [] -> []; the programs first differ at {where} (add, new).\n"
+        "Earlier compiles (what changed from the one before):\n  compile 1: first "
+        f"call\nPass the same arguments, positionally or by keyword, each call. "
+        f"{_EXPECTED}"
+    )
+
+
+def test_a_compile_of_an_eager_transformation_is_budgeted_and_booked():
+    """An eager `jax.vmap` of the function compiles the batched program: counted
+    against `max_compiles`, refused with the fix for it, and booked as a miss."""
+
+    @es.jit(max_compiles=1)
+    def g(x):
+        return jnp.sin(x)
+
+    g(X)
+    with pytest.raises(es.RecompileError) as info:
+        jax.vmap(g)(jnp.stack([X, X]))
+    assert str(info.value) == (
+        "test_a_compile_of_an_eager_transformation_is_budgeted_and_booked.<locals>.g: "
+        "compile 2 exceeds `max_compiles=1`: JAX compiled a transformed program.\n"
+        "Earlier compiles (what changed from the one before):\n  compile 1: first "
+        "call\nAn eager `jax.grad` or `jax.vmap` compiles each transformed program: "
+        f"put the transformation under a `jax.jit`. {_EXPECTED}"
+    )
+    info_ = g.cache_info()
+    assert (info_.hits, info_.misses, g.compile_info().compiles) == (0, 2, 1)
+
+    # Allowed, it compiles, and the next compile's record names it.
+    @es.jit(max_compiles=2)
+    def h(x):
+        return jnp.sin(x)
+
+    compiles = XlaCompiles()
+    h(X)
+    jax.vmap(h)(jnp.stack([X, X]))
+    assert h.compile_info().compiles == compiles.of("h") == 2
+    with pytest.raises(es.RecompileError, match="  compile 2: a transformed program\n"):
+        h(X[:1])

@@ -118,9 +118,9 @@ CASES = {
         ((X, (X, 2, 3)), {}),
         "compiling (1 cached): argument y structure changed",
     ),
-    "tuple -> list": (
+    "tuple -> list, its items unread once the structure differs": (
         ((X, (X, 2)), {}),
-        ((X, [X, 2]), {}),
+        ((X, [X, 3]), {}),
         "compiling (1 cached): argument y structure changed",
     ),
     "dict keys": (
@@ -468,6 +468,12 @@ def test_no_explanation_below_info(caplog):
 X3 = jnp.ones(3)
 
 
+# A placement by partition spec, on the one device every machine has.
+_ROW = jax.sharding.NamedSharding(
+    jax.sharding.Mesh(jax.devices()[:1], ("i",)), jax.sharding.PartitionSpec("i")
+)
+
+
 class _Weighted(es.Module):
     w: jax.Array
 
@@ -499,8 +505,25 @@ class _Weighted(es.Module):
             (jnp.asarray(1.0), X3),
             "field 'w' weak type False -> True",
         ),
+        (
+            (jnp.ones(3), X3),
+            (jax.device_put(jnp.ones(3), jax.devices()[0]), X3),
+            "field 'w' sharding uncommitted -> CpuDevice(id=0)",
+        ),
+        (
+            (jnp.ones(3), X3),
+            (jnp.ones(3), jax.device_put(X3, _ROW)),
+            f"argument x sharding uncommitted -> {_ROW.spec!r}",  # JAX's repr
+        ),
     ],
-    ids=["field dtype", "field shape", "argument dtype", "weak type"],
+    ids=[
+        "field dtype",
+        "field shape",
+        "argument dtype",
+        "weak type",
+        "placement on a device",
+        "placement by a partition spec",
+    ],
 )
 def test_a_traced_leaf_s_change_is_named(caplog, first, second, line):
     """A traced leaf's change of shape, dtype or weak type, as the field (or
@@ -513,3 +536,48 @@ def test_a_traced_leaf_s_change_is_named(caplog, first, second, line):
     assert [_what(g) for g in got] == [
         f"_Weighted.__call__: compiling (1 cached): {line}"
     ]
+
+
+class _Wrapper(es.Module):
+    fn: Any = eqx.field(static=True)
+
+    @property
+    def __wrapped__(self) -> Any:
+        return self.fn
+
+    @es.jit
+    def __call__(self, x):
+        return self.fn(x)
+
+
+def test_a_module_s_wrapper_attributes_are_named(caplog):
+    """`eqx.module_update_wrapper` copies the wrapped function's name and docstring
+    onto the instance: keyed as Equinox flattens them, and named as the module's
+    extra attributes (of `self`, or of an argument)."""
+    plain = _Wrapper(jnp.negative)
+    wrapped = eqx.module_update_wrapper(plain)
+    f = es.jit(lambda w, x: w.fn(x))
+    with caplog.at_level(logging.INFO, logger="eqx_static"):
+        plain(X)
+        wrapped(X)
+        f(plain, X)
+        f(wrapped, X)
+    got = [r.getMessage() for r in caplog.records if r.name == "eqx_static"]
+    same = "; same program as compile 1, not compiled again"
+    assert got == [
+        f"_Wrapper.__call__: traced (1 cached): self extra attributes changed{same}",
+        f"{f.qualname}: traced (1 cached): argument w extra attributes changed{same}",
+    ]
+    # A program that reads them: a change of structure, and its fix names the argument.
+    g = es.jit(lambda w, x: w.fn(x) + len(getattr(w, "__name__", "")), max_compiles=1)
+    g(plain, X)
+    with pytest.raises(es.RecompileError) as e:
+        g(wrapped, X)
+    assert str(e.value).startswith(
+        f"{g.qualname}: compile 2 exceeds `max_compiles=1`: argument w extra "
+        "attributes changed; the programs differ only in a constant, at "
+    )
+    assert str(e.value).endswith(
+        "\nKeep the structure of 'w' the same from call to call. "
+        "(If these compiles are expected, raise `max_compiles`.)"
+    )
