@@ -17,6 +17,7 @@ import equinox as eqx
 import eqx_static as es
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 
@@ -244,3 +245,57 @@ def test_a_function_in_an_equinox_layer_names_the_user_s_line(caplog):
         f"field 'mlp.activation' changed relu -> tanh; the programs first differ at "
         f"{where} (tanh where max was)"
     ), line
+
+
+@es.jit
+def _table(x, k):
+    y = x * 2
+    return y + np.full(3, float(k), np.float32)  # an array constant
+
+
+def test_an_array_constant_says_where_it_enters(caplog):
+    """A NumPy array built while tracing is a constant of the program (not a
+    literal): its bytes tell the programs apart, at the line where it enters."""
+    with caplog.at_level(logging.INFO, logger="eqx_static"):
+        _table(X, 1)
+        _table(X, 2)
+    (line,) = _compile_lines(caplog)
+    where = f"{HERE}:{_line(_table.fn, '# an array constant')} in _table (add)"
+    assert line.endswith(
+        f"argument k changed 1 -> 2; the programs differ only in a constant, at {where}"
+    )
+
+
+@es.jit
+def _pick(x, y, first):
+    z = x + 1
+    return z * (x if first else y)  # the input picked
+
+
+@es.jit
+def _late(x, axis):
+    shape = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    y = jax.pure_callback(lambda a: a, shape, x)  # a function made in each trace
+    return y.sum(axis)  # the axis
+
+
+@pytest.mark.parametrize(
+    "fn, calls, marker, ops",
+    [
+        (_pick, [(X, X, True), (X, X, False)], "# the input picked", "(mul)"),
+        (_late, [(X[None], 0), (X[None], 1)], "# the axis", "(reduce_sum)"),
+    ],
+    ids=["which input", "a parameter, after a function-valued one"],
+)
+def test_operations_differ_by_their_inputs_and_parameters(
+    caplog, fn, calls, marker, ops
+):
+    """An operation is told apart by which input of the program it reads, and by
+    its parameters; a parameter that is a function (made anew by each trace, as
+    a callback's lambda) by its name."""
+    with caplog.at_level(logging.INFO, logger="eqx_static"):
+        for args in calls:
+            fn(*args)
+    (line,) = _compile_lines(caplog)
+    where = f"{HERE}:{_line(fn.fn, marker)} in {fn.fn.__name__} {ops}"
+    assert f"; the programs first differ at {where}" in line
