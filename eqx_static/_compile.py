@@ -392,13 +392,16 @@ def _top_level(f: Function, entry: Entry, leaves: tuple) -> tuple:
         with w:
             if pgle and entry.helper is not None:
                 return _run(entry.helper, leaves)
-            _make_room(f, entry)
+            staged = entry.helper is not None and not entry.runs  # used transformed
+            known = cache.known()  # what the call is explained against: before
+            _make_room(f, entry)  # the room made for it takes a signature away
             helper = entry.helper or _helper(f, entry.key, leaves)
             traced = helper.trace(*leaves)
             lowered = traced.lower()
             lowering = jx.lowering_of(lowered)
-            known = cache.known()
             w.changes, closest = rp.explain(known, entry.key, run, f.argnames)
+            if staged and not w.changes:
+                w.changes = [_UNTRANSFORMED]
             fp = None if pgle else fingerprint(traced.jaxpr, lowering)
             # JAX's lowering cache may give a lowering compiled already (the inputs'
             # shardings compare equal to an earlier call's: `P()`, `P(None)`).
@@ -460,6 +463,11 @@ def _compile(w: "_Window", entry: Entry, traced: Any, lowered: Any,
         return None  # compiled by the call that follows, booked by the window
     ops = tuple(rp.ops_of(traced.jaxpr))
     return Program(w.number, fp, executable, ops, w.structure)
+
+
+_UNTRANSFORMED: Final = rp.Change(
+    "first call outside a transformation", "a transformed program", "transformed"
+)
 
 
 def _staged(f: Function, entry: Entry, leaves: tuple) -> Any:

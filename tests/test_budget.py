@@ -490,3 +490,40 @@ def test_a_compile_of_an_eager_transformation_is_budgeted_and_booked():
     assert h.compile_info().compiles == compiles.of("h") == 2
     with pytest.raises(es.RecompileError, match="  compile 2: a transformed program\n"):
         h(X[:1])
+
+
+def test_the_budget_error_after_a_first_use_under_a_transformation():
+    """The first call outside `jax.grad`, after an eager `jax.grad` compiled: what
+    changed is that it is not transformed, and the fix is for that."""
+
+    @es.jit(max_compiles=1)
+    def f(x):
+        return jnp.sin(x).sum()
+
+    jax.grad(f)(X)
+    with pytest.raises(es.RecompileError) as info:
+        f(X)
+    assert str(info.value) == (
+        "test_the_budget_error_after_a_first_use_under_a_transformation.<locals>.f: "
+        "compile 2 exceeds `max_compiles=1`: first call outside a transformation.\n"
+        "Earlier compiles (what changed from the one before):\n  compile 1: first "
+        "call\nAn eager `jax.grad` or `jax.vmap` compiles each transformed program: "
+        f"put the transformation under a `jax.jit`. {_EXPECTED}"
+    )
+
+
+def test_the_budget_error_names_what_the_room_made_for_the_call_took_away():
+    """With `maxsize=1` the new shape's signature takes the old one's place: the
+    error still names the shape it changed from."""
+
+    @es.jit(maxsize=1, max_compiles=1)
+    def f(x):
+        return jnp.sin(x).sum()
+
+    f(X)
+    with pytest.raises(es.RecompileError) as info:
+        f(X[:2])
+    assert str(info.value).startswith(
+        "test_the_budget_error_names_what_the_room_made_for_the_call_took_away."
+        "<locals>.f: compile 2 exceeds `max_compiles=1`: argument x shape (3,) -> (2,)."
+    )
