@@ -5,6 +5,7 @@ failed callback, and honour `EQX_ON_ERROR` (read when Equinox is imported: each
 mode runs in a process of its own). Every case is compared with `eqx.filter_jit`."""
 
 import logging
+import re
 import textwrap
 import traceback
 
@@ -80,6 +81,9 @@ def test_a_method_raises_with_the_message_and_the_stack_inside():
     assert message.startswith("Above is the stack outside of JIT.")
     assert "equinox.EquinoxRuntimeError: positive!" in message
     assert "return _positive(self.w * x)" in message  # a frame inside the method
+    # the stack inside, a frame per line, outermost first
+    frames = re.findall(r'^  File "(.+)", line \d+, in (\w+)$', message, re.M)
+    assert frames == [(__file__, "f"), (__file__, "_positive")]
     assert _frames(e)[-1][0] == __file__
     np.testing.assert_array_equal(m.f(-jnp.ones(3)), -jnp.ones(3))  # no error: runs
 
@@ -88,6 +92,31 @@ def test_an_error_in_a_nested_es_jit_is_reported_by_the_outer_call():
     outer = es.jit(lambda m, x: m.f(x) + 1)
     e = _failure(lambda: outer(Checked(jnp.ones(3)), jnp.ones(3)))
     assert type(e) is eqx.EquinoxRuntimeError and "positive!" in str(e)
+
+
+def _refuse(x):
+    def callback(a):
+        raise ValueError("not an Equinox error")
+
+    return jax.pure_callback(callback, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+
+def test_another_error_after_an_equinox_one_is_raised_as_filter_jit_raises_it():
+    """Equinox's record of its last error stays after it is raised: a later failure
+    that is not Equinox's is not dressed as one; and JAX's callback log is left
+    as it was found, after a failure and after a success."""
+    callback_log = logging.getLogger("jax._src.callback")
+    filters = list(callback_log.filters)
+    assert type(_failure(lambda: es.jit(_positive)(jnp.ones(3)))) is (
+        eqx.EquinoxRuntimeError
+    )
+    assert callback_log.filters == filters
+    mine = _failure(lambda: es.jit(_refuse)(jnp.ones(3)))
+    theirs = _failure(lambda: eqx.filter_jit(_refuse)(jnp.ones(3)))
+    assert type(mine) is type(theirs) is not eqx.EquinoxRuntimeError
+    assert "not an Equinox error" in str(mine) and "not an Equinox error" in str(theirs)
+    es.jit(_positive)(-jnp.ones(3))
+    assert callback_log.filters == filters
 
 
 def test_a_program_without_a_callback_is_not_made_synchronous():

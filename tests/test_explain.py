@@ -173,6 +173,16 @@ CASES = {
         ((jnp.asarray(1.0, jnp.float32),), {}),
         "compiling (1 cached): argument x weak type True -> False",
     ),
+    "structure, and a shape below it": (
+        ((X, {"a": X}), {}),
+        ((X, {"a": jnp.ones(3), "b": 1}), {}),
+        "compiling (1 cached): argument y structure changed",
+    ),
+    "a static value and a shape": (
+        ((X, (X, 1)), {}),
+        ((jnp.ones(3), (X, 2)), {}),
+        "compiling (1 cached): field 'y[1]' changed 1 -> 2; argument x shape (2,) -> (3,)",
+    ),
     "number of positional arguments": (
         ((X, 1), {}),
         ((X, 1, 2), {}),
@@ -180,6 +190,13 @@ CASES = {
         "keywords ['z'] -> ['z']",
     ),
 }
+
+
+def test_of_equally_close_signatures_the_most_recent_explains(caplog):
+    assert _explanations(caplog, ((X, "a"), {}), ((X, "b"), {}), ((X, "c"), {})) == [
+        "compiling (1 cached): argument y changed 'a' -> 'b'",
+        "compiling (2 cached): argument y changed 'b' -> 'c'",
+    ]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -581,3 +598,20 @@ def test_a_module_s_wrapper_attributes_are_named(caplog):
         "\nKeep the structure of 'w' the same from call to call. "
         "(If these compiles are expected, raise `max_compiles`.)"
     )
+
+
+def test_a_change_of_value_is_named_before_a_change_of_jax_s_configuration(caplog):
+    """A new value under another configuration: the value is named (the
+    configuration is named only when nothing else changed)."""
+
+    @es.jit
+    def draw(key, n):
+        return jax.random.uniform(key, (n,))
+
+    key = jax.random.key(0)
+    with caplog.at_level(logging.INFO, logger="eqx_static"):
+        draw(key, 2)
+        with jax.threefry_partitionable(not jax.config.jax_threefry_partitionable):
+            draw(key, 3)
+    got = [_what(r.getMessage()) for r in caplog.records if r.name == "eqx_static"]
+    assert got == [f"{draw.qualname}: compiling (1 cached): argument n changed 2 -> 3"]

@@ -88,9 +88,10 @@ class Const(es.Module):
     [
         (Act, "relu", "tanh", "# the activation", "(tanh where max was)"),
         (Branch, False, True, "# the branch", "(neg, new)"),
+        (Branch, True, False, "# the branch", "(neg, gone)"),
         (Loop, 1, 2, "# the loop body", "(mul, new)"),
     ],
-    ids=["activation", "branch", "loop length"],
+    ids=["activation", "branch", "branch not taken", "loop length"],
 )
 def test_the_compile_line_names_where_the_programs_first_differ(
     caplog, cls, first, second, marker, what
