@@ -571,6 +571,7 @@ def test_a_module_s_wrapper_attributes_are_named(caplog):
     """`eqx.module_update_wrapper` copies the wrapped function's name and docstring
     onto the instance: keyed as Equinox flattens them, and named as the module's
     extra attributes (of `self`, or of an argument)."""
+    _Wrapper.__call__.cache_clear()
     plain = _Wrapper(jnp.negative)
     wrapped = eqx.module_update_wrapper(plain)
     f = es.jit(lambda w, x: w.fn(x))

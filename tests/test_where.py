@@ -257,6 +257,7 @@ def _table(x, k):
 def test_an_array_constant_says_where_it_enters(caplog):
     """A NumPy array built while tracing is a constant of the program (not a
     literal): its bytes tell the programs apart, at the line where it enters."""
+    _table.cache_clear()
     with caplog.at_level(logging.INFO, logger="eqx_static"):
         _table(X, 1)
         _table(X, 2)
@@ -294,6 +295,7 @@ def test_operations_differ_by_their_inputs_and_parameters(
     """An operation is told apart by which input of the program it reads, and by
     its parameters; a parameter that is a function (made anew by each trace, as
     a callback's lambda) by its name."""
+    fn.cache_clear()
     with caplog.at_level(logging.INFO, logger="eqx_static"):
         for args in calls:
             fn(*args)
