@@ -190,7 +190,7 @@ def _miss_costs(reps: int) -> tuple[dict[str, float], dict[str, list[float]]]:
     """Seconds of a miss that reuses a program (a new `tag`), of one that compiles
     (a new `eps`), of `eqx.filter_jit`'s first call on the same model, and of
     `eqx.filter_jit`'s and `jax.jit`'s trace and lowering alone (their `lower`) for
-a new key."""
+    a new key."""
     ours = _attention(lambda f: es.jit(f, warn_after=None))
     theirs = _attention(eqx.filter_jit)
     plain = _attention(lambda f: f)

@@ -87,7 +87,11 @@ def _shared_keys(k: int) -> tuple[float, int]:
 def run(rep: h.Report, s: h.Settings) -> None:
     k = 200 if s.quick else 2_000
     per_key, programs = _shared_keys(k)
-    rep.raw["memory.shared_key"] = {"k": k, "rss_per_key": per_key, "programs": programs}
+    rep.raw["memory.shared_key"] = {
+        "k": k,
+        "rss_per_key": per_key,
+        "programs": programs,
+    }
     rep.compare_row(
         GROUP, "memory.shared_key",
         f"{k:,} keys sharing one program: RSS per key / 50 KB",

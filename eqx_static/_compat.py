@@ -73,6 +73,7 @@ from jax._src import (  # noqa: E402  (grouped with its reason)
     api as _api,
     callback as _callback,
     config as _config,
+    core as _core,
     pjit as _pjit,
     source_info_util as _source_info,
     traceback_util as _traceback_util,
@@ -99,6 +100,12 @@ JaxRuntimeError: Final = jax.errors.JaxRuntimeError
 # `jax.jit` itself. Under `EQX_ON_ERROR=breakpoint` Equinox replaces the name
 # `jax.jit` with a function (for JAX issue #16732) that has no `.trace`.
 jax_jit: Final = _api.jit
+
+
+def under_transformation() -> bool:
+    """Whether a call here is bound into a trace (`grad`, `vmap`, an outer `jit`),
+    concrete arguments or not: its function may close over that trace's values."""
+    return not isinstance(_core.trace_ctx.trace, _core.EvalTrace)
 
 
 def jit_is_replaced() -> bool:

@@ -375,7 +375,7 @@ def _cache_miss(f: Function, entry: Entry, *leaves: Any) -> tuple:
     previous, rp.marker.current = rp.marker.current, __equinox_jit_id__
     try:
         with _quiet(f):
-            if any(isinstance(x, Tracer) for x in leaves):
+            if jx.under_transformation() or any(isinstance(x, Tracer) for x in leaves):
                 return (_staged(f, entry, leaves), None, False)
             return _top_level(f, entry, leaves)
     finally:

@@ -26,13 +26,21 @@ TESTS = [
 # Added when one of these modules is mutated.
 EXTRA = {
     "_compile": [
-        "tests/test_cache.py", "tests/test_programs.py", "tests/test_threads.py",
-        "tests/test_sharing.py", "tests/test_books.py", "tests/test_locks.py",
-        "tests/test_budget.py", "tests/test_errors.py",
+        "tests/test_cache.py",
+        "tests/test_programs.py",
+        "tests/test_threads.py",
+        "tests/test_sharing.py",
+        "tests/test_books.py",
+        "tests/test_locks.py",
+        "tests/test_budget.py",
+        "tests/test_errors.py",
     ],
     "_report": [
-        "tests/test_budget.py", "tests/test_errors.py", "tests/test_where.py",
-        "tests/test_porting.py", "tests/test_books.py",
+        "tests/test_budget.py",
+        "tests/test_errors.py",
+        "tests/test_where.py",
+        "tests/test_porting.py",
+        "tests/test_books.py",
     ],
     "_jit": ["tests/test_cache.py", "tests/test_binding.py", "tests/test_locks.py"],
     "_key": ["tests/test_keys_deep.py", "tests/test_sharing.py"],

@@ -156,3 +156,29 @@ def test_decorated_function_takes_a_decorated_module():
     assert float(twice(c, jnp.array(1.0))) == 36.0
     assert float(twice(c.with_dynamic(dp=1.0), jnp.array(1.0))) == 9.0
     assert twice.cache_info() == es.CacheInfo(1, 1, None, 1)
+
+
+def _scaled(fn, y):
+    return fn(y) * 2
+
+
+@pytest.mark.filterwarnings("error")  # the self-check that turns sharing off: not here
+def test_a_function_closing_over_an_outer_grad_s_value():
+    """Called inside `jax.grad` with concrete arguments only, the function closes over
+    the gradient's tracer (optimistix's `minimise` of a closure, under `grad`): the
+    call is bound into the outer trace, as `eqx.filter_jit` binds it, with the same
+    gradients. (It once ran an installed executable, and JAX compiled that again.)"""
+    ours, theirs = es.jit(_scaled), eqx.filter_jit(_scaled)
+    assert ours(lambda y: y + 1.0, 1.0) == theirs(lambda y: y + 1.0, 1.0) == 4.0
+    got = [
+        jax.grad(lambda o: ours(lambda y: y + o, 1.0))(0.5),
+        jax.grad(lambda x: x * ours(lambda y: y + 3.0, 1.0))(1.0),
+    ]
+    assert (
+        got
+        == [
+            jax.grad(lambda o: theirs(lambda y: y + o, 1.0))(0.5),
+            jax.grad(lambda x: x * theirs(lambda y: y + 3.0, 1.0))(1.0),
+        ]
+        == [2.0, 8.0]
+    )
