@@ -465,8 +465,15 @@ def _compile(w: "_Window", entry: Entry, traced: Any, lowered: Any,
     return Program(w.number, fp, executable, ops, w.structure)
 
 
+# What changed for a compile no value of the call explains.
 _UNTRANSFORMED: Final = rp.Change(
     "first call outside a transformation", "a transformed program", "transformed"
+)
+_TRANSFORMED: Final = rp.Change(
+    "JAX compiled a transformed program", "a transformed program", "transformed"
+)
+_PGLE: Final = rp.Change(
+    "JAX compiled it again (profile-guided)", "JAX's own compile", "jax"
 )
 
 
@@ -478,9 +485,7 @@ def _staged(f: Function, entry: Entry, leaves: tuple) -> Any:
     if jx.jit_is_replaced():  # Equinox's breakpoint mode: through its `jax.jit`
         helper = jax.jit(_traced(f, entry.key))
     w, traces, refused = _Window(f), _local.traces, False
-    w.unplanned = rp.Change(
-        "JAX compiled a transformed program", "a transformed program", "transformed"
-    )
+    w.unplanned = _TRANSFORMED
     try:
         with w:
             return rp.reporting_errors(helper)(*leaves)
@@ -553,14 +558,20 @@ class _Window:
         self.differ: rp.Differ | None = None
         self.number = 0  # of the last compile booked
         # What a compile this window did not ask for is (JAX compiling on its own).
-        self.unplanned = rp.Change(
-            "JAX compiled it again (profile-guided)", "JAX's own compile", "jax"
-        )
+        self.unplanned = _PGLE
         self.previous: _Window | None = None
 
     def __enter__(self) -> "_Window":
         self.previous, _local.window = _local.window, self
         return self
+
+    def what_changed(self) -> tuple[rp.Change, ...]:
+        """What changed for the compile JAX reports now: the miss path's
+        explanation, or, for a compile it did not ask for after the first, why JAX
+        compiled on its own."""
+        if self.planned or self.changes or not self.f.cache.history:
+            return tuple(self.changes)
+        return (self.unplanned,)
 
     def __exit__(self, *exc: Any) -> None:
         _local.window = self.previous
@@ -580,14 +591,12 @@ def _on_compile_start(event: str, value: float, **kwargs: Any) -> None:
     if w.expect_none:  # this JAX compiled a lowering whose executable was installed
         _stop_sharing()
     elif not w.planned:  # JAX's own: profile-guided, or of a transformed program
-        w.f.check_budget(w.changes or [w.unplanned], None)
+        w.f.check_budget(w.what_changed(), None)
 
 
 def _on_compile_end(event: str, duration_secs: float, **kwargs: Any) -> None:
     if (w := _window(event, kwargs)) is not None:
-        again = not w.planned and not w.changes and w.f.cache.history
-        changes = (w.unplanned,) if again else tuple(w.changes)
-        record = rp.Compile(changes, duration_secs, w.structure, w.differ)
+        record = rp.Compile(w.what_changed(), duration_secs, w.structure, w.differ)
         with w.f.cache.lock:
             w.f.cache.history.append(record)
             w.number = len(w.f.cache.history)
