@@ -199,6 +199,19 @@ def test_no_storm_warning_when_different_things_change(caplog):
 # --- the messages in full, one per kind of change -----------------------------------
 
 _EXPECTED = "(If these compiles are expected, raise `max_compiles`.)"
+_TRANSFORMED_FIX = (
+    "An eager `jax.grad` or `jax.vmap` compiles each transformed program: put the "
+    "transformation under a `jax.jit`."
+)
+
+
+def _second_compile(name: str, what: str, fix: str) -> str:
+    """The budget error, in full, of a second compile over `max_compiles=1`."""
+    return (
+        f"{name}: compile 2 exceeds `max_compiles=1`: {what}.\n"
+        "Earlier compiles (what changed from the one before):\n"
+        f"  compile 1: first call\n{fix} {_EXPECTED}"
+    )
 
 
 def _line_of(fn: Any, text: str) -> int:
@@ -270,11 +283,7 @@ def test_the_budget_error_in_full(fn, first, second, what, fix):
     fn(*first)
     with pytest.raises(es.RecompileError) as info:
         fn(*second)
-    assert str(info.value) == (
-        f"{fn.fn.__name__}: compile 2 exceeds `max_compiles=1`: {what()}.\n"
-        "Earlier compiles (what changed from the one before):\n"
-        f"  compile 1: first call\n{fix} {_EXPECTED}"
-    )
+    assert str(info.value) == _second_compile(fn.fn.__name__, what(), fix)
 
 
 def test_the_budget_error_lists_each_compile_s_changes():
@@ -361,12 +370,11 @@ def test_the_budget_error_for_a_new_jax_configuration():
     with jax.threefry_partitionable(not jax.config.jax_threefry_partitionable):
         with pytest.raises(es.RecompileError) as info:
             f(key)
-    assert str(info.value) == (
-        "test_the_budget_error_for_a_new_jax_configuration.<locals>.f: compile 2 "
-        "exceeds `max_compiles=1`: JAX's configuration changed.\n"
-        "Earlier compiles (what changed from the one before):\n  compile 1: first "
-        "call\nKeep JAX's configuration (`jax.config`, and context managers such as "
-        f"`jax.default_device`) the same from call to call. {_EXPECTED}"
+    assert str(info.value) == _second_compile(
+        "test_the_budget_error_for_a_new_jax_configuration.<locals>.f",
+        "JAX's configuration changed",
+        "Keep JAX's configuration (`jax.config`, and context managers such as "
+        "`jax.default_device`) the same from call to call.",
     )
 
 
@@ -449,13 +457,11 @@ def test_the_budget_error_for_a_new_call_signature():
     with pytest.raises(es.RecompileError) as info:
         total(X, X)
     where = f"test_budget.py:{_line_of(total.fn, '# xs as a tuple')} in total"
-    assert str(info.value) == (
-        "test_the_budget_error_for_a_new_call_signature.<locals>.total: compile 2 "
-        "exceeds `max_compiles=1`: call signature changed: 1 -> 2 positional, "
-        f"keywords [] -> []; the programs first differ at {where} (add, new).\n"
-        "Earlier compiles (what changed from the one before):\n  compile 1: first "
-        f"call\nPass the same arguments, positionally or by keyword, each call. "
-        f"{_EXPECTED}"
+    assert str(info.value) == _second_compile(
+        "test_the_budget_error_for_a_new_call_signature.<locals>.total",
+        "call signature changed: 1 -> 2 positional, keywords [] -> []; the programs "
+        f"first differ at {where} (add, new)",
+        "Pass the same arguments, positionally or by keyword, each call.",
     )
 
 
@@ -470,12 +476,10 @@ def test_a_compile_of_an_eager_transformation_is_budgeted_and_booked():
     g(X)
     with pytest.raises(es.RecompileError) as info:
         jax.vmap(g)(jnp.stack([X, X]))
-    assert str(info.value) == (
-        "test_a_compile_of_an_eager_transformation_is_budgeted_and_booked.<locals>.g: "
-        "compile 2 exceeds `max_compiles=1`: JAX compiled a transformed program.\n"
-        "Earlier compiles (what changed from the one before):\n  compile 1: first "
-        "call\nAn eager `jax.grad` or `jax.vmap` compiles each transformed program: "
-        f"put the transformation under a `jax.jit`. {_EXPECTED}"
+    assert str(info.value) == _second_compile(
+        "test_a_compile_of_an_eager_transformation_is_budgeted_and_booked.<locals>.g",
+        "JAX compiled a transformed program",
+        _TRANSFORMED_FIX,
     )
     info_ = g.cache_info()
     assert (info_.hits, info_.misses, g.compile_info().compiles) == (0, 2, 1)
@@ -504,12 +508,10 @@ def test_the_budget_error_after_a_first_use_under_a_transformation():
     jax.grad(f)(X)
     with pytest.raises(es.RecompileError) as info:
         f(X)
-    assert str(info.value) == (
-        "test_the_budget_error_after_a_first_use_under_a_transformation.<locals>.f: "
-        "compile 2 exceeds `max_compiles=1`: first call outside a transformation.\n"
-        "Earlier compiles (what changed from the one before):\n  compile 1: first "
-        "call\nAn eager `jax.grad` or `jax.vmap` compiles each transformed program: "
-        f"put the transformation under a `jax.jit`. {_EXPECTED}"
+    assert str(info.value) == _second_compile(
+        "test_the_budget_error_after_a_first_use_under_a_transformation.<locals>.f",
+        "first call outside a transformation",
+        _TRANSFORMED_FIX,
     )
 
 
