@@ -321,3 +321,66 @@ class Net(es.Module):
 def make_net(seed: int = 0) -> Net:
     mlp = eqx.nn.MLP(8, 1, width_size=32, depth=3, key=jax.random.key(seed))
     return Net(mlp=mlp)
+
+
+class Link(es.Module):
+    """One module of a chain: its own array, a static `k`, the next link."""
+
+    w: jax.Array
+    child: Any
+    k: int = eqx.field(static=True)
+
+
+class EqxLink(eqx.Module):
+    w: jax.Array
+    child: Any
+    k: int = eqx.field(static=True)
+
+
+def chain(depth: int) -> tuple[Any, Any]:
+    """Modules nested `depth` deep; `m(x)` adds the outermost 16 `w`s."""
+
+    def body(self, x):
+        link = self.head
+        for _ in range(min(READS, depth)):
+            x, link = x + link.w, link.child
+        return x
+
+    def build(link_cls: type) -> Any:
+        link = None
+        for i, w in enumerate(arrays(depth)):
+            link = link_cls(w, link, i)
+        return link
+
+    es_cls = _class(
+        f"Chain{depth}",
+        es.Module,
+        {"__annotations__": {"head": Link}, "__call__": es.jit(body)},
+    )
+    eqx_cls = _class(
+        f"EqxChain{depth}",
+        eqx.Module,
+        {"__annotations__": {"head": EqxLink}, "__call__": body},
+    )
+    return es_cls(build(Link)), eqx_cls(build(EqxLink))
+
+
+def mlp(leaves: int) -> tuple[Any, Any]:
+    """An `eqx.nn.MLP` of `leaves` arrays (weights and biases) inside a module;
+    `m(x)` applies its first layer."""
+
+    def body(self, x):
+        return self.mlp.layers[0](x)
+
+    net = eqx.nn.MLP(4, 4, width_size=4, depth=leaves // 2 - 1, key=jax.random.key(0))
+    es_cls = _class(
+        f"Mlp{leaves}",
+        es.Module,
+        {"__annotations__": {"mlp": eqx.nn.MLP}, "__call__": es.jit(body)},
+    )
+    eqx_cls = _class(
+        f"EqxMlp{leaves}",
+        eqx.Module,
+        {"__annotations__": {"mlp": eqx.nn.MLP}, "__call__": body},
+    )
+    return es_cls(net), eqx_cls(net)

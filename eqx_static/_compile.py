@@ -1,28 +1,26 @@
-"""The miss path, the books, and programs provably the same.
+"""The miss path, and the books.
 
 Each key has its own C++ dispatcher (JAX's `PjitFunction`, as a `jax.jit` has): it
-serves the key's hits and calls `_cache_miss` for anything else (new avals, a new
-context, a transformation). A miss traces and lowers the call with the key's
-`jax.jit`, installs the executable of a compiled program provably the same
-(`Fingerprint`, `same`) or compiles, and lets that `jax.jit` run it and hand the
-dispatcher what it keeps to serve the next such call in C++. A key keeps its
-`jax.jit` only if it compiled a program or ran under a transformation.
+serves the key's hits and calls `cache_miss` for anything else (new avals, a new
+context, a transformation). A miss at the top level runs in three steps: trace and
+lower the call with the key's own `jax.jit`; decide: reuse the executable of a
+program provably the same (`_sharing`), or compile; install that executable and
+run, which hands the dispatcher what it keeps to serve the next such call in C++.
+Under a transformation the call is staged, as `eqx.filter_jit` stages it.
 
-Compiles are booked from JAX's own events (`jax.monitoring`) in a window around
-everything a miss asks of JAX: whatever JAX compiles for the function meanwhile,
-asked for or not, is counted and budgeted. No lock is held while JAX traces,
-compiles or runs.
-"""
+Compiles are booked from JAX's own `jax.monitoring` events, which name each
+compile by its program; each function's programs have a name of their own, so a
+compile JAX makes when no call of it is running (in an eager `jax.checkpoint`,
+the backward program of an eager `jax.grad`) is booked too. No lock is held while
+JAX traces, compiles or runs."""
 
+import collections
 import contextlib
 import dataclasses
 import functools
-import hashlib
 import itertools
 import os
-import re
 import threading
-import types
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -30,53 +28,16 @@ from typing import Any, Final, NamedTuple
 
 import jax
 import jax.tree_util as jtu
-import numpy as np
 from jax.core import Tracer
 
-from . import _compat as jx, _key, _report as rp
-from ._key import Key
-from ._module import is_module_type
+from . import _jax, _report
+from ._fields import ARRAY_TYPES
+from ._key import build_call, first_class, Key, leaf_visits, leaves_of_first, make_guard
+from ._report import Change, Compile, Seen
+from ._sharing import Fingerprint, fingerprint, same_program, structure
 
 
-jx.hide_frames(__file__)
-
-
-class Fingerprint(NamedTuple):
-    """What decides whether two lowerings are one program."""
-
-    digest: bytes  # SHA-256 of the module, constants in full, no source locations
-    arguments: tuple  # the compile arguments, compared by `==`
-    callbacks: tuple  # host callbacks and objects kept alive, compared by `same`
-
-
-@dataclasses.dataclass(eq=False)
-class Program:
-    """One XLA compile: the executable of every key whose program is the same."""
-
-    number: int  # among this function's compiles, from 1
-    fingerprint: Fingerprint | None  # None: never shared
-    executable: Any
-    ops: tuple  # `rp.ops_of`, for `rp.differ_of`
-    structure: bytes | None  # the module's digest with its constants masked
-    users: int = 0  # signatures that run it
-
-    @property
-    def has_callbacks(self) -> bool:
-        return self.fingerprint is None or bool(self.fingerprint.callbacks)
-
-
-class Entry:
-    """One compile key: its dispatcher, its `jax.jit`, and what it runs for each
-    signature (avals and JAX's context) it ran."""
-
-    __slots__ = ("call", "dispatch", "helper", "key", "runs", "used")
-    call: Callable  # what a hit calls: the dispatcher, maybe wrapped
-    dispatch: Any  # C++: serves the key's hits, calls `_cache_miss`
-
-    def __init__(self, key: Key):
-        self.key, self.used = key, 0  # `used`: when last called, for `maxsize`
-        self.helper: Any = None  # its `jax.jit`, called by the miss path only
-        self.runs: dict[tuple, Program | None] = {}
+_jax.hide_frames(__file__)
 
 
 class CacheInfo(NamedTuple):
@@ -107,8 +68,8 @@ class CacheInfo(NamedTuple):
 
 class CompileInfo(NamedTuple):
     """The XLA compiles of an [`eqx_static.jit`][] function since its cache was
-    cleared (every one JAX made while a call of it ran), the programs its keys run
-    now (keys whose programs are the same share one), and the seconds compiling.
+    cleared (every one JAX made for it), the programs its keys run now (keys whose
+    programs are the same share one), and the seconds spent compiling.
 
     !!! example
 
@@ -134,208 +95,325 @@ class CompileInfo(NamedTuple):
     seconds: float
 
 
+class Program:
+    """One XLA compile: the executable of every key whose program is the same."""
+
+    __slots__ = ("executable", "fingerprint", "number", "ops", "structure", "users")
+
+    def __init__(self, fp: Fingerprint | None, executable: Any, ops: tuple,
+                 structure: bytes | None, number: int):  # fmt: skip
+        self.fingerprint, self.executable, self.ops = fp, executable, ops
+        self.structure, self.number, self.users = structure, number, 0
+
+
+class Entry:
+    """One key: its dispatcher, its guard, and the program it runs for each
+    signature (avals and JAX's context) it ran."""
+
+    __slots__ = ("call", "dispatch", "guard", "helper", "key", "runs", "used")
+
+    def __init__(self, key: Key):
+        self.key, self.used = key, 0  # `used`: when last called, for `maxsize`
+        self.call: Callable = _unset  # what a hit calls: the dispatcher, maybe wrapped
+        self.dispatch: Any = None
+        self.guard: Callable | None = None  # `_key.make_guard`
+        self.helper: Any = None  # its `jax.jit`, for the miss path only
+        self.runs: dict[tuple, Program] = {}
+
+
+def _unset(*leaves: Any) -> Any:
+    raise AssertionError("an entry is called before it is made")
+
+
 def _read(counter: "itertools.count[int]") -> int:
     return int(repr(counter)[6:-1])  # its next value, without advancing it
 
 
-class Cache:
-    """The keys, programs and books of one function, shared by every wrapper of it
-    with the same options. The lock guards bookkeeping only."""
+class Function:
+    """One `es.jit` function: what its miss path knows, its keys, programs and
+    books. Shared by every wrapper of the same function with the same options; the
+    lock guards bookkeeping only."""
 
-    def __init__(self, maxsize: int | None):
-        self.maxsize = maxsize
+    def __init__(self, fn: Callable, fn_key: Key | None, n_fn: int, argnames: tuple,
+                 donate: str, maxsize: int | None, max_compiles: int | None,
+                 warn_after: int | None):  # fmt: skip
+        # A plain function is held weakly (its cache dies with it); any other
+        # callable is rebuilt from its key and traced leaves.
+        self.fn_ref = weakref.ref(fn) if fn_key is None else None
+        self.fn_key, self.n_fn, self.argnames, self.donate = (
+            fn_key,
+            n_fn,
+            argnames,
+            donate,
+        )
+        self.maxsize, self.max_compiles, self.warn_after = (
+            maxsize,
+            max_compiles,
+            warn_after,
+        )
+        self.qualname: str = getattr(fn, "__qualname__", repr(fn))
+        self.short: str = getattr(fn, "__name__", "fn")
+        self.method = argnames[:1] == ("self",)
+        self.quiet = donate in ("all", "all-except-first")
+        self.lock = threading.Lock()
         self.entries: dict[Key, Entry] = {}
-        self.calls = itertools.count()  # counted in C: no lock, no lost increment
+        self.slots: dict[type | None, Entry] = {}  # the last entry per first class
+        self.calls = itertools.count()  # counted in C at the end of every call
         self.clock = itertools.count(1)  # for `Entry.used`
-        self.misses = self.at_clear = 0
-        self.programs: dict[bytes, list[Program]] = {}  # by module digest
+        self.misses = self.at_clear = self.size = 0  # size: signatures held
+        self.programs: dict[bytes, list[Program]] = {}  # shareable, by digest
+        self.held: dict[int, Program] = {}  # every program a signature runs, by id
         self.compiling: dict[bytes, threading.Event] = {}  # by module digest
-        self.history: list[rp.Compile] = []  # every XLA compile since `clear`
+        self.history: list[Compile] = []  # every XLA compile since `clear`
+        self.recent: collections.deque[Seen] = collections.deque(maxlen=64)
         self.reused: dict[str, int] = {}  # name -> misses that changed it, shared
         self.warned = False
-        self.lock = threading.Lock()
+        self.program_name = _claim_name(self, fn)
+
+    # What the wrappers read.
 
     def info(self) -> CacheInfo:
         with self.lock:
             calls = _read(self.calls) - self.at_clear
-            size = sum(len(e.runs) for e in self.entries.values())
-            return CacheInfo(calls - self.misses, self.misses, self.maxsize, size)
+            return CacheInfo(calls - self.misses, self.misses, self.maxsize, self.size)
 
     def compile_info(self) -> CompileInfo:
         with self.lock:
-            programs = sum(p.users > 0 for ps in self.programs.values() for p in ps)
             seconds = sum(c.seconds for c in self.history)
-            return CompileInfo(len(self.history), programs, seconds)
+            return CompileInfo(len(self.history), len(self.held), seconds)
 
     def clear(self) -> None:
         with self.lock:
-            for d in (self.entries, self.programs, self.history, self.reused):
+            for e in self.entries.values():
+                e.runs.clear()
+            for d in (self.entries, self.slots, self.programs, self.held, self.reused):
                 d.clear()
-            self.at_clear, self.misses, self.warned = _read(self.calls), 0, False
-
-    def known(self) -> list[rp.Seen]:
-        with self.lock:
-            es = self.entries.values()
-            return [rp.Seen(e.key, s, c, p) for e in es for (s, c), p in e.runs.items()]
-
-    def book_miss(self, reused: Sequence[rp.Change] = ()) -> None:
-        """Count a miss; `reused`: what changed in it, if it shared a program."""
-        with self.lock:
-            self.misses += 1
-            for c in reused:
-                self.reused[c.name] = self.reused.get(c.name, 0) + 1
-
-    def running(self, lowering: Any) -> Program | None:
-        """The program whose XLA executable `lowering` holds, if it holds one."""
-        if lowering is None or (executable := jx.executable_of(lowering)) is None:
-            return None
-        xla = jx.xla_executable(executable)
-        with self.lock:
-            ps = [p for ps in self.programs.values() for p in ps]
-        return next((p for p in ps if jx.xla_executable(p.executable) is xla), None)
-
-    def find(self, fp: Fingerprint | None) -> Program | None:
-        """A compiled program provably the same as `fp`; else `fp` is marked as
-        compiling until `done`, and a `find` of the same module waits for it."""
-        while fp is not None:
-            with self.lock:
-                for p in self.programs.get(fp.digest, ()):
-                    if p.fingerprint is not None and same_program(p.fingerprint, fp):
-                        return p
-                event = self.compiling.get(fp.digest)
-                if event is None:
-                    self.compiling[fp.digest] = threading.Event()
-                    return None
-            event.wait()
-        return None
-
-    def done(self, marked: Fingerprint | None, new: Program | None) -> None:
-        """Register `new`, and release the calls waiting on `marked`."""
-        with self.lock:
-            if new is not None and new.fingerprint is not None:
-                self.programs.setdefault(new.fingerprint.digest, []).append(new)
-            event = None if marked is None else self.compiling.pop(marked.digest, None)
-        if event is not None:
-            event.set()
-
-    def add_run(self, entry: Entry, run: tuple, program: Program | None) -> None:
-        """`entry` runs `program` for `run`; past `maxsize`, evict other keys (LRU)."""
-        with self.lock:
-            if (old := entry.runs.get(run)) is not None:
-                old.users -= 1
-            entry.runs[run] = program
-            if program is not None:
-                program.users += 1
-            self.entries.setdefault(entry.key, entry)  # evicted meanwhile: back
-            size = sum(len(e.runs) for e in self.entries.values())
-            for other in sorted(self.entries.values(), key=lambda e: e.used):
-                if self.maxsize is None or size <= self.maxsize:
-                    break
-                if other is not entry:
-                    del self.entries[other.key]
-                    size -= len(other.runs)
-                    self.release(other)
-
-    def release(self, entry: Entry) -> None:
-        """`entry` runs nothing any more; a program nobody runs is forgotten."""
-        for p in entry.runs.values():
-            if p is not None and p.fingerprint is not None:
-                p.users -= 1
-                same = self.programs.get(p.fingerprint.digest, [])
-                same[:] = [q for q in same if q.users > 0]
-                if not same:
-                    self.programs.pop(p.fingerprint.digest, None)
-        entry.runs.clear()
-
-
-class Function:
-    """What the miss path knows of an `es.jit` function (made by its wrapper)."""
-
-    def __init__(self, fn: Callable, fn_node: Any, n_fn: int, argnames: tuple,
-                 donate: str, max_compiles: int | None, warn_after: int | None,
-                 cache: Cache):  # fmt: skip
-        # A plain function is held weakly (its cache dies with it); any other
-        # callable is rebuilt from its node and traced leaves.
-        self.fn_node = None if type(fn) is types.FunctionType else fn_node
-        self.fn_ref = weakref.ref(fn) if self.fn_node is None else None
-        self.n_fn, self.argnames, self.donate = n_fn, argnames, donate
-        self.qualname: str = getattr(fn, "__qualname__", repr(fn))
-        self.short: str = getattr(fn, "__name__", "fn")
-        self.method = False  # set when the wrapper is a class attribute
-        self.max_compiles, self.warn_after, self.cache = max_compiles, warn_after, cache
-        self.quiet = donate in ("all", "all-except-first")
+            self.history.clear()
+            self.recent.clear()
+            self.at_clear, self.misses, self.size = _read(self.calls), 0, 0
+            self.warned = False
 
     def name(self, key: Key) -> str:
         """`Class.method` for a method called on a module, else the qualname."""
-        if self.method and key.args and _key.is_module_node(key.args[0]):
-            return f"{key.args[0][0].__qualname__}.{self.short}"
-        return self.qualname
+        cls = first_class(key) if self.method else None
+        return self.qualname if cls is None else f"{cls.__qualname__}.{self.short}"
 
-    def check_budget(
-        self, changes: Sequence[rp.Change], differ: rp.Differ | None
-    ) -> None:
+    def callable(self, leaves: Sequence) -> Callable:
+        if self.fn_ref is not None:
+            fn = self.fn_ref()
+            assert fn is not None, "a live wrapper holds its function"
+            return fn
+        assert self.fn_key is not None
+        return build_call(self.fn_key, leaves)[0][0]
+
+    # The books.
+
+    def book_miss(self, changes: Sequence[Change] = ()) -> None:
+        """Count a miss; `changes`: what changed in it, if it shared a program."""
+        with self.lock:
+            self.misses += 1
+            for c in changes:
+                self.reused[c.name] = self.reused.get(c.name, 0) + 1
+
+    def check_budget(self, changes: Sequence[Change], differ: Any) -> None:
         """Raise `RecompileError` if one more XLA compile exceeds `max_compiles`."""
-        limit, history = self.max_compiles, self.cache.history
+        limit, history = self.max_compiles, self.history
         if limit is not None and len(history) >= limit:
-            raise rp.budget_error(self.qualname, limit, history, changes, differ)
+            raise _report.budget_error(self.qualname, limit, history, changes, differ)
+
+    def find(self, fp: Fingerprint, mark: list) -> Program | None:
+        """A program provably the same as `fp`; else `fp` is marked as compiling
+        (in `mark`, before the mark is set) until `unmark`, and a `find` of the same
+        module waits for it."""
+        while True:
+            with self.lock:
+                for p in self.programs.get(fp.digest, ()):
+                    if same_program(p.fingerprint, fp):  # pyright: ignore[reportArgumentType]
+                        return p
+                event = self.compiling.get(fp.digest)
+                if event is None:
+                    mark.append(fp.digest)
+                    self.compiling[fp.digest] = threading.Event()
+                    return None
+            event.wait()
+
+    def unmark(self, mark: list) -> None:
+        with self.lock:
+            events = [self.compiling.pop(d, None) for d in mark]
+            mark.clear()
+        for event in events:
+            if event is not None:
+                event.set()
+
+    def running(self, lowering: Any) -> Program | None:
+        """The program whose executable a lowering holds, if it was compiled."""
+        if lowering is None or (executable := _jax.executable_of(lowering)) is None:
+            return None
+        xla = _jax.xla_executable(executable)
+        with self.lock:
+            held = list(self.held.values())
+        return next((p for p in held if _jax.xla_executable(p.executable) is xla), None)
+
+    def add_run(self, entry: Entry, sig: tuple, program: Program) -> None:
+        """`entry` runs `program` for `sig`; past `maxsize`, evict other keys."""
+        with self.lock:
+            if self.entries.setdefault(entry.key, entry) is not entry:
+                return  # evicted meanwhile, and made again: that entry holds it
+            old = entry.runs.get(sig)
+            if old is None:
+                self.size += 1
+            else:
+                self._release(old)
+            entry.runs[sig] = program
+            program.users += 1
+            fp = program.fingerprint
+            if program.users == 1:
+                self.held[id(program)] = program
+                if fp is not None:
+                    self.programs.setdefault(fp.digest, []).append(program)
+            self.recent.append(Seen(entry.key, sig[0], sig[1], program))
+            while self.maxsize is not None and self.size > self.maxsize:
+                others = [e for e in self.entries.values() if e is not entry]
+                if not others:
+                    break
+                self._evict(min(others, key=lambda e: e.used))
+
+    def make_room(self, entry: Entry) -> None:
+        """Empty a key that alone holds `maxsize` signatures, JAX's caches too."""
+        if self.maxsize is None or len(entry.runs) < self.maxsize:
+            return
+        with self.lock:
+            self._empty(entry)
+        _jax.clear(entry.dispatch)
+        entry.helper = None
+
+    def _evict(self, entry: Entry) -> None:
+        del self.entries[entry.key]
+        for cls in [c for c, e in self.slots.items() if e is entry]:
+            del self.slots[cls]
+        self._empty(entry)
+        self.recent = collections.deque(
+            (s for s in self.recent if s.key is not entry.key), maxlen=64
+        )
+        if entry.dispatch is not None and _jax.DISPATCH:
+            _jax.clear(entry.dispatch)  # its executables go with it
+        entry.helper = None
+
+    def _empty(self, entry: Entry) -> None:
+        for p in entry.runs.values():
+            self._release(p)
+        self.size -= len(entry.runs)
+        entry.runs.clear()
+
+    def _release(self, p: Program) -> None:
+        p.users -= 1
+        if p.users == 0:
+            self.held.pop(id(p), None)
+        if p.users == 0 and p.fingerprint is not None:
+            same = self.programs.get(p.fingerprint.digest, [])
+            same[:] = [q for q in same if q is not p]
+            if not same:
+                self.programs.pop(p.fingerprint.digest, None)
+
+
+# Each function's programs are named `jit(<name>)` in JAX's compile events: a
+# dotted name no plain `jax.jit` takes (it names a program by `__name__`), made
+# unique among the live functions.
+_by_name: Final = weakref.WeakValueDictionary[str, Function]()
+_names_lock: Final = threading.Lock()
+
+
+def _claim_name(f: Function, fn: Callable) -> str:
+    base = (
+        f.qualname
+        if "." in f.qualname
+        else f"{getattr(fn, '__module__', None) or 'es'}.{f.qualname}"
+    )
+    with _names_lock:
+        name, n = base, 1
+        while name in _by_name:
+            n += 1
+            name = f"{base}#{n}"
+        _by_name[name] = f
+    return name
+
+
+def _named(fun_name: Any) -> Function | None:
+    """The function whose program JAX names `jit(<name>)`, maybe transformed
+    (`jit(transpose(jvp(<name>)))`)."""
+    name = str(fun_name)
+    while name.endswith(")") and "(" in name:
+        name = name[name.index("(") + 1 : -1]
+    return _by_name.get(name)
 
 
 class _Local(threading.local):
     traces = 0  # traces made in this thread
-    window: "_Window | None" = None  # where a compile is booked
+    window: "_Window | None" = None  # the innermost miss running in this thread
 
 
 _local: Final = _Local()
 
 
 # ----------------------------------------------------------------------------------
-# A key's dispatcher.
+# A key's dispatcher and entry.
 
 
-def new_entry(f: Function, key: Key, leaves: Sequence) -> Entry:
+def new_entry(f: Function, key: Key, leaves: Sequence, args: tuple) -> Entry:
     """A key's entry, in the cache at once: a call from another thread during its
     first miss finds it, and JAX's dispatcher makes it wait instead of tracing."""
     entry = Entry(key)
-    _new_dispatch(f, entry, leaves)
-    with f.cache.lock:
-        return f.cache.entries.setdefault(key, entry)
-
-
-def _new_dispatch(f: Function, entry: Entry, leaves: Sequence) -> None:
-    miss = functools.partial(_cache_miss, f, entry)
-    donated = _donated(f, entry.key, leaves)
-    entry.dispatch = jx.dispatcher(f.short, _traced(f, entry.key, True), miss, donated)
-    entry.call, entry.helper = _calling(f, entry, reports=False), None
+    donated = _donated(f, key, leaves)
+    if _jax.DISPATCH:
+        try:
+            miss = functools.partial(cache_miss, f, entry)
+            entry.dispatch = _jax.dispatcher(
+                f.program_name, _traced(f, key, eager=True), miss, donated
+            )
+        except Exception as e:  # a JAX whose dispatcher is built otherwise
+            _jax.no_dispatcher(f"{type(e).__name__}: {e}")
+    if not _jax.DISPATCH:
+        entry.dispatch = _public(f, entry, donated)
+    entry.call = _calling(f, entry, reports=False)
+    entry.guard = make_guard(key, args)
+    with f.lock:
+        return f.entries.setdefault(key, entry)
 
 
 def _calling(f: Function, entry: Entry, reports: bool) -> Callable:
     """What a hit calls: the dispatcher, reporting `eqx.error_if` failures as
     Equinox does if a program may hold one, quiet with `donate="all"`."""
-    call = rp.reporting_errors(entry.dispatch) if reports else entry.dispatch
+    call = _report.reporting_errors(entry.dispatch) if reports else entry.dispatch
     return _quiet(f)(call) if f.quiet else call
 
 
-def _traced(f: Function, key: Key, eager: bool = False) -> Callable:
+def _traced(
+    f: Function, key: Key, eager: bool = False, name: str | None = None
+) -> Callable:
     """What `jax.jit` traces for `key` (and runs under `jax.disable_jit()`)."""
 
     def traced(*_es_leaves: Any) -> Any:
-        _local.traces += 1
-        n, ref = f.n_fn, f.fn_ref
-        fn = ref() if ref else _key.deep(_key.build, f.fn_node, iter(_es_leaves[:n]))
-        assert fn is not None, "a live wrapper holds its function"
-        args, kwargs = _key.deep(_key.build_call, key, _es_leaves[n:])
+        n = f.n_fn
+        fn = f.callable(_es_leaves[:n])
+        args, kwargs = build_call(key, _es_leaves[n:])
         if eager:
-            f.cache.book_miss()  # it runs, eagerly, as under `eqx.filter_jit`
+            f.book_miss()  # it runs, eagerly, as under `eqx.filter_jit`
+        else:
+            _local.traces += 1
+            _note_trace(f, key, _es_leaves)
         try:
             out = fn(*args, **kwargs)
         except Exception as e:
-            error = rp.traced_field_error(f.name(key), e, key, f.argnames, n)
+            error = _report.traced_field_error(
+                f.name(key), e, leaf_visits(key, f.argnames), n
+            )
             if error is None:
                 raise
             raise error.with_traceback(e.__traceback__) from None
         return split(out)
 
-    traced.__name__, traced.__qualname__ = f.short, f.qualname
+    traced.__name__ = name or f.program_name
+    traced.__qualname__ = f.qualname
     return traced
 
 
@@ -343,8 +421,8 @@ def _donated(f: Function, key: Key, leaves: Sequence) -> tuple[int, ...]:
     """The positions of the array leaves whose buffers `donate` gives to XLA."""
     if f.donate == "none":
         return ()
-    n = _key.count_leaves(key.args[0]) if f.donate.endswith("first") and key.args else 0
-    kept = range(f.n_fn, f.n_fn + n)
+    first = leaves_of_first(key) if f.donate.endswith("first") else 0
+    kept = range(f.n_fn, f.n_fn + first)
     return tuple(
         i for i, x in enumerate(leaves) if i not in kept and isinstance(x, jax.Array)
     )
@@ -360,119 +438,157 @@ def _quiet(f: Function) -> Iterator[None]:
         yield
 
 
+def _helper(f: Function, key: Key, leaves: Sequence) -> Any:
+    """A `jax.jit` of the key's traced function, for the miss path only."""
+    return _jax.jax_jit(_traced(f, key), donate_argnums=_donated(f, key, leaves))
+
+
 # ----------------------------------------------------------------------------------
 # The miss path.
 
 
-def _cache_miss(f: Function, entry: Entry, *leaves: Any) -> tuple:
+def cache_miss(f: Function, entry: Entry, *leaves: Any) -> tuple:
     """The outputs, and what the dispatcher keeps to serve the next such call. It
-    must not wait for the program: the dispatcher holds other calls of this
+    must not wait for the program to run: the dispatcher holds other calls of this
     signature until it returns, and the program's callbacks may make them."""
     __tracebackhide__ = True
     # `eqx.error_if` records the frames of its trace up to this marker (the name is
     # Equinox's): a new one per miss, as `eqx.filter_jit` makes one per call.
     __equinox_jit_id__ = os.urandom(16)
-    previous, rp.marker.current = rp.marker.current, __equinox_jit_id__
+    previous, _report.marker.current = _report.marker.current, __equinox_jit_id__
     try:
         with _quiet(f):
-            if jx.under_transformation() or any(isinstance(x, Tracer) for x in leaves):
+            if _jax.under_transformation() or any(
+                isinstance(x, Tracer) for x in leaves
+            ):
                 return (_staged(f, entry, leaves), None, False)
             return _top_level(f, entry, leaves)
     finally:
-        rp.marker.current = previous
+        _report.marker.current = previous
+
+
+class _Miss:
+    """What one miss at the top level learnt, step by step."""
+
+    def __init__(self, f: Function, entry: Entry, leaves: tuple):
+        self.f, self.entry, self.leaves = f, entry, leaves
+        self.sig = _signature(leaves, f.n_fn)
+        self.window = _Window(f)
+        self.traces = _local.traces
+        self.helper: Any = None
+        self.lowered: Any = None
+        self.jaxpr: Any = None
+        self.shared: Program | None = None  # a compiled program it runs
+        self.mark: list[bytes] = []  # the module it marked as compiling
+
+    @property
+    def traced(self) -> bool:
+        return _local.traces != self.traces
 
 
 def _top_level(f: Function, entry: Entry, leaves: tuple) -> tuple:
-    """Trace and lower, reuse or compile, run. A miss if it traced or compiled; else
-    a hit (the dispatcher had seen another kind of input: a NumPy array, say)."""
-    cache, run = f.cache, _signature(leaves)
-    pgle = jx.pgle_enabled()  # JAX compiles in the call then, with its profile
-    w, traces, shared = _Window(f), _local.traces, False
+    """Trace and lower, decide, install and run. A miss if it traced or compiled;
+    else a hit (the dispatcher had not seen this kind of input: a NumPy array)."""
+    miss = _Miss(f, entry, leaves)
     try:
-        with w:
-            if pgle and entry.helper is not None:
-                return _run(entry.helper, leaves)
-            staged = entry.helper is not None and not entry.runs  # used transformed
-            known = cache.known()  # what the call is explained against: before
-            _make_room(f, entry)  # the room made for it takes a signature away
-            helper = entry.helper or _helper(f, entry.key, leaves)
-            traced = helper.trace(*leaves)
-            lowered = traced.lower()
-            lowering = jx.lowering_of(lowered)
-            w.changes, closest = rp.explain(known, entry.key, run, f.argnames)
-            if staged and not w.changes:
-                w.changes = [_UNTRANSFORMED]
-            fp = None if pgle else fingerprint(traced.jaxpr, lowering)
-            # JAX's lowering cache may give a lowering compiled already (the inputs'
-            # shardings compare equal to an earlier call's: `P()`, `P(None)`).
-            program, marked = cache.running(lowering), None
-            if program is None and _sharing:
-                program = cache.find(fp)  # None: `fp` is marked as compiling
-                marked = fp if program is None else None
-            try:
-                if program is not None:
-                    shared = True
-                    jx.set_executable(lowering, program.executable)
-                else:  # the key keeps its `jax.jit`: it compiled a program
-                    program = _compile(w, entry, traced, lowered, fp, closest, known)
-                    shared, entry.helper = program is not None and not w.number, helper
-            finally:
-                cache.done(marked, None if shared else program)
-            if shared and _local.traces != traces:
-                assert program is not None
-                again = f"same program as compile {program.number}, not compiled again"
-                rp.log(f.name(entry.key), "traced", len(known), w.changes, again)
-            w.expect_none = program is not None
-            cache.add_run(entry, run, program)
-            if program is None or program.has_callbacks:
-                entry.call = _calling(f, entry, reports=True)
-            try:
-                return _run(helper, leaves)
-            except BaseException:
-                # JAX's dispatcher falls back to Python for a signature whose first
-                # run raised: later calls come here, through this `jax.jit`.
-                entry.helper = helper
-                raise
+        with miss.window:
+            if _jax.pgle_enabled() and entry.helper is not None:
+                return _run(entry.helper, leaves)  # JAX compiles with its profile
+            _trace_and_lower(miss)
+            program = _decide(miss)
+            return _install_and_run(miss, program)
     finally:
-        if _local.traces != traces or w.number:
-            cache.book_miss(w.changes if shared else ())
-            n = f.warn_after
-            if n and not cache.warned and len(cache.history) >= n:
-                name = f.name(entry.key)
-                cache.warned = rp.storm(name, cache.history, cache.reused, n)
+        f.unmark(miss.mark)  # on every path: an interrupted miss leaves no mark
+        if miss.traced or miss.window.number:
+            f.book_miss(miss.window.changes if miss.shared else ())
+            if f.warn_after and not f.warned and len(f.history) >= f.warn_after:
+                f.warned = _report.storm(
+                    f.name(entry.key), f.history, f.reused, f.warn_after
+                )
 
 
-def _compile(w: "_Window", entry: Entry, traced: Any, lowered: Any,
-             fp: Fingerprint | None, closest: rp.Seen | None,
-             known: list) -> Program | None:  # fmt: skip
-    """Compile, once the budget allows (or leave it to the call that follows: JAX's
-    profile-guided path). If JAX's own caches serve it, it is the program whose XLA
-    executable they gave."""
-    lowering = jx.lowering_of(lowered)
-    w.structure = None if lowering is None else _structure(lowering)
-    w.differ = rp.differ_of(closest, w.changes, traced.jaxpr, w.structure)
-    w.f.check_budget(w.changes, w.differ)
+def _trace_and_lower(miss: _Miss) -> None:
+    f, entry, w = miss.f, miss.entry, miss.window
+    staged = entry.helper is not None and not entry.runs  # first used transformed
+    w.known = f.size
+    known = list(f.recent)  # what the call is explained against: before room is made
+    f.make_room(entry)
+    miss.helper = entry.helper or _helper(f, entry.key, miss.leaves)
+    traced = miss.helper.trace(*miss.leaves)
+    miss.lowered, miss.jaxpr = traced.lower(), traced.jaxpr
+    w.changes, w.closest = _report.explain(
+        known, entry.key, miss.sig, f.argnames, f.n_fn
+    )
+    if staged and not w.changes:
+        w.changes = [_UNTRANSFORMED]
+
+
+def _decide(miss: _Miss) -> Program:
+    """A compiled program provably the same, or a new compile."""
+    f = miss.f
+    lowering = _jax.lowering_of(miss.lowered)
+    fp = None if _jax.pgle_enabled() else fingerprint(lowering)
+    # JAX's lowering cache may give a lowering compiled already (a new sharding
+    # that compares equal to one this key ran: `P()`, `P(None)`).
+    program = f.running(lowering)
+    if program is None and fp is not None:
+        program = f.find(fp, miss.mark)  # None: marked, until it is registered
+    if program is not None:
+        miss.shared = program
+        return program
+    return _compile(miss, lowering, fp)
+
+
+def _compile(miss: _Miss, lowering: Any, fp: Fingerprint | None) -> Program:
+    """Compile once the budget allows; an unshareable program is compiled by the
+    call that follows (JAX's own miss), still inside the window that books it."""
+    f, w = miss.f, miss.window
+    w.structure = None if lowering is None else structure(lowering)
+    w.differ = _report.differ_of(w.closest, w.changes, miss.jaxpr, w.structure)
+    f.check_budget(w.changes, w.differ)
     w.planned = True
-    if fp is not None:
-        lowered.compile()
-        if not w.number and (same := w.f.cache.running(lowering)) is not None:
-            return same
-    rp.log(w.f.name(entry.key), "compiling", len(known), w.changes, w.differ)
-    executable = None if fp is None else jx.executable_of(lowering)
-    if executable is None:
-        return None  # compiled by the call that follows, booked by the window
-    ops = tuple(rp.ops_of(traced.jaxpr))
-    return Program(w.number, fp, executable, ops, w.structure)
+    _report.log(f.name(miss.entry.key), "compiling", w.known, w.changes, w.differ)
+    ops = tuple(_report.ops_of(miss.jaxpr))
+    if fp is None:
+        return Program(None, None, ops, w.structure, 0)
+    miss.lowered.compile()
+    return Program(fp, _jax.executable_of(lowering), ops, w.structure, w.number)
+
+
+def _install_and_run(miss: _Miss, program: Program) -> tuple:
+    f, entry, w = miss.f, miss.entry, miss.window
+    if miss.shared is not None and program.executable is not None:
+        _jax.set_executable(_jax.lowering_of(miss.lowered), program.executable)
+        w.installed = True
+    f.add_run(entry, miss.sig, program)
+    f.unmark(miss.mark)  # waiting misses of the same module find it now
+    if miss.shared is not None and miss.traced:
+        again = f"same program as compile {program.number}, not compiled again"
+        _report.log(f.name(entry.key), "traced", w.known, w.changes, again)
+    if program.fingerprint is None or program.fingerprint.callbacks:
+        entry.call = _calling(f, entry, reports=True)
+    if miss.shared is None or program.fingerprint is None:
+        entry.helper = miss.helper  # a key that shares a program keeps no lowering
+    try:
+        out = _run(miss.helper, miss.leaves)
+    except BaseException:
+        # JAX's dispatcher falls back to Python for a signature whose first run
+        # raised: later calls come here, through this `jax.jit`.
+        entry.helper = miss.helper
+        raise
+    if not program.number:
+        program.number = w.number
+    return out
 
 
 # What changed for a compile no value of the call explains.
-_UNTRANSFORMED: Final = rp.Change(
+_UNTRANSFORMED: Final = Change(
     "first call outside a transformation", "a transformed program", "transformed"
 )
-_TRANSFORMED: Final = rp.Change(
+_TRANSFORMED: Final = Change(
     "JAX compiled a transformed program", "a transformed program", "transformed"
 )
-_PGLE: Final = rp.Change(
+_PGLE: Final = Change(
     "JAX compiled it again (profile-guided)", "JAX's own compile", "jax"
 )
 
@@ -480,51 +596,44 @@ _PGLE: Final = rp.Change(
 def _staged(f: Function, entry: Entry, leaves: tuple) -> Any:
     """Stage the call into the outer trace through the key's `jax.jit`, as
     `eqx.filter_jit` does; what JAX compiles meanwhile (an eager `grad`) is booked."""
-    with f.cache.lock:
+    with f.lock:
         entry.helper = helper = entry.helper or _helper(f, entry.key, leaves)
-    if jx.jit_is_replaced():  # Equinox's breakpoint mode: through its `jax.jit`
+    if _jax.jit_is_replaced():  # Equinox's breakpoint mode: through its `jax.jit`
         helper = jax.jit(_traced(f, entry.key))
     w, traces, refused = _Window(f), _local.traces, False
     w.unplanned = _TRANSFORMED
     try:
         with w:
-            return rp.reporting_errors(helper)(*leaves)
-    except rp.RecompileError:  # a compile refused: a miss, as at the top level
+            return _report.reporting_errors(helper)(*leaves)
+    except _report.RecompileError:  # a compile refused: a miss, as at the top level
         refused = True
         raise
     finally:
         if _local.traces != traces or w.number or refused:
-            f.cache.book_miss()
+            f.book_miss()
         if _local.traces != traces:
-            known = f.cache.known()
-            changes, _ = rp.explain(known, entry.key, _signature(leaves), f.argnames)
-            what = "traced under a transformation"
-            rp.log(f.name(entry.key), what, len(known), changes)
-
-
-def _helper(f: Function, key: Key, leaves: Sequence) -> Any:
-    """A `jax.jit` of the key's traced function, for the miss path only."""
-    return jx.jax_jit(_traced(f, key), donate_argnums=_donated(f, key, leaves))
+            changes, _ = _report.explain(
+                list(f.recent),
+                entry.key,
+                _signature(leaves, f.n_fn),
+                f.argnames,
+                f.n_fn,
+            )
+            _report.log(
+                f.name(entry.key), "traced under a transformation", f.size, changes
+            )
 
 
 def _run(helper: Any, leaves: tuple) -> tuple:
     """`helper`'s own miss: it runs the call, and returns what a dispatcher keeps."""
     __tracebackhide__ = True
-    run = functools.partial(jx.jit_miss, helper)
-    return rp.reporting_errors(run, wait=False)(*leaves)
+    run = functools.partial(_jax.jit_miss, helper)
+    return _report.reporting_errors(run, wait=False)(*leaves)
 
 
-def _make_room(f: Function, entry: Entry) -> None:
-    """Empty a key that alone holds `maxsize` (a new dispatcher: JAX's goes too)."""
-    if f.cache.maxsize is not None and len(entry.runs) >= f.cache.maxsize:
-        with f.cache.lock:
-            f.cache.release(entry)
-        _new_dispatch(f, entry, ())
-
-
-def _signature(leaves: tuple) -> tuple:
+def _signature(leaves: tuple, n_fn: int) -> tuple:
     """What a key runs a program for: its leaves' avals, and JAX's context."""
-    return tuple(map(_aval, leaves)), jx.trace_context()
+    return tuple(map(_aval, leaves)), _jax.trace_context()
 
 
 def _aval(x: Any) -> tuple:
@@ -536,91 +645,142 @@ def _aval(x: Any) -> tuple:
 
 
 def lower_call(f: Function, key: Key, leaves: list) -> Any:
-    """`jax.stages.Lowered` for a call, by a `jax.jit` of its own: nothing booked."""
+    """`jax.stages.Lowered` for a call, by a `jax.jit` of its own whose programs are
+    named as the function is: an AOT compile is the caller's, not booked."""
     with _quiet(f):
-        return _helper(f, key, leaves).trace(*leaves).lower()
+        traced = _traced(f, key, name=f.short)
+        jitted = _jax.jax_jit(traced, donate_argnums=_donated(f, key, leaves))
+        return jitted.trace(*leaves).lower()
 
 
 # ----------------------------------------------------------------------------------
-# The books: every compile JAX reports while a window is open in this thread.
+# Without the per-key dispatcher (a JAX whose private names changed): each key runs
+# on a public `jax.jit`, a window around each call books what it traced and
+# compiled, and nothing is shared.
+
+
+def _public(f: Function, entry: Entry, donated: tuple) -> Callable:
+    jitted = _jax.jax_jit(_traced(f, entry.key), donate_argnums=donated)
+
+    def call(*leaves: Any) -> Any:
+        __tracebackhide__ = True
+        w, traces = _Window(f), _local.traces
+        w.fallback = not (
+            _jax.under_transformation() or any(isinstance(x, Tracer) for x in leaves)
+        )
+        w.unplanned = _PGLE if w.fallback else _TRANSFORMED
+        try:
+            with w:
+                return jitted(*leaves)
+        finally:
+            if _local.traces != traces or w.number:
+                f.book_miss()
+                with f.lock:
+                    if not entry.runs:
+                        f.size += 1
+                    entry.runs.setdefault(
+                        _signature(leaves, f.n_fn),
+                        Program(None, None, (), None, w.number),
+                    )
+                    f.entries.setdefault(entry.key, entry)
+
+    return call
+
+
+def _note_trace(f: Function, key: Key, leaves: tuple) -> None:
+    """Without the dispatcher, a trace at the top level is where a miss is
+    explained, before JAX compiles it."""
+    w = _local.window
+    if w is None or w.f is not f or not w.fallback:
+        return
+    sig = _signature(tuple(leaves), f.n_fn)
+    w.changes, w.closest = _report.explain(list(f.recent), key, sig, f.argnames, f.n_fn)
+    w.planned = True
+    _report.log(f.name(key), "compiling", f.size, w.changes)
+
+
+# ----------------------------------------------------------------------------------
+# The books: every compile JAX reports of a function's programs.
 
 
 class _Window:
-    """What this thread asks of JAX for one function: every compile JAX reports
-    meanwhile of a program of its name is booked to it, and budgeted."""
+    """A miss in this thread: a compile of the function's program meanwhile is
+    booked with the miss's explanation, and budgeted."""
 
     def __init__(self, f: Function):
-        self.f, self.fun_name = f, f"jit({f.short})"
+        self.f = f
         self.planned = False  # the compile about to start was asked for
-        self.expect_none = False  # an executable was installed: no compile is due
-        self.changes: Sequence[rp.Change] = ()  # these three: the compile's record
+        self.installed = False  # an executable was installed: no compile is due
+        self.changes: Sequence[Change] = ()  # these three: the compile's record
         self.structure: bytes | None = None
-        self.differ: rp.Differ | None = None
+        self.differ: Any = None
+        self.closest: Seen | None = None
+        self.known = 0  # signatures held when it started
         self.number = 0  # of the last compile booked
-        # What a compile this window did not ask for is (JAX compiling on its own).
-        self.unplanned = _PGLE
+        self.unplanned = _PGLE  # what a compile it did not ask for is
+        self.fallback = False  # a top-level call on a public `jax.jit`
         self.previous: _Window | None = None
 
     def __enter__(self) -> "_Window":
         self.previous, _local.window = _local.window, self
         return self
 
-    def what_changed(self) -> tuple[rp.Change, ...]:
-        """What changed for the compile JAX reports now: the miss path's
-        explanation, or, for a compile it did not ask for after the first, why JAX
-        compiled on its own."""
-        if self.planned or self.changes or not self.f.cache.history:
-            return tuple(self.changes)
-        return (self.unplanned,)
-
     def __exit__(self, *exc: Any) -> None:
         _local.window = self.previous
 
 
-def _window(event: str, kwargs: dict[str, Any]) -> "_Window | None":
-    """This thread's open window, if JAX reports a compile of its function."""
+def _window_of(f: Function) -> _Window | None:
     w = _local.window
-    if w is None or event != jx.COMPILE_EVENT or kwargs.get("fun_name") != w.fun_name:
-        return None
+    while w is not None and w.f is not f:
+        w = w.previous
     return w
 
 
+# A compile of a function's program while none of its calls runs in this thread:
+# JAX compiling a call staged earlier (an eager `jax.checkpoint`, the backward
+# program of an eager `jax.grad`).
+_OUT_OF_SIGHT: Final = Change(
+    "JAX compiled a call it had staged", "a transformed program", "transformed"
+)
+
+
+def _what_changed(f: Function, w: _Window | None) -> tuple[Change, ...]:
+    """What changed for the compile JAX reports now: the miss's explanation, or,
+    for a compile it did not ask for after the first, why JAX compiled on its own."""
+    if w is None:
+        return (_OUT_OF_SIGHT,) if f.history else ()
+    if w.planned or w.changes or not f.history:
+        return tuple(w.changes)
+    return (w.unplanned,)
+
+
 def _on_compile_start(event: str, value: float, **kwargs: Any) -> None:
-    if (w := _window(event, kwargs)) is None:
+    if event != _jax.COMPILE_EVENT or (f := _named(kwargs.get("fun_name"))) is None:
         return
-    if w.expect_none:  # this JAX compiled a lowering whose executable was installed
-        _stop_sharing()
-    elif not w.planned:  # JAX's own: profile-guided, or of a transformed program
-        w.f.check_budget(w.what_changed(), None)
+    w = _window_of(f)
+    if w is not None and w.installed:  # this JAX compiled what was installed
+        _jax.stop_sharing("it compiled a program whose executable es.jit had installed")
+    elif w is None or not w.planned:  # JAX's own: profile-guided, transformed
+        f.check_budget(_what_changed(f, w), None)
 
 
 def _on_compile_end(event: str, duration_secs: float, **kwargs: Any) -> None:
-    if (w := _window(event, kwargs)) is not None:
-        record = rp.Compile(w.what_changed(), duration_secs, w.structure, w.differ)
-        with w.f.cache.lock:
-            w.f.cache.history.append(record)
-            w.number = len(w.f.cache.history)
-        w.planned = False
+    if event != _jax.COMPILE_EVENT or (f := _named(kwargs.get("fun_name"))) is None:
+        return
+    w = _window_of(f)
+    record = Compile(
+        _what_changed(f, w), duration_secs,
+        None if w is None else w.structure, None if w is None else w.differ,
+    )  # fmt: skip
+    with f.lock:
+        f.history.append(record)
+        number = len(f.history)
+    if w is not None:
+        w.number, w.planned = number, False
 
 
 jax.monitoring.register_scalar_listener(_on_compile_start)
 jax.monitoring.register_event_duration_secs_listener(_on_compile_end)
-
-_sharing = True  # cleared if this JAX compiles what the miss path installed
-
-
-def _stop_sharing() -> None:
-    global _sharing
-    if _sharing:
-        _sharing = False
-        warnings.warn(
-            f"eqx_static: jax {jax.__version__} compiled a program whose executable "
-            "es.jit had installed, so es.jit stops sharing programs between keys in "
-            "this process (each key compiles its own, as under `eqx.filter_jit`). "
-            "Please report this with your JAX version.",
-            RuntimeWarning,
-            stacklevel=2,
-        )
 
 
 # ----------------------------------------------------------------------------------
@@ -640,10 +800,10 @@ class Static:
 
 def split(out: Any) -> Any:
     """One array as itself; else the arrays, and a `Static` of the rest."""
-    if isinstance(out, _key.ARRAY_TYPES):
+    if isinstance(out, ARRAY_TYPES):
         return out
     flat, treedef = jtu.tree_flatten(out)
-    mask = tuple([isinstance(x, _key.ARRAY_TYPES) for x in flat])
+    mask = tuple([isinstance(x, ARRAY_TYPES) for x in flat])
     statics = tuple([None if m else x for x, m in zip(flat, mask)])
     return [x for x, m in zip(flat, mask) if m], Static(treedef, mask, statics)
 
@@ -652,144 +812,3 @@ def combine(arrays: list, static: Static) -> Any:
     it = iter(arrays)
     leaves = [next(it) if m else s for m, s in zip(static.mask, static.statics)]
     return static.treedef.unflatten(leaves)
-
-
-# ----------------------------------------------------------------------------------
-# Programs: a lowering's fingerprint, and when two are provably one program.
-
-# Compile arguments that do not change what the executable computes (debug names,
-# the profiler), and the callbacks, compared through their Python functions.
-_NOT_PROGRAM: Final = frozenset(
-    {"all_args_info", "pgle_profiler", "host_callbacks", "keepalive"}
-)
-_CONSTANT: Final = re.compile(rb"dense<[^>]*>")
-
-
-def fingerprint(jaxpr: Any, lowering: Any) -> Fingerprint | None:
-    """None (never shared) if the lowering or a callback's function is unknown."""
-    if lowering is None:
-        return None
-    args, callbacks = lowering.compile_args, callbacks_of(jaxpr)
-    if len(callbacks) != len(args.get("host_callbacks") or ()):
-        return None
-    arguments = [(k, _comparable(args[k])) for k in sorted(set(args) - _NOT_PROGRAM)]
-    arguments += jx.program_options(lowering)
-    callbacks += tuple(args.get("keepalive") or ())
-    digest = hashlib.sha256(_module_text(lowering)).digest()
-    return Fingerprint(digest, tuple(arguments), callbacks)
-
-
-def _module_text(lowering: Any) -> bytes:
-    """The module, every constant printed in full, source locations left out."""
-    return lowering.stablehlo().operation.get_asm(
-        binary=True, enable_debug_info=False, large_elements_limit=None
-    )
-
-
-def _structure(lowering: Any) -> bytes:
-    """The module's digest with its constants masked."""
-    return hashlib.sha256(_CONSTANT.sub(b"dense<>", _module_text(lowering))).digest()
-
-
-def _comparable(v: Any) -> Any:
-    """A compile argument as a value `==` compares: an object without `__eq__` by its
-    attributes (less what `functools.cached_property` derived from them, which one
-    object may have computed and another not), an array by its shape and items."""
-    t = type(v)
-    if t is list or t is tuple:
-        return tuple(map(_comparable, v))
-    if t is np.ndarray:
-        return (t, v.shape, tuple(map(_comparable, v.flat)))
-    if hasattr(v, "__dict__") and t.__eq__ is object.__eq__:
-        d, cached = vars(v), functools.cached_property
-        names = [k for k in d if not isinstance(getattr(t, k, None), cached)]
-        return (t, tuple((k, _comparable(d[k])) for k in sorted(names)))
-    return v
-
-
-def same_program(a: Fingerprint, b: Fingerprint) -> bool:
-    try:
-        if a[:2] != b[:2] or len(a.callbacks) != len(b.callbacks):
-            return False
-    except Exception:  # a comparison that cannot be made: not the same
-        return False
-    return all(map(same, a.callbacks, b.callbacks))
-
-
-def callbacks_of(jaxpr: Any) -> tuple:
-    """The host callbacks of a jaxpr, nested jaxprs included (each once)."""
-    found, stack, seen = [], [jaxpr], set()
-    while stack:
-        j = stack.pop()
-        if id(j) not in seen:
-            seen.add(id(j))
-            for eqn in jx.open_jaxpr(j).eqns:
-                if "callback" in eqn.params:
-                    found.append(eqn.params["callback"])
-                stack.extend(reversed(list(jx.nested_jaxprs(eqn.params))))
-    return tuple(found)
-
-
-def same(a: Any, b: Any) -> bool:
-    """Whether two host callbacks provably behave the same, now and forever: the
-    same object; JAX's wrapper of the same function over argument structures equal
-    as keys compare statics; or functions (partials, bound methods) of the same code
-    and globals over captured values that cannot change: immutable by type,
-    recursively, held in closure cells that nothing can rebind (Equinox's
-    `error_if` callbacks: their messages). When in doubt, not."""
-    try:
-        return _same(a, b, set())
-    except Exception:  # an `__eq__` that raises, an empty cell: not provably the same
-        return False
-
-
-_IMMUTABLE: Final = _key.SIMPLE | {float, complex, np.dtype}
-
-
-def _same(a: Any, b: Any, seen: set) -> bool:
-    # Every rule is a conjunction: a `False` or an exception anywhere is `False`.
-    if a is b or (id(a), id(b)) in seen:  # a cycle: equal so far, so equal
-        return True
-    t = type(a)
-    if t is not type(b) or len(seen) > 1000:
-        return False
-    seen.add((id(a), id(b)))
-    if (fa := jx.flat_callback(a)) is not None and (fb := jx.flat_callback(b)):
-        return _same(fa[0], fb[0], seen) and _key.form(fa[1]) == _key.form(fb[1])
-    if t is types.FunctionType:
-        return _same_function(a, b, seen)
-    if t is functools.partial:
-        pa, pb = [(p.func, p.args, _items(p.keywords)) for p in (a, b)]
-        return _same(pa, pb, seen)
-    if t is types.MethodType:
-        return _same((a.__func__, a.__self__), (b.__func__, b.__self__), seen)
-    if t in _IMMUTABLE or (t is frozenset and all(type(x) in _IMMUTABLE for x in a)):
-        return _key.typed(a) == _key.typed(b)
-    if t is tuple or (isinstance(a, tuple) and hasattr(t, "_fields")):
-        return len(a) == len(b) and all(_same(x, y, seen) for x, y in zip(a, b))
-    params = getattr(t, "__dataclass_params__", None)
-    if is_module_type(t) or (params is not None and params.frozen):
-        names = [f.name for f in dataclasses.fields(b)]  # slots too
-        x, y = (tuple(getattr(v, n) for n in names) for v in (a, b))
-        return _same(x, y, seen)
-    return False  # mutable, or compared by its own `__eq__`: only itself
-
-
-def _same_function(a: types.FunctionType, b: types.FunctionType, seen: set) -> bool:
-    if a.__code__ is not b.__code__ or a.__globals__ is not b.__globals__:
-        return False
-    known = jx.is_equinox_error_callback(a)
-    cells = zip(a.__code__.co_freevars, a.__closure__ or (), b.__closure__ or ())
-    for name, x, y in cells:
-        if known and name in jx.EQUINOX_MESSAGE_ONLY:
-            continue
-        if not (known or jx.cell_bound_once(a, name)):
-            return False
-        if not _same(x.cell_contents, y.cell_contents, seen):
-            return False
-    held = [(g.__defaults__, _items(g.__kwdefaults__), _items(vars(g))) for g in (a, b)]
-    return _same(held[0], held[1], seen)
-
-
-def _items(d: dict | None) -> tuple:
-    return tuple(sorted(d.items())) if d else ()

@@ -15,9 +15,18 @@ from typing import Any, Final, Generic, get_args, Literal, overload, ParamSpec, 
 import equinox as eqx
 import jax.tree_util as jtu
 
-from . import _compile as cp, _key as ky
-from ._compat import hide_frames
-from ._module import is_es_module_class
+from ._compile import (
+    CacheInfo,
+    combine,
+    CompileInfo,
+    Entry,
+    Function,
+    lower_call,
+    new_entry,
+)
+from ._fields import UnhashableError
+from ._jax import hide_frames
+from ._key import argname, CyclicValue, Key, key_and_leaves, path_to
 from ._report import unhashable_message
 
 
@@ -87,37 +96,45 @@ class _Signature:
         return bound.args, bound.kwargs
 
 
-class _Jit(Generic[_P, _R]):
-    """The wrapper returned by [`eqx_static.jit`][]."""
+class _Jit(functools.partial, Generic[_P, _R]):
+    """The wrapper returned by [`eqx_static.jit`][]: calling it calls its hot path
+    (`functools.partial` calls it in C); read off an instance, it binds it."""
 
-    def __init__(self, fn: Callable[_P, _R], donate: Donate, maxsize: int | None,
-                 max_compiles: int | None, warn_after: int | None):  # fmt: skip
+    fn: Callable[_P, _R]
+    qualname: str
+    f: Function
+    _is_static: bool
+    _options: tuple
+    _signature: _Signature
+    _fn_leaves: tuple
+    _owner: type | None
+    _name: str | None
+
+    def __new__(cls, fn: Any, donate: Donate, maxsize: int | None,
+                max_compiles: int | None, warn_after: int | None) -> "_Jit":  # fmt: skip
         if isinstance(fn, classmethod):
             raise TypeError(_MSG_CLASSMETHOD)
-        self._is_static = isinstance(fn, staticmethod)
-        if isinstance(fn, staticmethod):
+        is_static = isinstance(fn, staticmethod)
+        if is_static:
             fn = fn.__func__
         if not callable(fn):
             raise TypeError(
                 f"`es.jit` takes a function or method, got {type(fn).__name__}."
             )
         _check_options(donate, maxsize, max_compiles, warn_after)
+        signature = _Signature(fn)
+        options = (donate, maxsize, max_compiles, warn_after)
+        f, fn_leaves = _function(fn, signature.names, options)
+        hot = _hot_path(f, signature, tuple(fn_leaves))
+        self = super().__new__(cls, hot)
         functools.update_wrapper(self, fn)  # pyright: ignore[reportArgumentType]
-        self.fn = fn
-        self.qualname: str = getattr(fn, "__qualname__", repr(fn))
-        self._options = (donate, maxsize, max_compiles, warn_after)
-        self._signature = _Signature(fn)
-        fn_leaves: list = []
-        fn_node = None if type(fn) is types.FunctionType else ky.node(fn, fn_leaves)
-        self._fn_leaves = tuple(fn_leaves)
-        self.cache = _shared_cache(fn, (fn_node, self._options), maxsize)
-        self.f = cp.Function(
-            fn, fn_node, len(fn_leaves), self._signature.names, donate,
-            max_compiles, warn_after, self.cache,
-        )  # fmt: skip
-        self._owner: type | None = None
-        self._name: str | None = None
-        self.method, self._call = self._make_call()
+        self.fn, self.qualname, self.f = fn, f.qualname, f  # pyright: ignore[reportAttributeAccessIssue]
+        self._is_static, self._options, self._signature = is_static, options, signature
+        self._fn_leaves, self._owner, self._name = tuple(fn_leaves), None, None
+        hot.es_jit = self  # pyright: ignore[reportFunctionMemberAccess]
+        for attr in ("cache_info", "cache_clear", "compile_info"):
+            setattr(hot, attr, getattr(self, attr))
+        return self
 
     @property
     def __globals__(self) -> dict[str, Any]:
@@ -126,26 +143,13 @@ class _Jit(Generic[_P, _R]):
 
     def __set_name__(self, owner: type, name: str) -> None:
         self._owner, self._name = owner, name
-        self.f.method = True
-        special = name.startswith("__") and name.endswith("__") and not self._is_static
-        # `m(x)` looks `__call__` up on the class and calls a plain function without
-        # binding anything: install one, saving the descriptor call. Not in
-        # `__main__`, whose classes cloudpickle copies by value.
-        if special and is_es_module_class(owner) and owner.__module__ != "__main__":
-            setattr(owner, name, _special_method(self, owner, name))
 
     def __get__(self, obj: object, owner: type | None = None) -> Any:
+        # A bound method made in C: `m(x)` reads `__call__` this way. Read as an
+        # attribute of an `es.Module`, it becomes a `BoundJit`, a pytree.
         if obj is None or self._is_static:
             return self
-        return BoundJit(self.method, obj)
-
-    def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R:
-        __tracebackhide__ = True
-        try:
-            return self._call(args, kwargs)
-        except eqx.EquinoxRuntimeError as e:
-            e.__traceback__ = None  # as `eqx.filter_jit`: the user's frames only
-            raise
+        return types.MethodType(self.func, obj)
 
     def __reduce__(self) -> Any:
         # By reference, as functions pickle. A wrapper that cannot be found by name
@@ -165,79 +169,11 @@ class _Jit(Generic[_P, _R]):
     def __repr__(self) -> str:
         return f"<es.jit {self.qualname}>"
 
-    def _make_call(self) -> tuple[Callable, Callable]:
-        """The paths of `obj.f(*args)` and of any call, as closures: a hit looks up no
-        attribute."""
-        f, cache, signature = self.f, self.cache, self._signature
-        entries, calls, clock = cache.entries, cache.calls, cache.clock
-        n, fn_leaves, lru = signature.n, self._fn_leaves, cache.maxsize is not None
-        arrays, node, top_node, leaf = ky.array_types, ky.node, ky.top_node, ky.LEAF
-        key_type, key_and_leaves, deep = ky.Key, ky.key_and_leaves, ky.deep
-        new_entry, combine = cp.new_entry, cp.combine
-
-        def method(obj: Any, /, *args: Any, **kwargs: Any) -> Any:
-            __tracebackhide__ = True
-            if kwargs or len(args) != n - 1:
-                return call((obj, *args), kwargs)
-            leaves = [*fn_leaves]
-            try:
-                nodes = [top_node(obj, leaves)]
-                for a in args:
-                    if type(a) in arrays:
-                        leaves.append(a)
-                        nodes.append(leaf)
-                    else:
-                        nodes.append(node(a, leaves))
-            except RecursionError:  # deeply nested: the general path copes
-                return call((obj, *args), kwargs)
-            key = tuple.__new__(key_type, (tuple(nodes), (), ()))
-            try:
-                entry = entries.get(key)
-            except (TypeError, RecursionError):  # the general path says why, or copes
-                return call((obj, *args), kwargs)
-            next(calls)
-            if entry is None:
-                entry = new_entry(f, key, leaves)
-            if lru:
-                entry.used = next(clock)
-            try:
-                out = entry.call(*leaves)
-            except eqx.EquinoxRuntimeError as e:
-                e.__traceback__ = None  # as `eqx.filter_jit`: the user's frames only
-                raise
-            return combine(*out) if type(out) is tuple else out
-
-        def call(args: tuple, kwargs: dict[str, Any]) -> Any:
-            # Calls the key's dispatcher: JAX's C++ runs what it has for these avals,
-            # and calls the miss path (which books a miss) for anything else.
-            __tracebackhide__ = True
-            if kwargs or len(args) != n:
-                args, kwargs = signature.bind(args, kwargs)
-            try:
-                key, leaves = deep(key_and_leaves, args, kwargs, fn_leaves)
-            except ky.CyclicValue as e:
-                raise _cyclic_error(self.qualname, signature.names, e) from None
-            next(calls)
-            try:
-                entry = entries.get(key)
-            except TypeError:  # an unhashable static value: say which
-                raise TypeError(unhashable_message(self.qualname, key)) from None
-            except RecursionError:
-                entry = deep(entries.get, key)
-            if entry is None:
-                entry = new_entry(f, key, leaves)
-            if lru:
-                entry.used = next(clock)
-            out = entry.call(*leaves)
-            return combine(*out) if type(out) is tuple else out
-
-        method.es_jit = self  # pyright: ignore[reportFunctionMemberAccess]
-        return method, call
-
-    def leaves_of(self, args: tuple, kwargs: dict[str, Any]) -> tuple[ky.Key, list]:
-        """The key and traced leaves of a call, as the hot path computes them."""
+    def leaves_of(self, args: tuple, kwargs: dict[str, Any]) -> tuple[Key, list]:
+        """The key and traced leaves of a call, as the general path makes them."""
         args, kwargs = self._signature.bind(args, kwargs)
-        return ky.deep(ky.key_and_leaves, args, kwargs, self._fn_leaves)
+        key, leaves = _key_and_leaves(self.f, args, kwargs)
+        return key, [*self._fn_leaves, *leaves]
 
     def lower(self, *args: Any, **kwargs: Any) -> "Lowered":
         """Lower the call for these arguments ahead of time: JAX's `as_text()` and
@@ -248,21 +184,106 @@ class _Jit(Generic[_P, _R]):
     def lower_bound(self, bound: tuple, args: tuple, kwargs: dict) -> "Lowered":
         """`lower` for a method bound to `bound`, for the arguments after it."""
         key, leaves = self.leaves_of((*bound, *args), kwargs)
-        return Lowered(cp.lower_call(self.f, key, leaves), self, key, bound)
+        return Lowered(lower_call(self.f, key, leaves), self, key, bound)
 
-    def cache_info(self) -> cp.CacheInfo:
+    def cache_info(self) -> CacheInfo:
         """Hits, misses, `maxsize` and the compiled signatures held."""
-        return self.cache.info()
+        return self.f.info()
 
-    def compile_info(self) -> cp.CompileInfo:
+    def compile_info(self) -> CompileInfo:
         """XLA compiles since the cache was cleared, the programs held now (keys
         whose programs are the same share one), and the seconds spent compiling."""
-        return self.cache.compile_info()
+        return self.f.compile_info()
 
     def cache_clear(self) -> None:
         """Drop every compiled entry and program, and reset the statistics."""
-        ky.forget_all()  # the per-instance memo too: it may hold static values
-        self.cache.clear()
+        self.f.clear()
+
+
+def _hot_path(f: Function, signature: _Signature, fn_leaves: tuple) -> Callable:
+    """Every call: the guard of the entry that last served this first argument's
+    class, or the general path (build the key, look it up); then the entry's
+    dispatcher, whose C++ checks the avals."""
+    n, bind, slots, calls, clock = (
+        signature.n,
+        signature.bind,
+        f.slots,
+        f.calls,
+        f.clock,
+    )
+    lru = f.maxsize is not None
+
+    def hot(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        try:
+            entry = leaves = None
+            if kwargs or len(args) != n:  # defaults, keywords: bound first
+                args, kwargs = bind(args, kwargs)
+            if len(args) == n and not kwargs:
+                entry = slots.get(type(args[0]) if args else None)
+                leaves = None if entry is None else entry.guard(*args)  # pyright: ignore[reportOptionalCall]
+            if leaves is None:
+                entry, leaves = _general(f, args, kwargs)
+            if fn_leaves:
+                leaves = [*fn_leaves, *leaves]
+            if lru:
+                entry.used = next(clock)  # pyright: ignore[reportOptionalMemberAccess]
+            out = entry.call(*leaves)  # pyright: ignore[reportOptionalMemberAccess]
+        except eqx.EquinoxRuntimeError as e:
+            e.__traceback__ = None  # as `eqx.filter_jit`: the user's frames only
+            raise
+        finally:
+            next(calls)
+        return combine(*out) if type(out) is tuple else out
+
+    return hot
+
+
+def _general(f: Function, args: tuple, kwargs: dict[str, Any]) -> tuple[Entry, list]:
+    """The key of a call, its entry (made if new) and its leaves."""
+    key, leaves = _key_and_leaves(f, args, kwargs)
+    entry = f.entries.get(key)
+    if entry is None:
+        entry = new_entry(f, key, leaves, args)
+    if entry.guard is not None:
+        f.slots[type(args[0]) if args else None] = entry
+    return entry, leaves
+
+
+def _key_and_leaves(
+    f: Function, args: tuple, kwargs: dict[str, Any]
+) -> tuple[Key, list]:
+    try:
+        return key_and_leaves(args, kwargs)
+    except UnhashableError as e:
+        where = _where(f, args, kwargs, path_to((*args, *_by_name(kwargs)), e.value))
+        raise TypeError(unhashable_message(f.qualname, where, e.value)) from None
+    except CyclicValue as e:
+        raise _cyclic_error(f, args, kwargs, e.path) from None
+
+
+def _by_name(kwargs: dict[str, Any]) -> list:
+    return [kwargs[k] for k in sorted(kwargs)]
+
+
+def _where(f: Function, args: tuple, kwargs: dict, path: str | None) -> str:
+    """An argument path `[i]...` (the i-th positional, then the keywords by name)
+    as the user wrote it: `y['a']`, `self.layers[0]`."""
+    if path is None:
+        return "an argument"
+    head, _, rest = path[1:].partition("]")
+    i = int(head)
+    name = argname(f.argnames, i) if i < len(args) else sorted(kwargs)[i - len(args)]
+    return f"{name}{rest}"
+
+
+def _cyclic_error(f: Function, args: tuple, kwargs: dict, path: str) -> ValueError:
+    return ValueError(
+        f"`{f.qualname}` got an argument that contains itself: "
+        f"{_where(f, args, kwargs, path)} is the argument again. `es.jit` keys a call "
+        "by the structure of its arguments, as `eqx.filter_jit` does, so that "
+        "structure must be finite: break the cycle before the call."
+    )
 
 
 def _check_options(donate: Any, *counts: Any) -> None:
@@ -280,40 +301,31 @@ def _check_options(donate: Any, *counts: Any) -> None:
             )
 
 
-def _cyclic_error(name: str, argnames: tuple, e: ky.CyclicValue) -> ValueError:
-    """Name the argument in `e.path` (`[0][i]...` positional, `[1]['k']...` keyword)."""
-    head, _, rest = e.path[1:].partition("]")
-    index, _, rest = rest[1:].partition("]")
-    where = ky.argname(argnames, int(index)) if head == "0" else index.strip("'")
-    return ValueError(
-        f"`{name}` got an argument that contains itself: {where}{rest} is the "
-        "argument again. `es.jit` keys a call by the structure of its arguments, as "
-        "`eqx.filter_jit` does, so that structure must be finite: break the cycle "
-        "before the call."
-    )
+# The functions, as `eqx.filter_jit` keeps its caches: a plain function's for as
+# long as the function lives (wrapping it again finds it), any other callable's (a
+# module, `eqx.filter_grad(f)`) by its key, for the process.
+_by_function: Final = weakref.WeakKeyDictionary[Callable, dict[tuple, Function]]()
+_by_key: Final[dict[tuple, Function]] = {}
+_functions_lock: Final = threading.Lock()
 
 
-# The caches, as `eqx.filter_jit` keeps its own: a plain function's for as long as
-# the function lives (wrapping it again finds it), any other callable's (a module,
-# `eqx.filter_grad(f)`) by its structure and static parts, for the process.
-_by_function: Final = weakref.WeakKeyDictionary[Callable, dict[Any, cp.Cache]]()
-_by_structure: Final[dict[Any, cp.Cache]] = {}
-_caches_lock: Final = threading.Lock()
-
-
-def _shared_cache(fn: Callable, identity: Any, maxsize: int | None) -> cp.Cache:
-    with _caches_lock:
-        if type(fn) is types.FunctionType:
-            caches = _by_function.setdefault(fn, {})
-        else:
-            caches = _by_structure
+def _function(fn: Callable, argnames: tuple, options: tuple) -> tuple[Function, list]:
+    """The `Function` of `fn` with these options, shared; and `fn`'s own leaves."""
+    fn_key, fn_leaves = None, []
+    if type(fn) is not types.FunctionType:
         try:
-            cache = caches.get(identity)
-        except TypeError:  # an unhashable callable: its own cache
-            return cp.Cache(maxsize)
-        if cache is None:
-            cache = caches[identity] = cp.Cache(maxsize)
-        return cache
+            fn_key, fn_leaves = key_and_leaves((fn,), {})
+        except (UnhashableError, CyclicValue):  # its own, unshared
+            return Function(fn, None, 0, argnames, *options), []
+    with _functions_lock:
+        caches = _by_key if fn_key is not None else _by_function.setdefault(fn, {})
+        identity = options if fn_key is None else (fn_key, options)
+        f = caches.get(identity)
+        if f is None:
+            f = caches[identity] = Function(
+                fn, fn_key, len(fn_leaves), argnames, *options
+            )
+    return f, fn_leaves
 
 
 # ----------------------------------------------------------------------------------
@@ -321,7 +333,8 @@ def _shared_cache(fn: Callable, identity: Any, maxsize: int | None) -> cp.Cache:
 
 
 class BoundJit(functools.partial):
-    """An [`eqx_static.jit`][] method bound to an instance.
+    """An [`eqx_static.jit`][] method bound to an instance, as an attribute of an
+    `es.Module` reads.
 
     A pytree, as Equinox's `BoundMethod` is: its leaves are the instance's, so it
     can be passed through `jax.jit` or `eqx.filter_grad`, or stored in a field. A
@@ -341,7 +354,7 @@ class BoundJit(functools.partial):
     def __wrapped__(self) -> Any:
         return self.__func__.fn
 
-    def cache_info(self) -> cp.CacheInfo:
+    def cache_info(self) -> CacheInfo:
         """See [`eqx_static.jit`][]."""
         return self.__func__.cache_info()
 
@@ -349,7 +362,7 @@ class BoundJit(functools.partial):
         """See [`eqx_static.jit`][]."""
         self.__func__.cache_clear()
 
-    def compile_info(self) -> cp.CompileInfo:
+    def compile_info(self) -> CompileInfo:
         """See [`eqx_static.jit`][]."""
         return self.__func__.compile_info()
 
@@ -375,10 +388,15 @@ class BoundJit(functools.partial):
         return f"<bound es.jit {name} of {type(self.__self__).__qualname__}>"
 
 
-def _rebind(wrapper: Callable, obj: Any) -> BoundJit:
-    # A special method of an `es.Module` class is found by name as the function
-    # installed on the class (see `_Jit.__set_name__`), not as the wrapper.
-    return BoundJit(getattr(wrapper, "method", wrapper), obj)
+def _rebind(wrapper: _Jit, obj: Any) -> BoundJit:
+    return BoundJit(wrapper.func, obj)
+
+
+def bound(method: types.MethodType) -> Any:
+    """`module.f` for an `es.Module`: a `BoundJit` if `f` is an `es.jit` method."""
+    if hasattr(method.__func__, "es_jit"):
+        return BoundJit(method.__func__, method.__self__)
+    return method
 
 
 jtu.register_pytree_with_keys(
@@ -387,16 +405,6 @@ jtu.register_pytree_with_keys(
     lambda func, children: BoundJit(func, *children),
     lambda b: ((b.args[0],), b.func),
 )
-
-
-def _special_method(wrapper: "_Jit", owner: type, name: str) -> Callable:
-    """The wrapper's method path as a plain function with its attributes."""
-    method = wrapper.method
-    functools.update_wrapper(method, wrapper.fn)
-    method.__qualname__ = f"{owner.__qualname__}.{name}"
-    for attr in ("cache_info", "cache_clear", "compile_info", "lower", "fn"):
-        setattr(method, attr, getattr(wrapper, attr))
-    return method
 
 
 # ----------------------------------------------------------------------------------
@@ -425,7 +433,7 @@ class Lowered:
         ```
     """
 
-    def __init__(self, lowered: Any, wrapper: _Jit, key: ky.Key, bound: tuple):
+    def __init__(self, lowered: Any, wrapper: _Jit, key: Key, bound: tuple):
         self.lowered = lowered
         # `bound` is `(m,)` for `m.f.lower(x)`: the compiled call takes `x`.
         self._wrapper, self._key, self._bound = wrapper, key, bound
@@ -471,7 +479,7 @@ class Compiled:
         ```
     """
 
-    def __init__(self, compiled: Any, wrapper: _Jit, key: ky.Key, bound: tuple):
+    def __init__(self, compiled: Any, wrapper: _Jit, key: Key, bound: tuple):
         self.compiled = compiled
         self._wrapper, self._key, self._bound = wrapper, key, bound
 
@@ -485,7 +493,7 @@ class Compiled:
                 "needed."
             )
         out = self.compiled(*leaves)
-        return cp.combine(*out) if type(out) is tuple else out
+        return combine(*out) if type(out) is tuple else out
 
     def as_text(self, *args: Any, **kwargs: Any) -> str:
         """JAX's `Compiled.as_text`."""

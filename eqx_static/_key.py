@@ -1,170 +1,48 @@
-"""The compile key: the one description of a call that the cache, the explanations
-and the budget read. The leaves for which `eqx.is_array` holds are traced, as under
-`eqx.filter_jit`; everything else is keyed by type *and* value (`1`, `True`, `1.0`
-are three keys; so are `0.0` and `-0.0`) at any depth, pytree metadata included.
+"""The compile key, and the guard that checks a call against one.
 
-Nodes (traced leaves are listed apart): `LEAF`, a traced array (`jax.jit` checks its
-aval and sharding); a module, `(cls, statics, static_types, children, wrapper)`,
-`children` a count when all dynamic fields are traced; `(SEQ, type, children)`,
-`(ARRAYS, type, n)`, `(NAMED, type, children)`, `(DICT, keys, key_types, children)`,
-`(TREE, treedef, aux, children)`, `(STATIC, type, value)`; `None`.
-"""
+A key is one flat tuple: the call's layout, then the tokens of its arguments in
+preorder. Leaves for which `eqx.is_array` holds are traced (listed apart, in the
+same order); every other leaf is a static token (`_fields.token`: by type and
+value). A node is self-delimiting:
+
+- `LEAF`, a traced array; `None`; `UNSET`, a field a module lacks;
+- a module whose instance dictionary holds exactly its fields: its `FieldInfo`, a
+  token per static field, then `ALL` if every dynamic field holds a traced array,
+  or else a node per dynamic field; any other module: `(ODD, info, present,
+  wrapper)`, a token per static field, a node per dynamic field;
+- `(ARRAYS, type, n)`, a tuple or list of `n` traced arrays; `(SEQ, type, n)`,
+  `(NAMED, type, n)`, `(DICT, key tokens, n)` and `(TREE, treedef, aux token)`,
+  followed by their children.
+
+Flat, the key hashes and compares without recursion, however deep the nesting."""
 
 import functools
-import math
 import operator
-import sys
-import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Final, NamedTuple
 
-import jax
 import jax.tree_util as jtu
-import numpy as np
-from jax.core import Tracer
 
-from . import _compat as jx
-from ._module import field_info, instance_dict, is_module_type, UNSET
-
-
-# ----------------------------------------------------------------------------------
-# Static values, compared by type and value.
-
-# Value types whose `==` already tells types apart from each other's values.
-SIMPLE: Final = frozenset({bool, int, str, bytes, type(None), type})
-
-
-class Typed:
-    """A hashable static value as a key: compared by its `form`, hashed once."""
-
-    __slots__ = ("_hash", "form", "value")
-
-    def __init__(self, value: Any, form: Any):
-        self.value, self.form = value, form
-        try:
-            self._hash: int | None = hash(form)
-        except TypeError:  # `static_value` compares it with `==` instead
-            self._hash = None
-
-    def __eq__(self, other: object) -> bool:
-        if type(other) is not Typed or self._hash != other._hash:
-            return False
-        try:
-            return bool(self.form == other.form)
-        except Exception:  # an `__eq__` that raises: unequal
-            return False
-
-    def __hash__(self) -> int:
-        if self._hash is None:
-            raise TypeError(f"unhashable static value: {type(self.value).__name__}")
-        return self._hash
-
-    def __repr__(self) -> str:
-        return repr(self.value)
+from ._fields import (
+    array_types,
+    FALSE,
+    field_info,
+    field_token,
+    FieldInfo,
+    instance_dict,
+    is_array_type,
+    is_module_type,
+    SIMPLE,
+    token,
+    TRUE,
+    Typed,
+    UNSET,
+    value_of,
+)
+from ._jax import EQX_MISSING, WRAPPER_FIELD_NAMES
 
 
-class ByEq:
-    """An unhashable static value of an `eqx.Module`: compared with `==`, as Equinox
-    compares it."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: object):
-        self.value = value
-
-    def __eq__(self, other: object) -> bool:
-        if type(other) is not ByEq:
-            return False
-        try:
-            return other.value is self.value or bool(other.value == self.value)
-        except Exception:
-            return False
-
-    def __hash__(self) -> int:
-        return hash(type(self.value))
-
-    def __repr__(self) -> str:
-        return repr(self.value)
-
-
-_typed_memo: Final[dict[int, Typed]] = {}
-
-
-def typed(v: Any) -> Any:
-    """`v` as a key: itself if `SIMPLE`, else a `Typed`, made once per recent object
-    (the memo keeps it alive, so its id is safe)."""
-    if type(v) in SIMPLE:
-        return v
-    hit = _typed_memo.get(id(v))
-    if hit is not None and hit.value is v:
-        return hit
-    out = Typed(v, (type(v), form(v)))
-    if len(_typed_memo) >= 4096:
-        _typed_memo.clear()
-    _typed_memo[id(v)] = out
-    return out
-
-
-def static_value(v: Any) -> Any:
-    """A module's static value as a key: typed if hashable, else compared by `==`."""
-    if type(v) in SIMPLE:
-        return v
-    key = typed(v)
-    return key if key._hash is not None else ByEq(v)
-
-
-def is_hashable(v: object) -> bool:
-    return type(v) in SIMPLE or typed(v)._hash is not None
-
-
-def value_of(s: Any) -> Any:
-    """The Python value of a static entry of a key."""
-    return s.value if type(s) is Typed or type(s) is ByEq else s
-
-
-def form(v: Any) -> Any:
-    """What `v` is compared by, with its type: floats by their bits (every nan one
-    value, its sign kept); tuples, frozensets, treedefs, dataclasses and modules with
-    the generated `__eq__` item by item; anything else by its own `__eq__`."""
-    t = type(v)
-    if t in SIMPLE:
-        return v
-    if t is float:
-        if math.isnan(v):
-            return "-nan" if math.copysign(1.0, v) < 0 else "nan"
-        return v.hex()
-    if t is complex:
-        return (form(v.real), form(v.imag))
-    if isinstance(v, np.generic):
-        return (v.dtype.str, v.tobytes())
-    if t is jtu.PyTreeDef:  # its own `==` compares metadata with `==`: 0.0 == -0.0
-        data = v.node_data()
-        here = None if data is None else (data[0], type(data[1]), form(data[1]))
-        return (v.num_leaves, here, tuple(map(form, v.children())))
-    if t is tuple or (isinstance(v, tuple) and _default_eq(t)):
-        return tuple([(type(x), form(x)) for x in v])
-    if t is frozenset:
-        return frozenset([(type(x), form(x)) for x in v])
-    fields = getattr(t, "__dataclass_fields__", None)
-    if fields is not None and (
-        t.__eq__ is jx.module_eq or jx.generated_dataclass_eq(t)
-    ):
-        d = getattr(v, "__dict__", None)
-        if d is not None:
-            items = [(k, d.get(k, UNSET)) for k in fields]
-            return tuple([(k, type(x), form(x)) for k, x in items])
-    return v
-
-
-def _default_eq(t: type) -> bool:
-    return t.__eq__ is tuple.__eq__ and t.__hash__ is tuple.__hash__
-
-
-# ----------------------------------------------------------------------------------
-# Making a key.
-
-
-class Kind:
+class _Kind:
     __slots__ = ("name",)
 
     def __init__(self, name: str):
@@ -174,327 +52,112 @@ class Kind:
         return self.name
 
 
-LEAF: Final = Kind("·")
-SEQ, ARRAYS, NAMED, DICT, TREE, STATIC = map(
-    Kind, ("sequence", "arrays", "named tuple", "dict", "pytree", "static")
+LEAF, ALL = _Kind("·"), _Kind("all traced")
+ODD, ARRAYS, SEQ, NAMED, DICT, TREE = map(
+    _Kind, ("module", "arrays", "sequence", "named tuple", "dict", "pytree")
 )
 
-# What `eqx.is_array` accepts. (A tracer is a `jax.Array` to `isinstance` only.)
-ARRAY_TYPES: Final = (jax.Array, np.ndarray, np.generic, Tracer)
-array_types: Final[set[type]] = set()  # the concrete array types seen so far
+Key = tuple  # ((number of positional arguments, keyword names), *tokens)
 
-Walker = Callable[[Any, list, int], Any]  # (value, leaves, depth) -> node
-_walkers: Final[dict[type, Walker]] = {}
-
-
-def node(v: Any, leaves: list, depth: int = 0) -> Any:
-    """The key node of `v`; appends its traced leaves to `leaves`."""
-    t = type(v)
-    return (_walkers.get(t) or _walker(t, v))(v, leaves, depth)
+# How values of a type are walked, decided once per type.
+_ARRAY, _MODULE, _LIST, _DICT, _NONE, _NAMED, _OTHER = range(7)
+_kinds: Final[dict[type, int]] = {}
 
 
-def _walker(t: type, v: Any) -> Walker:
-    """How to key values of type `t` (`v` is one), decided once per type."""
-    w = _walkers.get(t)
-    if w is not None:
-        return w
+def _kind(t: type, v: Any) -> int:
     if is_module_type(t):
-        w = _module_walker(t)
-    elif issubclass(t, ARRAY_TYPES):
-        array_types.add(t)
-        w = _leaf
+        k = _MODULE
+    elif is_array_type(t):
+        k = _ARRAY
     elif t is tuple or t is list:
-        w = _seq
+        k = _LIST
     elif t is dict:
-        w = _dict
+        k = _DICT
     elif t is type(None):
-        w = _none
+        k = _NONE
     elif issubclass(t, tuple) and one_level(v)[1].node_data() == (t, None):
-        w = _named  # a named tuple, which JAX flattens as its items
+        k = _NAMED  # a named tuple, which JAX flattens as its items
     else:
-        w = _other
-    _walkers[t] = w
-    return w
-
-
-def _leaf(v: Any, leaves: list, depth: int) -> Any:
-    leaves.append(v)
-    return LEAF
-
-
-def _none(v: Any, leaves: list, depth: int) -> Any:
-    return None
-
-
-def all_arrays(values: Any) -> bool:
-    """Whether every value is an array (in C when their types were seen before)."""
-    if array_types.issuperset(map(type, values)):
-        return True
-    return all(_walker(type(x), x) is _leaf for x in values)
-
-
-# A large tuple of static values (a lookup table passed as an argument) is keyed
-# once per object: its node holds no traced leaf and nothing mutable, so it is the
-# same while the tuple lives (kept here, so that its id is not reused).
-_BIG: Final = 64
-_big_tuples: Final[dict[int, tuple]] = {}
-
-
-def _seq(v: Any, leaves: list, depth: int) -> Any:
-    if all_arrays(v):
-        leaves += v
-        return (ARRAYS, type(v), len(v))
-    if type(v) is tuple and len(v) >= _BIG:
-        hit = _big_tuples.get(id(v))
-        if hit is not None and hit[0] is v:
-            return hit[1]
-        start = len(leaves)
-        n = (SEQ, tuple, tuple([node(x, leaves, depth + 1) for x in v]))
-        if len(leaves) == start and _memoisable(v):
-            if len(_big_tuples) >= 64:
-                _big_tuples.clear()
-            _big_tuples[id(v)] = (v, n)
-        return n
-    return (SEQ, type(v), tuple([node(x, leaves, depth + 1) for x in v]))
-
-
-def _named(v: Any, leaves: list, depth: int) -> Any:
-    return (NAMED, type(v), tuple([node(x, leaves, depth + 1) for x in v]))
-
-
-def _dict(v: dict, leaves: list, depth: int) -> Any:
-    try:
-        keys = tuple(sorted(v))  # as JAX flattens a dict
-    except TypeError:  # keys that do not sort: JAX's flatten says so
-        return _other(v, leaves, depth)
-    children = tuple([node(v[k], leaves, depth + 1) for k in keys])
-    # The keys' types, or their typed forms if a type's `==` does not tell types apart.
-    types = tuple(map(type, keys))
-    if not SIMPLE.issuperset(types):
-        types = Typed(keys, (tuple, form(keys)))
-    return (DICT, keys, types, children)
-
-
-def _other(v: Any, leaves: list, depth: int) -> Any:
-    """A pytree node, one level at a time, its metadata typed; or a static leaf."""
-    if depth > _max_depth[0]:  # never near the recursion limit inside JAX's C++
-        raise RecursionError("es.jit: nested too deep for this recursion limit")
-    flat, treedef = one_level(v)
-    if treedef.num_nodes == 1 and treedef.num_leaves == 1 and flat[0] is v:
-        return (STATIC, type(v), typed(v))
-    data = treedef.node_data()
-    aux = None if data is None else typed(data[1])
-    return (TREE, treedef, aux, tuple([node(x, leaves, depth + 1) for x in flat]))
+        k = _OTHER
+    _kinds[t] = k
+    return k
 
 
 def one_level(v: Any) -> tuple[list, Any]:
-    """The children of pytree node `v` and its treedef. (Walked in Python, a value
-    that contains itself raises `RecursionError`; in JAX's C++ it would not.)"""
+    """The children of the pytree node `v`, and its one-level treedef."""
     return jtu.tree_flatten(v, is_leaf=functools.partial(operator.is_not, v))
 
 
-def _module_walker(cls: type) -> Walker:
-    """A module class's walker, generated as Equinox generates its flatten (half the
-    time of the generic walk, which takes any case it does not, to the same node)."""
-    info = field_info(cls)
-    slow = _generic_walker(cls)
-    names = [*info.dynamic_names, *info.static_names]
-    if not names or len(names) > 32:  # a very wide class: the C getters win
-        return slow
-    dynamic = [f"d{i}" for i in range(len(info.dynamic_names))]
-    static = [f"s{i}" for i in range(len(info.static_names))]
-    tests = [f"type({d}) in AT" for d in dynamic]
-    tests += [f"type({s}) in SIMPLE" for s in static]
-    node_ = "PLAIN"
-    if static:
-        types = ", ".join(f"type({s})" for s in static)
-        node_ = f"(cls, ({', '.join(static)},), ({types},), {len(dynamic)}, None)"
-    source = f"""
-def walk(v, leaves, depth):
-    d = get_dict(v)
-    if len(d) == {len(names)}:
-        try:
-            ({", ".join([*dynamic, *static])},) = ({", ".join(f"d[{k!r}]" for k in names)},)
-        except KeyError:
-            return slow(v, leaves, depth)
-        if {" and ".join(tests)}:
-            {f"leaves += ({', '.join(dynamic)},)" if dynamic else "pass"}
-            return {node_}
-    return slow(v, leaves, depth)
-"""
-    namespace = {"get_dict": instance_dict, "AT": array_types, "SIMPLE": SIMPLE}
-    namespace.update(slow=slow, cls=cls, PLAIN=(cls, (), (), len(dynamic), None))
-    exec(compile(source, f"<es.jit key walk of {cls.__qualname__}>", "exec"), namespace)
-    return namespace["walk"]
-
-
-def _generic_walker(cls: type) -> Walker:
-    info = field_info(cls)
-    get_dynamic, get_static = info.get_dynamic, info.get_static
-    n_fields, n_dynamic = len(info.names), len(info.dynamic_names)
-    plain = (cls, (), (), n_dynamic, None)
-
-    def walk(v: Any, leaves: list, depth: int) -> Any:
-        d = instance_dict(v)
-        try:
-            if len(d) != n_fields:
-                raise KeyError
-            dynamic, statics = get_dynamic(d), get_static(d)
-            wrapper = None
-        except KeyError:  # unset fields, wrapper attributes, cached properties
-            dynamic = tuple([d.get(k, UNSET) for k in info.dynamic_names])
-            statics = tuple([d.get(k, UNSET) for k in info.static_names])
-            wrapper = None
-            if len(d) != n_fields:  # as Equinox flattens it: `MISSING` where absent
-                w = [d.get(k, jx.EQX_MISSING) for k in jx.WRAPPER_FIELD_NAMES]
-                wrapper = tuple(map(static_value, w))
-        if all_arrays(dynamic):
-            leaves += dynamic
-            children: Any = n_dynamic
-            if not statics and wrapper is None:
-                return plain
-        else:
-            children = tuple([node(x, leaves, depth + 1) for x in dynamic])
-        types = tuple(map(type, statics))
-        if not SIMPLE.issuperset(types):
-            statics = tuple(map(static_value, statics))
-        return (cls, statics, types, children, wrapper)
-
-    return walk
-
-
-class Key(NamedTuple):
-    args: tuple  # a node per positional argument
-    names: tuple[str, ...]  # the keyword arguments' names, sorted
-    kwargs: tuple  # and their nodes
-
-
-def key_and_leaves(args: tuple, kwargs: dict[str, Any], first: tuple) -> tuple:
-    """The key of a call and its traced leaves, after `first` (under `deep`)."""
-    leaves = [*first]
-    nodes = []
-    for a in args:
-        if type(a) in array_types:
-            leaves.append(a)
-            nodes.append(LEAF)
-        else:
-            nodes.append(node(a, leaves))
-    if not kwargs:
-        return tuple.__new__(Key, (tuple(nodes), (), ())), leaves
-    names = tuple(sorted(kwargs))
-    kw = tuple([node(kwargs[k], leaves) for k in names])
-    return tuple.__new__(Key, (tuple(nodes), names, kw)), leaves
-
-
-# ----------------------------------------------------------------------------------
-# The per-instance memo: a module called again keys in one look-up. A frozen module's
-# node and leaves stay the same while it lives, unless it holds something mutable (a
-# list, a dict, another pytree, an unhashable static value) or is being initialised
-# or edited: never memoised. It is memoised the second time in a row it is seen, so
-# that a loop making a new module every step pays nothing for the memo.
-
-_memo: Final[dict[int, tuple]] = {}
-_last: Final[list[Callable[[], Any]]] = [lambda: None]  # the module keyed last
-
-
-def top_node(v: Any, leaves: list) -> Any:
-    """The node of a method call's `self`: from the memo for a module seen before."""
-    e = _memo.get(id(v))
-    if e is not None and e[0]() is v:
-        leaves += e[2]
-        return e[1]
-    start = len(leaves)
-    n = node(v, leaves)
-    if not is_module_type(type(v)):
-        return n
-    if _last[0]() is not v:
-        _last[0] = weakref.ref(v)
-    elif _memoisable(v):  # the second call in a row: memoise it
-        if len(_memo) >= 4096:
-            _memo.clear()
-        ref = _Ref(v, _forget)
-        ref.i = id(v)
-        _memo[ref.i] = (ref, n, leaves[start:])
-    return n
-
-
-class _Ref(weakref.ref):
-    __slots__ = ("i",)
-
-
-def _forget(ref: _Ref) -> None:
-    e = _memo.get(ref.i)
-    if e is not None and e[0] is ref:
-        del _memo[ref.i]
-
-
-def _memoisable(root: Any) -> bool:
-    """Whether `root`'s key cannot change while it lives: only modules, tuples,
-    arrays and hashable static values below it, and no module being initialised."""
-    stack = [root]
-    while stack:
-        v = stack.pop()
-        t = type(v)
-        w = _walker(t, v)
-        if w is _leaf or w is _none:
-            continue
-        if w is _seq and t is tuple:
-            stack += v
-        elif is_module_type(t):
-            d, info = instance_dict(v), field_info(t)
-            if id(v) in jx.initialising_ids or not all(
-                is_hashable(d.get(k)) for k in info.static_names
-            ):
-                return False
-            stack += [d.get(k) for k in info.dynamic_names]
-        elif w is not _other or one_level(v)[1].num_nodes != 1:
-            return False  # a list, a dict or another pytree: may change in place
-    return True
-
-
-def forget_all() -> None:
-    """Drop every memoised key and typed form (they hold static values)."""
-    _memo.clear()
-    _typed_memo.clear()
-    _big_tuples.clear()
-
-
-# ----------------------------------------------------------------------------------
-# Deep nesting, and values that contain themselves.
-
-_max_depth: Final = [sys.getrecursionlimit() // 4]
-
-
-def deep(f: Callable[..., Any], *args: Any) -> Any:
-    """`f(*args)`, again with a higher recursion limit if it ran out (JAX's C++ has
-    none); `CyclicValue` if a value contains itself."""
-    try:
-        return f(*args)
-    except RecursionError:
-        path = cycle_in(args)
-        if path is not None:
-            raise CyclicValue(path) from None
-        limit = sys.getrecursionlimit()
-        sys.setrecursionlimit(max(limit, 100_000))
-        _max_depth[0] = sys.getrecursionlimit() // 4
-        try:
-            return f(*args)
-        finally:
-            sys.setrecursionlimit(limit)
-            _max_depth[0] = limit // 4
-
-
-class CyclicValue(ValueError):  # noqa: N818  (caught and reworded, never shown)
-    """A value contains itself, at `path` (`[i]` for the i-th value walked, then
-    `[key]` and `.field` down to the repeat)."""
+class CyclicValue(ValueError):  # noqa: N818  (reworded by the caller, never shown)
+    """A value contains itself, at `path`."""
 
     def __init__(self, path: str):
         super().__init__(f"a value contains itself, at {path}")
         self.path = path
 
 
+_CHECK_CYCLES_AFTER: Final = 1_000_000  # tokens: a finite argument has fewer
+
+
+def walk(values: Iterable[Any], tokens: list, leaves: list) -> None:
+    """Append the tokens and traced leaves of `values`, in preorder."""
+    stack = list(values)
+    stack.reverse()
+    limit = len(tokens) + _CHECK_CYCLES_AFTER
+    while stack:
+        v = stack.pop()
+        t = type(v)
+        k = _kinds.get(t)
+        if k is None:
+            k = _kind(t, v)
+        if k == _ARRAY:
+            tokens.append(LEAF)
+            leaves.append(v)
+        elif k == _MODULE:
+            _module(v, field_info(t), tokens, leaves, stack)
+        elif k == _LIST:
+            if all_arrays(v):
+                tokens.append((ARRAYS, t, len(v)))
+                leaves += v
+            else:
+                tokens.append((SEQ, t, len(v)))
+                stack += reversed(v)
+        elif k == _NONE:
+            tokens.append(None)
+        elif k == _DICT:
+            try:
+                keys = sorted(v)  # as JAX flattens a dict
+            except TypeError:  # keys that do not sort: as JAX's flatten says
+                _other(v, tokens, stack)
+                continue
+            tokens.append((DICT, tuple(map(token, keys)), len(keys)))
+            stack += [v[key] for key in reversed(keys)]
+        elif k == _NAMED:
+            tokens.append((NAMED, t, len(v)))
+            stack += reversed(v)
+        else:
+            _other(v, tokens, stack)
+        if len(tokens) > limit:
+            _raise_if_cyclic(values)
+            limit += _CHECK_CYCLES_AFTER
+
+
+def all_arrays(values: Any) -> bool:
+    """Whether every value is an array (in C, once their types have been seen)."""
+    return array_types.issuperset(map(type, values)) or all(
+        is_array_type(type(x)) for x in values
+    )
+
+
+def _raise_if_cyclic(values: Iterable[Any]) -> None:
+    path = cycle_in(list(values))
+    if path is not None:
+        raise CyclicValue(path)
+
+
 def cycle_in(root: Any) -> str | None:
-    """The path to the first value found inside itself, or None."""
+    """The path to the first value found inside itself (`[i]`, `['k']`, `.field`
+    segments from `root`), or None."""
     on_path: set[int] = set()
     done: set[int] = set()
     stack: list[tuple[Any, str, bool]] = [(root, "", False)]
@@ -520,118 +183,447 @@ def _children(v: Any) -> list[tuple[str, Any]]:
         return [(f"[{k!r}]", x) for k, x in v.items()]
     if is_module_type(t):
         return [(f".{k}", x) for k, x in instance_dict(v).items()]
-    if _walker(t, v) is not _other:
+    if (_kinds.get(t) or _kind(t, v)) != _OTHER:
         return []
     try:
         flat = one_level(v)[0]
     except Exception:  # not a pytree JAX can open one level of
         return []
-    if len(flat) == 1 and flat[0] is v:
-        return []
-    return [(f"[{i}]", x) for i, x in enumerate(flat)]
+    return (
+        []
+        if len(flat) == 1 and flat[0] is v
+        else [(f"[{i}]", x) for i, x in enumerate(flat)]
+    )
+
+
+def _module(v: Any, info: FieldInfo, tokens: list, leaves: list, stack: list) -> None:
+    d = instance_dict(v)
+    if len(d) == len(info.names):
+        try:
+            dynamic, statics = info.get_dynamic(d), info.get_static(d)
+        except KeyError:
+            pass
+        else:
+            tokens.append(info)
+            tokens += map(field_token, statics)
+            if all_arrays(dynamic):
+                tokens.append(ALL)
+                leaves += dynamic
+            else:
+                stack += reversed(dynamic)
+            return
+    # Unset fields, Equinox's wrapper attributes or a cached property: the
+    # structure Equinox's flatten gives it (wrapper attributes, `MISSING` where
+    # absent) and which fields are present.
+    present = tuple(k in d for k in info.names)
+    wrapper = None
+    if len(d) != len(info.names):
+        wrapper = tuple(field_token(d.get(k, EQX_MISSING)) for k in WRAPPER_FIELD_NAMES)
+    tokens.append((ODD, info, present, wrapper))
+    tokens += [field_token(d[k]) if k in d else UNSET for k in info.static_names]
+    stack += [d.get(k, UNSET) for k in reversed(info.dynamic_names)]
+
+
+def _other(v: Any, tokens: list, stack: list) -> None:
+    """A registered pytree node, one level at a time; or a static leaf."""
+    if v is UNSET:
+        tokens.append(UNSET)
+        return
+    flat, treedef = one_level(v)
+    if treedef.num_nodes == 1 and treedef.num_leaves == 1 and flat[0] is v:
+        tokens.append(token(v))
+        return
+    data = treedef.node_data()
+    tokens.append((TREE, treedef, None if data is None else field_token(data[1])))
+    stack += reversed(flat)
+
+
+def key_and_leaves(args: tuple, kwargs: dict[str, Any]) -> tuple[Key, list]:
+    """The key of a call and its traced leaves (`UnhashableError`, `CyclicValue`)."""
+    names = tuple(sorted(kwargs)) if kwargs else ()
+    tokens: list[Any] = [(len(args), names)]
+    leaves: list[Any] = []
+    walk((*args, *[kwargs[k] for k in names]), tokens, leaves)
+    return tuple(tokens), leaves
 
 
 # ----------------------------------------------------------------------------------
-# Rebuilding the arguments from a key and the traced leaves.
+# Reading a key back: the arguments inside the trace, and the nodes with their paths.
+
+
+class Node(NamedTuple):
+    """The head of the node at `key[start]`; its children follow from `next`."""
+
+    kind: str  # "traced", "None", "unset", "static", "module", or a container's name
+    head: Any  # the token that opens it
+    statics: tuple  # a module's static tokens
+    children: int  # nodes below it; -1: a module's dynamic fields, all traced leaves
+    leaves: int  # traced leaves it holds directly (a module's or an `ARRAYS`)
+    next: int  # the index after its head
+
+
+def node_at(key: Key, i: int) -> Node:
+    tok = key[i]
+    if tok is LEAF:
+        return Node("traced", tok, (), 0, 1, i + 1)
+    if tok is None or tok is UNSET:
+        return Node("None" if tok is None else "unset", tok, (), 0, 0, i + 1)
+    if type(tok) is FieldInfo or (type(tok) is tuple and tok[0] is ODD):
+        info = module_info(tok)
+        j = i + 1 + len(info.static_names)
+        statics, n = key[i + 1 : j], len(info.dynamic_names)
+        if type(tok) is FieldInfo and key[j] is ALL:  # then no node follows
+            return Node("module", tok, statics, -1, n, j + 1)
+        return Node("module", tok, statics, n, 0, j)
+    if type(tok) is tuple:
+        kind = tok[0]
+        if kind is ARRAYS:
+            return Node(kind.name, tok, (), 0, tok[2], i + 1)
+        n = tok[1].num_leaves if kind is TREE else tok[2]
+        return Node(kind.name, tok, (), n, 0, i + 1)
+    return Node("static", tok, (), 0, 0, i + 1)
+
+
+def module_info(head: Any) -> FieldInfo:
+    return head if type(head) is FieldInfo else head[1]
+
+
+def end_of(key: Key, i: int) -> int:
+    """The index after the whole node that starts at `key[i]`."""
+    pending = 1
+    while pending:
+        n = node_at(key, i)
+        pending += max(n.children, 0) - 1
+        i = n.next
+    return i
 
 
 def build_call(key: Key, leaves: Sequence) -> tuple[tuple, dict[str, Any]]:
-    it = iter(leaves)
-    args = tuple([build(n, it) for n in key.args])
-    return args, {k: build(n, it) for k, n in zip(key.names, key.kwargs)}
+    """The arguments of a call of `key`, with `leaves` in place of its arrays."""
+    (n, names) = key[0]
+    leaf = iter(leaves)
+    out: list[Any] = []
+    stack: list[tuple[Node, list]] = []  # open nodes and their children so far
+    i = 1
+    while i < len(key):
+        node = node_at(key, i)
+        i = node.next
+        if node.children > 0:
+            stack.append((node, []))
+            continue
+        value = _make(node, [next(leaf) for _ in range(node.leaves)])
+        while stack:
+            parent, items = stack[-1]
+            items.append(value)
+            if len(items) < parent.children:
+                break
+            stack.pop()
+            value = _make(parent, items)
+        else:
+            out.append(value)
+    return tuple(out[:n]), dict(zip(names, out[n:]))
 
 
-def build(n: Any, it: Iterator) -> Any:
-    if n is LEAF:
-        return next(it)
-    if n is None:
-        return None
-    kind = n[0]
-    if kind is SEQ:
-        return n[1]([build(c, it) for c in n[2]])
-    if kind is ARRAYS:
-        items = [next(it) for _ in range(n[2])]
-        return items if n[1] is list else tuple(items)
+def _make(node: Node, items: list) -> Any:
+    head = node.head
+    if node.kind == "module":
+        return _new_module(module_info(head), head, node.statics, items)
+    if node.kind in ("traced", "static", "None", "unset"):
+        return items[0] if node.kind == "traced" else value_of(head)
+    kind, t = head[0], head[1]
+    if kind is ARRAYS or kind is SEQ:
+        return items if t is list else t(items)
     if kind is NAMED:
-        return n[1](*[build(c, it) for c in n[2]])
+        return t(*items)
     if kind is DICT:
-        return dict(zip(n[1], [build(c, it) for c in n[3]]))
-    if kind is TREE:
-        return n[1].unflatten([build(c, it) for c in n[3]])
-    if kind is STATIC:
-        return value_of(n[2])
-    # A module, in the order of Equinox's unflatten: dynamic fields, the wrapper
-    # attributes if the key holds them, static fields; unset fields stay unset.
-    cls, statics, _, children, wrapper = n
-    info = field_info(cls)
-    obj = object.__new__(cls)
+        return dict(zip(map(value_of, t), items))
+    return t.unflatten(items)  # TREE
+
+
+def _new_module(info: FieldInfo, head: Any, statics: tuple, dynamic: list) -> Any:
+    """A module as Equinox's unflatten makes it: dynamic fields, then wrapper
+    attributes, then static fields; absent fields stay absent."""
+    obj = object.__new__(info.cls)
     d = instance_dict(obj)
-    if type(children) is int:
-        d.update(zip(info.dynamic_names, [next(it) for _ in range(children)]))
-    else:
-        dynamic = [build(c, it) for c in children]
-        d.update((k, v) for k, v in zip(info.dynamic_names, dynamic) if v is not UNSET)
-    if wrapper is not None:
-        d.update(zip(jx.WRAPPER_FIELD_NAMES, map(value_of, wrapper)))
+    d.update((k, v) for k, v in zip(info.dynamic_names, dynamic) if v is not UNSET)
+    if type(head) is tuple and head[3] is not None:
+        d.update(zip(WRAPPER_FIELD_NAMES, map(value_of, head[3])))
     values = zip(info.static_names, map(value_of, statics))
     d.update((k, v) for k, v in values if v is not UNSET)
     return obj
-
-
-# ----------------------------------------------------------------------------------
-# Walking a key, for the explanations.
 
 
 class Visit(NamedTuple):
     """A node of a key, where it is, and the module field it belongs to."""
 
     path: str  # printable: `x`, `self.encoder.w`, `y['a'][0]`
-    node: Any
+    node: Node
     cls: type | None  # the class of the nearest module holding it
     field: str | None  # and the field of that module
     parent: str | None  # the path of the node above (None for an argument)
 
 
-def walk(key: Key, argnames: Sequence[str]) -> Iterator[Visit]:
-    """Every node of `key`, parents first; traced leaves in the order of the call's."""
-    tops = [(argname(argnames, i), n) for i, n in enumerate(key.args)]
-    tops += zip(key.names, key.kwargs)
-    stack = [Visit(path, n, None, None, None) for path, n in reversed(tops)]
-    while stack:
-        v = stack.pop()
-        yield v
-        stack += reversed(_below(v))
-
-
-def _below(v: Visit) -> list[Visit]:
-    n, path = v.node, v.path
-    children = _child_nodes(n)
-    if is_module_node(n):
-        names = field_info(n[0]).dynamic_names
-        return [Visit(f"{path}.{k}", c, n[0], k, path) for k, c in zip(names, children)]
-    labels = n[1] if children and n[0] is DICT else range(len(children))
-    return [
-        Visit(f"{path}[{k!r}]", c, v.cls, v.field, path)
-        for k, c in zip(labels, children)
-    ]
-
-
-def _child_nodes(n: Any) -> tuple:
-    """The nodes right below `n` (traced leaves as `LEAF`)."""
-    if n is LEAF or n is None or n[0] is STATIC:
-        return ()
-    children = n[3] if is_module_node(n) else n[2] if n[0] is ARRAYS else n[-1]
-    return (LEAF,) * children if type(children) is int else children
-
-
-def is_module_node(n: Any) -> bool:
-    return type(n) is tuple and type(n[0]) is not Kind
-
-
-def count_leaves(n: Any) -> int:
-    """The number of traced leaves below the node `n`."""
-    return 1 if n is LEAF else sum(map(count_leaves, _child_nodes(n)))
-
-
 def argname(argnames: Sequence[str], i: int) -> str:
     return argnames[i] if i < len(argnames) else f"args[{i}]"
+
+
+def visits(key: Key, argnames: Sequence[str]) -> Iterator[Visit]:
+    """Every node of `key`, parents first, traced leaves in the order of the call's."""
+    n, names = key[0]
+    labels = [argname(argnames, i) for i in range(n)] + list(names)
+    slots = [(p, None, None, None) for p in reversed(labels)]  # the nodes to come
+    i = 1
+    while i < len(key):
+        path, cls, field, parent = slots.pop()
+        node = node_at(key, i)
+        i = node.next
+        yield Visit(path, node, cls, field, parent)
+        below = _labels(path, node, cls, field)
+        if node.children == -1 or node.kind == ARRAYS.name:  # leaves, not nodes
+            leaf = Node("traced", LEAF, (), 0, 1, i)
+            yield from (Visit(p, leaf, c, f, path) for p, c, f in below)
+        else:
+            slots += [(p, c, f, path) for p, c, f in reversed(below)]
+
+
+def _labels(path: str, node: Node, cls: Any, field: Any) -> list[tuple]:
+    if node.kind == "module":
+        info = module_info(node.head)
+        return [(f"{path}.{k}", info.cls, k) for k in info.dynamic_names]
+    if node.kind == DICT.name:
+        return [(f"{path}[{value_of(k)!r}]", cls, field) for k in node.head[1]]
+    count = node.leaves if node.kind == ARRAYS.name else node.children
+    return [(f"{path}[{j}]", cls, field) for j in range(count)]
+
+
+def leaf_visits(key: Key, argnames: Sequence[str]) -> list[Visit]:
+    """The visits of the traced leaves, in the order of the call's leaves."""
+    return [v for v in visits(key, argnames) if v.node.kind == "traced"]
+
+
+# ----------------------------------------------------------------------------------
+# Guards: code made once per key and argument layout that checks a new call against
+# the key (classes, field sets, static tokens, leaf kinds, structure) and returns the
+# call's traced leaves, or None. The hit path builds and hashes no key.
+
+_MAX_GUARD_LINES: Final = 20_000
+_MAX_GUARD_DEPTH: Final = 100  # deeper, the general path checks the call
+_WIDE: Final = 24  # a module with more fields is read with `operator.itemgetter`
+
+
+def same_token(v: Any, tok: Any) -> bool:
+    try:
+        return field_token(v) == tok
+    except Exception:  # a hash or an `__eq__` that raises: not the same
+        return False
+
+
+def same_tokens(values: tuple, toks: tuple) -> bool:
+    return all(map(same_token, values, toks))
+
+
+def subtree(v: Any) -> tuple[tuple, list]:
+    """The tokens and leaves of one value, for a part a guard checks whole."""
+    tokens: list[Any] = []
+    leaves: list[Any] = []
+    walk((v,), tokens, leaves)
+    return tuple(tokens), leaves
+
+
+class _Writer:
+    def __init__(self):
+        self.lines: list[str] = []
+        self.leaves: list[str] = []
+        self.ns: dict[str, Any] = {
+            "AT": array_types, "DICT": instance_dict, "SAME": same_token,
+            "SAMES": same_tokens, "SUB": subtree, "is_": operator.is_,
+        }  # fmt: skip
+        self.count = 0
+
+    def name(self, prefix: str) -> str:
+        self.count += 1
+        return f"{prefix}{self.count}"
+
+    def const(self, value: Any, prefix: str = "K") -> str:
+        name = self.name(prefix)
+        self.ns[name] = value
+        return name
+
+    def fail_if(self, condition: str) -> None:
+        self.lines.append(f"if {condition}: return None")
+
+    def node(self, expr: str, value: Any, key: Key, i: int, depth: int = 0) -> int:
+        if len(self.lines) > _MAX_GUARD_LINES or depth > _MAX_GUARD_DEPTH:
+            raise OverflowError
+        n = node_at(key, i)
+        tok = n.head
+        if n.kind == "traced":
+            self.fail_if(f"type({expr}) not in AT")
+            self.leaves.append(expr)
+        elif n.kind == "None":
+            self.fail_if(f"{expr} is not None")
+        elif n.kind == "static":
+            self.fail_if(f"not {self.static(expr, tok, value)}")
+        elif n.kind == "module" and type(tok) is FieldInfo:
+            return self.module(expr, value, n, key, depth)
+        elif n.kind == ARRAYS.name:
+            t = self.const(tok[1], "T")
+            self.fail_if(
+                f"type({expr}) is not {t} or len({expr}) != {tok[2]} "
+                f"or not AT.issuperset(map(type, {expr}))"
+            )
+            self.leaves.append(f"*{expr}")
+        elif n.kind == SEQ.name and (tok[1] is tuple or tok[1] is list):
+            j = end_of(key, i)
+            if tok[1] is tuple and _frozen(key, i, j):  # the same tuple: the same key
+                whole = self.const(key[i:j], "E")
+                self.fail_if(
+                    f"{expr} is not {self.const(value)} and SUB({expr})[0] != {whole}"
+                )
+                return j
+            t = self.const(tok[1], "T")
+            self.fail_if(f"type({expr}) is not {t} or len({expr}) != {tok[2]}")
+            i = n.next
+            for k, item in enumerate(value):
+                local = self.name("v")
+                self.lines.append(f"{local} = {expr}[{k}]")
+                i = self.node(local, item, key, i, depth + 1)
+            return i
+        else:  # dicts, named tuples, other pytrees, odd modules: compared whole
+            j = end_of(key, i)
+            sub, whole = self.name("s"), self.const(key[i:j], "E")
+            self.lines.append(f"{sub} = SUB({expr})")
+            self.fail_if(f"{sub}[0] != {whole}")
+            self.leaves.append(f"*{sub}[1]")
+            return j
+        return n.next
+
+    def static(self, expr: str, tok: Any, value: Any) -> str:
+        t = type(tok)
+        if tok is TRUE or tok is FALSE or tok is None:
+            return f"({expr} is {value_of(tok)})"
+        if t is int or t is str or t is bytes:
+            return f"(type({expr}) is {t.__name__} and {expr} == {tok!r})"
+        if t is type:
+            return f"({expr} is {self.const(tok, 'C')})"
+        same = f"SAME({expr}, {self.const(tok, 'T')})"
+        if t is Typed:  # the same hashable object: the same token
+            return f"({expr} is {self.const(value)} or {same})"
+        return same
+
+    def module(self, expr: str, value: Any, n: Node, key: Key, depth: int) -> int:
+        info: FieldInfo = n.head
+        d = self.name("d")
+        self.fail_if(f"type({expr}) is not {self.const(info.cls, 'C')}")
+        self.lines.append(f"{d} = DICT({expr})")
+        self.fail_if(f"len({d}) != {len(info.names)}")
+        vd = instance_dict(value)
+        if len(info.names) > _WIDE:
+            ss, ds = self.name("ss"), self.name("ds")
+            gs = self.const(info.get_static, "G")
+            gd = self.const(info.get_dynamic, "G")
+            self.lines += ["try:", f"    {ss}, {ds} = {gs}({d}), {gd}({d})", "except KeyError: return None"]  # fmt: skip
+            originals = self.const(info.get_static(vd))
+            self.fail_if(
+                f"not all(map(is_, {ss}, {originals})) "
+                f"and not SAMES({ss}, {self.const(tuple(n.statics), 'E')})"
+            )
+            dynamic = [f"{ds}[{k}]" for k in range(len(info.dynamic_names))]
+            if n.children == -1:
+                self.fail_if(f"not AT.issuperset(map(type, {ds}))")
+                self.leaves.append(f"*{ds}")
+                return n.next
+        else:
+            statics = [self.name("s") for _ in info.static_names]
+            dynamic = [self.name("f") for _ in info.dynamic_names]
+            fetched = [*statics, *dynamic]
+            if fetched:
+                reads = ", ".join(
+                    f"{d}[{k!r}]" for k in (*info.static_names, *info.dynamic_names)
+                )
+                self.lines += ["try:", f"    {', '.join(fetched)}, = {reads},", "except KeyError: return None"]  # fmt: skip
+            checks = [
+                self.static(s, tok, vd[k])
+                for s, tok, k in zip(statics, n.statics, info.static_names)
+            ]
+            if n.children == -1:
+                checks += [f"type({f}) in AT" for f in dynamic]
+                self.leaves += dynamic
+            if checks:
+                self.fail_if(f"not ({' and '.join(checks)})")
+            if n.children == -1:
+                return n.next
+        i = n.next
+        for expr_k, k in zip(dynamic, info.dynamic_names):
+            if not expr_k.isidentifier():
+                local = self.name("v")
+                self.lines.append(f"{local} = {expr_k}")
+                expr_k = local
+            i = self.node(expr_k, vd[k], key, i, depth + 1)
+        return i
+
+
+def _frozen(key: Key, i: int, j: int) -> bool:
+    """Whether `key[i:j]` holds only tuples and hashable static values: a subtree
+    that is the same as long as the tuple object is."""
+    for tok in key[i:j]:
+        if type(tok) is tuple:
+            if tok[0] is not SEQ or tok[1] is not tuple:
+                return False
+        elif not (type(tok) in SIMPLE or type(tok) is Typed or tok in (TRUE, FALSE)):
+            return False  # a traced leaf, a module, or a value compared by `==`
+    return True
+
+
+def make_guard(key: Key, args: tuple) -> Callable[..., list | None] | None:
+    """The guard of `key` for calls with these positional arguments and no keyword
+    arguments; None if the key is too large to check faster than it is built."""
+    (n, names) = key[0]
+    if names or n != len(args):
+        return None
+    w = _Writer()
+    params = [f"a{k}" for k in range(n)]
+    i = 1
+    try:
+        for p, a in zip(params, args):
+            i = w.node(p, a, key, i)
+    except OverflowError:
+        return None
+    body = "\n    ".join([*w.lines, f"return [{', '.join(w.leaves)}]"])
+    source = f"def guard({', '.join(params)}):\n    {body}\n"
+    exec(compile(source, "<es.jit guard>", "exec"), w.ns)
+    return w.ns["guard"]
+
+
+def first_class(key: Key) -> type | None:
+    """The class of the first positional argument, if it is a module."""
+    if not key[0][0]:
+        return None
+    n = node_at(key, 1)
+    return module_info(n.head).cls if n.kind == "module" else None
+
+
+def leaves_of_first(key: Key) -> int:
+    """The number of traced leaves of the first positional argument."""
+    if not key[0][0]:
+        return 0
+    i, end, count = 1, end_of(key, 1), 0
+    while i < end:
+        n = node_at(key, i)
+        count += n.leaves
+        i = n.next
+    return count
+
+
+def path_to(values: tuple, target: object) -> str | None:
+    """The path (`[i]`, `['k']`, `.field` segments) of `target` among `values`."""
+    stack: list[tuple[Any, str]] = [(v, f"[{i}]") for i, v in enumerate(values)][::-1]
+    seen: set[int] = set()
+    while stack:
+        v, path = stack.pop()
+        if v is target:
+            return path
+        if id(v) not in seen:
+            seen.add(id(v))
+            stack += [(c, f"{path}{seg}") for seg, c in reversed(_children(v))]
+    return None

@@ -1,12 +1,16 @@
-"""`es.Module`, the field facts of a module class (made once), and the checks every
-new field value goes through: at construction, on updates, on leaving `es.edit`."""
+"""`es.Module`, and the checks every new field value goes through: at construction,
+on updates, on leaving `es.edit`. Numbers in dynamic fields are stored as arrays by
+a converter, as Equinox runs converters: after `__init__`, before any
+`__check_init__`. Type checks of the fields run in one jaxtyping scope, so that
+named dimensions bind across fields."""
 
+import copy
 import dataclasses
 import difflib
-import functools
+import inspect
 import logging
 import operator
-import sys
+import re
 import types
 import typing
 import weakref
@@ -20,140 +24,28 @@ import jaxtyping
 import numpy as np
 from jax.core import Tracer
 
-from ._compat import currently_initialising, WRAPPER_FIELD_NAMES
-from ._typecheck import check_fields, set_option, Typechecker
 
+try:  # `typecheck=True` (an optional dependency)
+    import beartype
+except ImportError:  # pragma: no cover
+    beartype = None
 
-class Unset:
-    """A field not set (yet): while `__init__` runs, or left unset as Equinox allows."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "<unset>"
-
-
-UNSET: Final = Unset()
-
-
-class FieldInfo(typing.NamedTuple):
-    """The field facts of one class, for the updates and `es.jit`."""
-
-    cls: type
-    names: tuple[str, ...]
-    static_names: tuple[str, ...]
-    dynamic_names: tuple[str, ...]
-    static: frozenset[str]
-    dynamic: frozenset[str]
-    converters: Mapping[str, Callable[[Any], Any]]
-    defaults: Mapping[str, Any]  # what an unset field reads as: plain defaults only
-    check_inits: tuple[Callable[[Any], None], ...]
-    array_annotations: Mapping[str, Any]  # dynamic fields with a jaxtyping array type
-    annotations: Mapping[str, Any]
-    get_static: Callable[[dict], tuple]  # instance dict -> static values, in order
-    get_dynamic: Callable[[dict], tuple]  # instance dict -> dynamic values, in order
-    stores_arrays: bool  # an `es.Module`: Python numbers in dynamic fields -> arrays
-
-
-# The C-level `__dict__` descriptor (`module.__dict__` runs Equinox's Python code).
-DICT: Final = eqx.Module.__dict__["__dict__"]
-instance_dict: Final[Callable[[object], dict[str, Any]]] = DICT.__get__
-_infos: Final[weakref.WeakKeyDictionary[type, FieldInfo]] = weakref.WeakKeyDictionary()
-
-
-def field_info(cls: type) -> FieldInfo:
-    """The field facts of the `eqx.Module` subclass `cls`, made once."""
-    try:
-        return _infos[cls]
-    except KeyError:
-        pass
-    fields = dataclasses.fields(cls)
-    static = tuple(f.name for f in fields if f.metadata.get("static", False))
-    dynamic = tuple(f.name for f in fields if f.name not in static)
-    annotations = _annotations(cls, {f.name for f in fields})
-    info = _infos[cls] = FieldInfo(
-        cls=cls,
-        names=tuple(f.name for f in fields),
-        static_names=static,
-        dynamic_names=dynamic,
-        static=frozenset(static),
-        dynamic=frozenset(dynamic),
-        converters={
-            f.name: f.metadata["converter"]
-            for f in fields
-            if f.metadata.get("converter") is not None
-        },
-        defaults={f.name: f.default for f in fields if _reads_as_default(cls, f)},
-        check_inits=tuple(
-            k.__dict__["__check_init__"]
-            for k in cls.__mro__
-            if "__check_init__" in k.__dict__ and k is not Module
-        ),
-        array_annotations={
-            name: ann
-            for name, ann in annotations.items()
-            if name not in static and _is_array(ann)
-        },
-        annotations=annotations,
-        get_static=_getter(static),
-        get_dynamic=_getter(dynamic),
-        stores_arrays=is_es_module_class(cls),
-    )
-    return info
-
-
-def _reads_as_default(cls: type, f: dataclasses.Field) -> bool:
-    """Whether the field, left unset by a custom `__init__`, reads as its default (a
-    subclass's class attribute, or a descriptor such as a property, is read then)."""
-    if f.default is dataclasses.MISSING or hasattr(type(f.default), "__get__"):
-        return False
-    owner = next((k for k in cls.__mro__ if f.name in k.__dict__), None)
-    return owner is not None and owner.__dict__[f.name] is f.default
-
-
-def is_es_module_class(cls: type) -> bool:
-    """Whether `cls` subclasses `es.Module` (safe while the class is being made)."""
-    return any(k.__module__ == __name__ and k.__name__ == "Module" for k in cls.__mro__)
-
-
-def _getter(names: tuple[str, ...]) -> Callable[[dict], tuple]:
-    """`d -> tuple(d[n] for n in names)`, in C."""
-    if not names:
-        return lambda d: ()
-    if len(names) == 1:
-        (name,) = names
-        return lambda d: (d[name],)
-    return operator.itemgetter(*names)
-
-
-def _annotations(cls: type, names: set[str]) -> dict[str, Any]:
-    """Resolved annotations of the fields; unresolvable strings are skipped."""
-    try:
-        hints = typing.get_type_hints(cls, include_extras=True)
-    except Exception:  # one unresolvable forward reference: field by field
-        hints = {}
-        for k in reversed(cls.__mro__):
-            ns = dict(getattr(sys.modules.get(k.__module__), "__dict__", {}))
-            for name, ann in k.__dict__.get("__annotations__", {}).items():
-                try:  # as `get_type_hints` does
-                    ann = eval(ann, ns, vars(k)) if isinstance(ann, str) else ann
-                except Exception:  # a name imported only under `TYPE_CHECKING`, say
-                    pass
-                hints[name] = ann
-    return {k: v for k, v in hints.items() if k in names and not isinstance(v, str)}
-
-
-UNIONS: Final = (typing.Union, types.UnionType)  # `Union[a, b]` and `a | b`
-
-
-def _is_array(ann: Any, plain: bool = False) -> bool:
-    """Whether `ann` (or a union member) is a jaxtyping array type; or, if `plain`,
-    `jax.Array` or `np.ndarray`, also as the items of a container annotation."""
-    origin = typing.get_origin(ann)
-    if origin in UNIONS or (plain and origin is not None):
-        return any(_is_array(a, plain) for a in typing.get_args(ann))
-    jaxtyped = isinstance(ann, type) and issubclass(ann, jaxtyping.AbstractArray)
-    return jaxtyped or (plain and ann in (jax.Array, np.ndarray))
+from ._fields import (
+    field_info,
+    FieldInfo,
+    instance_dict,
+    is_array_annotation,
+    is_hashable,
+    UNIONS,
+)
+from ._jax import (
+    BoundMethod,
+    is_named_dim,
+    jaxtyped_class,
+    WRAPPER_FIELD_NAMES,
+)
+from ._jit import bound
+from ._key import cycle_in
 
 
 def unknown_field_error(
@@ -167,22 +59,6 @@ def unknown_field_error(
     return AttributeError(
         f"`{cls.__qualname__}` has no field {name!r}.{hint} {which}: {valid}."
     )
-
-
-_module_types: Final[dict[type, bool]] = {}
-
-
-def is_module_type(t: type) -> bool:
-    """`issubclass(t, eqx.Module)`, cached (slow with Equinox's metaclass)."""
-    try:
-        return _module_types[t]
-    except KeyError:
-        r = _module_types[t] = issubclass(t, eqx.Module)
-        return r
-
-
-def is_module(x: object) -> bool:
-    return is_module_type(type(x))
 
 
 def drop_cached(d: dict[str, Any], info: FieldInfo) -> None:
@@ -207,10 +83,8 @@ def default_dtype(t: type) -> Any:
 
 
 def check_hashable(info: FieldInfo, name: str, value: object) -> None:
-    """Raise `TypeError` if `value` is unhashable, as the compile key hashes it."""
-    from ._key import deep, is_hashable
-
-    if deep(is_hashable, value):
+    """Raise `TypeError` if `value` is unhashable: a static value keys the cache."""
+    if is_hashable(value):
         return
     if isinstance(value, _ARRAYS) and value.ndim == 0:
         number = info.annotations.get(name)
@@ -230,6 +104,8 @@ def check_hashable(info: FieldInfo, name: str, value: object) -> None:
         fix = f"Store a hashable mapping instead, e.g. `{name}=tuple(d.items())`."
     elif isinstance(value, set):
         fix = f"Store a frozenset instead: `{name}=frozenset(...)`."
+    elif dataclasses.is_dataclass(value):
+        fix = "Make its class a frozen dataclass: `@dataclass(frozen=True)`."
     else:
         fix = (
             "Static values key the compilation cache, so they must be hashable: "
@@ -246,19 +122,19 @@ def as_data(info: FieldInfo, name: str, value: Any) -> Any:
     bools), also in plain tuples, lists and dicts, become strongly typed 0-d arrays
     of JAX's default dtype for their kind (an `int` in a field annotated `float` or
     `complex`: of that kind). Unchanged containers are returned as they are."""
-    from ._key import CyclicValue, deep
-
     kind = info.annotations.get(name)
     kind = kind if kind in _INEXACT else None
     found: list[Any] = []
     try:
-        out = deep(_as_data, info.cls, name, value, kind, found)
-    except CyclicValue as e:
-        where = name + e.path.removeprefix("[2]")
+        out = _as_data(info.cls, name, value, kind, found)
+    except RecursionError:
+        path = cycle_in(value)
+        if path is None:
+            raise
         raise ValueError(
             f"Field {name!r} of `{info.cls.__qualname__}` got a value that contains "
-            f"itself: {where} is the value again. A module's fields are a tree; "
-            "break the cycle before storing it."
+            f"itself: {name}{path} is the value again. A module's fields are a "
+            "tree; break the cycle before storing it."
         ) from None
     if found:
         _warn_trainable(info, name, found[0])
@@ -293,14 +169,14 @@ def _as_data(cls: type, name: str, value: Any, kind: type | None, found: list) -
     return dict(zip(value, new)) if t is dict else t(new)
 
 
-_warned: Final[weakref.WeakKeyDictionary[type, set[str]]] = weakref.WeakKeyDictionary()
+_warned: Final = weakref.WeakKeyDictionary[type, set[str]]()
 
 
 def _warn_trainable(info: FieldInfo, name: str, value: Any) -> None:
     """Say once per field, unless its annotation says it is an array, that a float
     stored as an array is trained (where Equinox would keep the float out)."""
     warned = _warned.setdefault(info.cls, set())
-    if name in warned or _is_array(info.annotations.get(name), plain=True):
+    if name in warned or is_array_annotation(info.annotations.get(name), plain=True):
         return
     warned.add(name)
     logging.getLogger("eqx_static").warning(
@@ -313,6 +189,37 @@ def _warn_trainable(info: FieldInfo, name: str, value: Any) -> None:
         "also silences this warning.",
         name, info.cls.__qualname__, type(value).__name__, value, name, name,
     )  # fmt: skip
+
+
+class _Store:
+    """The converter of a dynamic field of an `es.Module`: the field's own converter
+    (if any), then numbers stored as arrays (`as_data`)."""
+
+    def __init__(self, cls: type, name: str, inner: Callable | None):
+        self.cls, self.name, self.es_user_converter = cls, name, inner
+
+    def __call__(self, value: Any) -> Any:
+        if self.es_user_converter is not None:
+            value = self.es_user_converter(value)
+        return as_data(field_info(self.cls), self.name, value)
+
+
+_prepared: Final = weakref.WeakSet[type]()
+
+
+def _prepare(cls: type) -> None:
+    """Give each dynamic field of `cls` its `_Store` converter, in a copy of the
+    field that only `cls` holds (its parents' fields are theirs)."""
+    fields = cls.__dataclass_fields__  # pyright: ignore[reportAttributeAccessIssue]
+    for f in dataclasses.fields(cls):
+        converter = f.metadata.get("converter")
+        if f.metadata.get("static") or isinstance(converter, _Store):
+            continue
+        new = copy.copy(f)
+        metadata = {**f.metadata, "converter": _Store(cls, f.name, converter)}
+        new.metadata = types.MappingProxyType(metadata)
+        fields[f.name] = new
+    _prepared.add(cls)
 
 
 def convert_and_check(
@@ -335,21 +242,26 @@ def convert_and_check(
         else:
             if info.stores_arrays:
                 value = as_data(info, name, value)
-            ann = info.array_annotations.get(name)
-            old = None if current is None else current.get(name)
-            if ann is not None and not _matches(value, ann):
-                if old is None or _matches(old, ann):
-                    raise TypeError(
-                        f"Field {name!r} of `{info.cls.__qualname__}` is annotated "
-                        f"`{_ann_repr(ann)}`, but got {_describe(value)}. Pass a "
-                        "value of that dtype and shape."
-                    )
-                _check_stacked(info.cls, name, value, old)
-            elif ann is None and info.annotations.get(name) in _WIDE:
-                if isinstance(old, _ARRAYS) and old.ndim > 0:
-                    _check_stacked(info.cls, name, value, old)
+            _check_array(
+                info, name, value, None if current is None else current.get(name)
+            )
         out[name] = value
     return out
+
+
+def _check_array(info: FieldInfo, name: str, value: Any, old: Any) -> None:
+    ann = info.array_annotations.get(name)
+    if ann is not None and not _matches(value, ann):
+        if old is None or _matches(old, ann):
+            raise TypeError(
+                f"Field {name!r} of `{info.cls.__qualname__}` is annotated "
+                f"`{_ann_repr(ann)}`, but got {_describe(value)}. Pass a value of "
+                "that dtype and shape."
+            )
+        _check_stacked(info.cls, name, value, old)
+    elif ann is None and info.annotations.get(name) in _WIDE:
+        if isinstance(old, _ARRAYS) and old.ndim > 0:
+            _check_stacked(info.cls, name, value, old)
 
 
 def _check_stacked(cls: type, name: str, value: object, old: Any) -> None:
@@ -387,7 +299,7 @@ def _ann_repr(ann: Any) -> str:
         return " | ".join(_ann_repr(a) for a in typing.get_args(ann))
     if ann is type(None):
         return "None"
-    if _is_array(ann):
+    if is_array_annotation(ann):
         array = "Array" if ann.array_type is jax.Array else ann.array_type.__name__
         return f"{ann.dtype.__name__}[{array}, {ann.dim_str!r}]"
     return getattr(ann, "__name__", None) or repr(ann)
@@ -400,28 +312,138 @@ def run_check_inits(info: FieldInfo, module: object) -> None:
     check_fields(module)
 
 
+# ----------------------------------------------------------------------------------
+# Type checks of the fields, in one jaxtyping scope (`typecheck=` class option).
+
+Typechecker = Callable[[Callable], Callable]
+# The `typecheck=` option of each class that set one (None: switched off).
+_options: Final = weakref.WeakKeyDictionary[type, Typechecker | None]()
+_checkers: Final = weakref.WeakKeyDictionary[
+    type, tuple[Callable, tuple[str, ...]] | None
+]()
+# A stored number may carry the leading axes of an `eqx.filter_vmap` ensemble.
+_NUMBER_ARRAYS: Final[dict[Any, Any]] = {
+    t: getattr(jaxtyping, t.__name__.capitalize())[jaxtyping.Array, "..."]
+    for t in (bool, int, float, complex)
+}
+
+
+def _set_option(cls: type, typecheck: bool | Typechecker | None) -> None:
+    if typecheck is True:
+        typecheck = _beartype()
+    elif typecheck is False:
+        typecheck = None
+    elif not callable(typecheck):
+        raise TypeError(
+            f"`typecheck=` on `{cls.__qualname__}` takes True, False or a typechecker "
+            f"such as `beartype.beartype`; got {typecheck!r}."
+        )
+    _options[cls] = typecheck
+
+
+def _beartype() -> Typechecker:
+    if beartype is None:
+        raise ImportError(
+            "`typecheck=True` uses beartype, which is not installed: "
+            "`pip install beartype`, or pass another typechecker, as in "
+            "`typecheck=typeguard.typechecked`."
+        )
+    return beartype.beartype
+
+
+def check_fields(module: object) -> None:
+    """Type-check every annotated field of `module` in one jaxtyping scope."""
+    cls = type(module)
+    try:
+        checker = _checkers[cls]
+    except KeyError:
+        checker = _checkers[cls] = _make_checker(cls)
+    if checker is None:
+        return
+    d = instance_dict(module)
+    values = {n: d[n] for n in checker[1]}
+    try:
+        checker[0](**values)
+    except jaxtyping.TypeCheckError as e:
+        raise TypeError(_type_message(cls, values, e)) from None
+
+
+def _make_checker(cls: type) -> tuple[Callable, tuple[str, ...]] | None:
+    """A function of the annotated fields, as keywords, that checks them; and their
+    names. None if `cls` asks for no checks, or has no annotations."""
+    for k in cls.__mro__:
+        if k in _options:
+            typechecker = _options[k]
+            break
+    else:
+        typechecker = _beartype() if jaxtyped_class(cls) else None
+    info = field_info(cls)
+    anns = dict(info.annotations)
+    if typechecker is None or not anns:
+        return None
+    if info.stores_arrays:  # a number in a dynamic field is stored as a 0-d array
+        for name in info.dynamic_names:
+            if anns.get(name) in _NUMBER_ARRAYS:
+                anns[name] |= _NUMBER_ARRAYS[anns[name]]
+
+    def fields(**kwargs: Any) -> None:
+        del kwargs
+
+    fields.__qualname__ = f"{cls.__qualname__}.fields"
+    fields.__annotations__ = anns
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    fields.__signature__ = inspect.Signature(  # pyright: ignore[reportFunctionMemberAccess]
+        [inspect.Parameter(n, keyword, annotation=a) for n, a in anns.items()]
+    )
+    return jaxtyping.jaxtyped(typechecker=typechecker)(fields), tuple(anns)
+
+
+def _type_message(cls: type, values: dict[str, Any], e: Exception) -> str:
+    found = re.search(r"typechecking parameter '(\w+)'", str(e))
+    if found is None:
+        return f"A field of `{cls.__qualname__}` does not match its annotation.\n\n{e}"
+    name, anns = found.group(1), field_info(cls).annotations
+    mine = _named_sizes(anns.get(name), values.get(name))
+    for other, ann in anns.items():
+        theirs = {} if other == name else _named_sizes(ann, values.get(other))
+        for dim, size in mine.items():
+            if dim in theirs and theirs[dim] != size:
+                return (
+                    f"Fields {other!r} and {name!r} of `{cls.__qualname__}` disagree "
+                    f"on dimension {dim!r}: {other!r} has {dim}={theirs[dim]} (shape "
+                    f"{tuple(values[other].shape)}), {name!r} has {dim}={size} "
+                    f"(shape {tuple(values[name].shape)}). Give them matching shapes."
+                )
+    ann = anns.get(name)
+    v: Any = values.get(name)
+    shown = ann.__name__ if isinstance(ann, type) else repr(ann)
+    array = hasattr(v, "shape") and hasattr(v, "dtype")
+    got = f"{v.dtype}{list(v.shape)}" if array else repr(v)
+    return (
+        f"The field {name!r} of `{cls.__qualname__}` does not match its annotation "
+        f"`{shown}`: got {got}. Pass a value of the annotated type.\n\n{e}"
+    )
+
+
+def _named_sizes(ann: Any, value: Any) -> dict[str, int]:
+    """The sizes that `value` gives the named dimensions of `ann`."""
+    dims, shape = getattr(ann, "dims", None), getattr(value, "shape", None)
+    if dims is None or shape is None or len(dims) != len(shape):
+        return {}
+    return {
+        d.name: size
+        for d, size in zip(dims, shape)
+        if is_named_dim(d) and not d.broadcastable
+    }
+
+
+# ----------------------------------------------------------------------------------
+
 # `es.edit`'s copies of `es.Module`s, by id, each with what to call before a read of
 # one of its fields (copy on write). Filled and emptied by `_update.edit`.
 editing: Final[dict[int, Callable[[Any, str], None]]] = {}
 
-
 _Self = TypeVar("_Self", bound="Module")
-
-
-class _PartialMethod:
-    """Binds an `_update` function to an instance with `functools.partial`, where a
-    plain method read off an `eqx.Module` would become an Equinox `BoundMethod`,
-    made by walking every leaf of the module."""
-
-    def __init__(self, name: str, doc: str):
-        self.name = name
-        self.__doc__ = doc
-
-    def __get__(self, obj: object, owner: type | None = None) -> Callable[..., Any]:
-        from . import _update
-
-        fn = getattr(_update, self.name)
-        return fn if obj is None else functools.partial(fn, obj)
 
 
 def _as_number(x: Any) -> Any:
@@ -443,10 +465,12 @@ class Module(eqx.Module):
     A field is static if and only if it is declared `eqx.field(static=True)`; it
     keys the compile cache of [`eqx_static.jit`][], so it must hold a hashable
     value. Every other field is dynamic: data, traced, so changing it never
-    recompiles. A Python `bool`/`int`/`float`/`complex` landing in a dynamic field
-    (also in plain tuples, lists and dicts) is stored as a strongly typed 0-d array
-    of JAX's default dtype for its kind, as an optimiser step gives it back, so eager
-    code sees what compiled code sees. Being data, it is differentiated by
+    recompiles. A Python `int`/`float`/`complex` landing in a dynamic field (also in
+    plain tuples, lists and dicts) is stored as a strongly typed 0-d array of JAX's
+    default dtype for its kind, as an optimiser step gives it back, so eager code
+    sees what compiled code sees; a `bool` stays a `bool`. The numbers are stored
+    when `__init__` has finished, as Equinox runs converters: a custom `__init__`
+    reads back what it assigned. Being data, a stored float is differentiated by
     `eqx.filter_grad` and trained by optax: to keep it fixed, declare it static or
     keep it out of the optimiser. A dynamic field annotated with a jaxtyping array
     type must match it. A plain default that a custom `__init__` leaves unset is
@@ -497,15 +521,25 @@ class Module(eqx.Module):
     ) -> None:
         super().__init_subclass__(**kwargs)
         if typecheck is not None:
-            set_option(cls, typecheck)
+            _set_option(cls, typecheck)
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls not in _prepared:
+            _prepare(cls)
+        return super().__new__(cls, *args, **kwargs)
 
     def __check_init__(self) -> None:
         # At construction only (updates check what they change), after Equinox has
-        # applied the converters. An unset field gets its plain default (`defaults`).
+        # run the converters. An unset static field gets its plain default.
         info = field_info(type(self))
         d = instance_dict(self)
         for name, default in info.defaults.items():
             d.setdefault(name, default)
+        for name, attr in info.through_class.items():
+            # Stored by the converter from a read through the class: unset again,
+            # unless it is a number, which is stored as an array (the one rule).
+            if name in d and (d[name] is attr or _is_data_descriptor(attr)):
+                del d[name]
         d.update(convert_and_check(info, {n: d[n] for n in info.names if n in d}, ()))
         check_fields(self)
 
@@ -517,7 +551,8 @@ class Module(eqx.Module):
 
         def __getattribute__(self, name: str, /) -> Any:
             # Equinox's own, plus: a failed `es.edit`'s copy refuses every read, an
-            # `es.edit` copy copies on write, and bound methods skip Equinox's walk.
+            # `es.edit` copy copies on write, and bound methods skip Equinox's walk
+            # (an `es.jit` one is a `BoundJit`).
             d = instance_dict(self)
             if type(d) is not dict:  # a failed edit's copy: raises, saying why
                 d.on_read(name)
@@ -527,34 +562,22 @@ class Module(eqx.Module):
                 return d
             out = object.__getattribute__(self, name)
             if type(out) is types.MethodType and out.__self__ is self:
-                func = out.__func__
+                if hasattr(out.__func__, "es_jit"):
+                    return bound(out)
                 if not (name.startswith("__") and name.endswith("__")):
                     if name != "_abc_impl":
-                        return _bound_method(func, self)
-                elif hasattr(func, "es_jit"):  # an installed `es.jit` special method
-                    from ._jit import BoundJit
-
-                    return BoundJit(func, self)
+                        return _bound_method(out.__func__, self)
             return out
 
         def __setattr__(self, name: str, value: Any) -> None:
             info = field_info(type(self))
-            if name in info.dynamic:
-                # A converter sees the value as given; `__check_init__` stores its
-                # result. (Outside `__init__` and `es.edit`, Equinox refuses below.)
-                if name not in info.converters and self in currently_initialising:
-                    value = as_data(info, name, value)
-                return super().__setattr__(name, value)
-            if name in info.static or name.startswith("__"):
+            if name in info.static or name in info.dynamic or name.startswith("__"):
                 return super().__setattr__(name, value)
             hint = unknown_field_error(info.cls, name, info.names)
             raise dataclasses.FrozenInstanceError(
                 f"cannot assign to field {name!r}: {hint} Only fields can be assigned, "
                 "in `__init__` or inside `es.edit`."
             )
-
-        with_static = _PartialMethod("with_static", "See `es.with_static`.")
-        with_dynamic = _PartialMethod("with_dynamic", "See `es.with_dynamic`.")
 
     else:
 
@@ -567,17 +590,20 @@ class Module(eqx.Module):
             ...
 
 
+def _is_data_descriptor(attr: Any) -> bool:
+    t = type(attr)
+    return hasattr(t, "__get__") and (hasattr(t, "__set__") or hasattr(t, "__delete__"))
+
+
 def _bound_method(func: Any, obj: Any) -> Any:
     """Equinox's `BoundMethod(func, obj)`, the same pytree, made without the
     metaclass call, which walks every leaf of `obj` (about 120 µs at 100 leaves)."""
-    from ._compat import BoundMethod
-
-    bound = object.__new__(BoundMethod)
-    d = instance_dict(bound)
+    method = object.__new__(BoundMethod)
+    d = instance_dict(method)
     d["__func__"], d["__self__"] = func, obj
     for k in WRAPPER_FIELD_NAMES:  # as `BoundMethod.__post_init__` sets them
         try:
             d[k] = getattr(func, k)
         except AttributeError:
             pass
-    return bound
+    return method

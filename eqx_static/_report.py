@@ -5,6 +5,7 @@ at run time, as `eqx.filter_jit` reports it). All of it reads structured records
 a key's nodes (`_key.walk`), the `Change`s between two keys, and each program's
 per-operation summary (`ops_of`)."""
 
+import dataclasses
 import functools
 import hashlib
 import itertools
@@ -20,12 +21,12 @@ import jax
 import numpy as np
 from jax.core import Tracer
 
-from . import _compat as jx
-from ._key import ARRAYS, is_hashable, is_module_node, Key, LEAF, STATIC, value_of, walk
-from ._module import field_info
+from . import _jax
+from ._fields import field_info, value_of
+from ._key import Key, module_info, Node, Visit, visits
 
 
-jx.hide_frames(__file__)
+_jax.hide_frames(__file__)
 
 logger: Final = logging.getLogger("eqx_static")
 
@@ -43,18 +44,20 @@ class Change(NamedTuple):
     # or a change no value names: "signature", "jax" (JAX's own), "transformed"
 
 
-def unhashable_message(name: str, key: Key) -> str:
-    """Where a call's unhashable static leaf is, and the hashable value to pass."""
-    for v in walk(key, ()):
-        n = v.node
-        if type(n) is tuple and n[0] is STATIC and not is_hashable(value_of(n[2])):
-            fix = "a frozenset instead" if n[1] is set else _ANY_HASHABLE
-            return (
-                f"`{name}` got {v.path}, a {n[1].__name__}, which is not hashable. A "
-                "non-array argument is static: it keys the compilation cache, as under "
-                f"`eqx.filter_jit`, so it must be hashable. Pass {fix}."
-            )
-    return f"`{name}` got an unhashable static value."
+def unhashable_message(name: str, where: str, value: object) -> str:
+    """The error for an unhashable static leaf of a call, with the fix for it."""
+    t = type(value)
+    fix = {
+        list: "a tuple instead", dict: "a tuple of its items instead",
+        set: "a frozenset instead",
+    }.get(t)  # fmt: skip
+    if fix is None and dataclasses.is_dataclass(t):
+        fix = "a frozen dataclass instead (`@dataclass(frozen=True)`)"
+    return (
+        f"`{name}` got {where}, a {t.__name__}, which is not hashable. A non-array "
+        "argument is static: it keys the compilation cache, as under "
+        f"`eqx.filter_jit`, so it must be hashable. Pass {fix or _ANY_HASHABLE}."
+    )
 
 
 _ANY_HASHABLE: Final = "a hashable value instead, or an array if it is data"
@@ -63,58 +66,58 @@ _ANY_HASHABLE: Final = "a hashable value instead, or an array if it is data"
 def diff(old: Key, new: Key, argnames: Sequence[str]) -> list[Change]:
     """What differs from `old` to `new`: a node that changed kind, class or
     structure and nothing below it; a module's static fields one by one."""
-    if len(old.args) != len(new.args) or old.names != new.names:
-        what = f"{len(old.args)} -> {len(new.args)} positional, keywords {list(old.names)} -> {list(new.names)}"
+    if old[0] != new[0]:
+        (n, names), (m, new_names) = old[0], new[0]
+        what = f"{n} -> {m} positional, keywords {list(names)} -> {list(new_names)}"
         return [Change(f"call signature changed: {what}", "arguments", "signature")]
-    method = bool(argnames) and argnames[0] == "self"
-    before = {v.path: v.node for v in walk(old, argnames)}
+    method = argnames[:1] == ("self",)
+    before = {v.path: v.node for v in visits(old, argnames)}
     out: list[Change] = []
     stopped: set[str] = set()
-    for v in walk(new, argnames):
-        if (
-            v.parent in stopped
-            or v.node == before[v.path]
-            or _compare(before[v.path], v.node, v.path, method, out)
-        ):
+    for v in visits(new, argnames):
+        a = before.get(v.path)
+        if v.parent in stopped or a is None:
+            stopped.add(v.path)  # below a change of structure: already said
+        elif a[:5] != v.node[:5] and _compare(a, v.node, v.path, method, out):
             stopped.add(v.path)
     return out
 
 
-def _show(static: Any) -> str:
+def _show(tok: Any) -> str:
     """A static value as a change names it: a function by its name, else `repr`."""
-    v = value_of(static)
+    v = value_of(tok)
     name = getattr(v, "__qualname__", None)
     return name if isinstance(name, str) and not isinstance(v, type) else repr(v)
 
 
-def _compare(a: Any, b: Any, path: str, method: bool, out: list[Change]) -> bool:
-    """Append what differs between two unequal nodes themselves (not both traced,
-    nor both None); return whether to skip their children."""
+def _compare(a: Node, b: Node, path: str, method: bool, out: list[Change]) -> bool:
+    """Append what differs between two unequal nodes themselves; return whether
+    to skip their children."""
     is_self = method and path == "self"
     name = path.removeprefix("self.") if method else path
     argument = "." not in path and "[" not in path
     what = "self" if is_self else f"argument {path}" if argument else f"field {name!r}"
     ka, kb = _kind(a), _kind(b)
-    if ka == kb == "module" and a[0] is b[0]:
-        names = field_info(a[0]).static_names
-        for field, x, y, tx, ty in zip(names, a[1], b[1], a[2], b[2]):
-            if tx is not ty or x != y:
+    if ka == kb == "module" and module_info(a.head) is module_info(b.head):
+        names = module_info(a.head).static_names
+        for field, x, y in zip(names, a.statics, b.statics):
+            if x != y:
                 field = field if is_self else f"{name}.{field}"
                 change = f"{field!r} changed {_show(x)} -> {_show(y)}"
                 out.append(Change(f"static field {change}", field, "static field"))
-        if a[4] != b[4]:
+        if a.head != b.head:
             out.append(Change(f"{what} extra attributes changed", name, "structure"))
         return False
     if ka == kb == "static":
-        change = f"{what} changed {_show(a[2])} -> {_show(b[2])}"
+        change = f"{what} changed {_show(a.head)} -> {_show(b.head)}"
         out.append(Change(change, name, "argument" if argument else "leaf"))
         return True
     if ka != kb:
         change = f"{what} changed kind: {ka} -> {kb}"
     elif ka == "module":
         who = "class" if is_self else f"{what} class"
-        change = f"{who} {a[0].__qualname__} -> {b[0].__qualname__}"
-    elif a[0] is ARRAYS or a[:-1] != b[:-1] or len(a[-1]) != len(b[-1]):
+        change = f"{who} {module_info(a.head).cls.__qualname__} -> {module_info(b.head).cls.__qualname__}"
+    elif a.head != b.head or a[2:5] != b[2:5]:
         change = f"{what} structure changed"
     else:
         return False
@@ -122,10 +125,8 @@ def _compare(a: Any, b: Any, path: str, method: bool, out: list[Change]) -> bool
     return True
 
 
-def _kind(n: Any) -> str:
-    if n is LEAF or n is None or is_module_node(n):
-        return "traced" if n is LEAF else "None" if n is None else "module"
-    return "sequence" if n[0] is ARRAYS else n[0].name
+def _kind(n: Node) -> str:
+    return "sequence" if n.kind == "arrays" else n.kind
 
 
 class Seen(NamedTuple):
@@ -138,17 +139,18 @@ class Seen(NamedTuple):
 
 
 def explain(
-    known: Sequence[Seen], key: Key, run: tuple, argnames: Sequence[str]
+    known: Sequence[Seen], key: Key, run: tuple, argnames: Sequence[str], n_fn: int
 ) -> tuple[list[Change], Seen | None]:
     """What differs between a call of `key` for `run` (avals, JAX's context) and the
-    closest of `known` (fewest differences, most recent), and that one."""
+    closest of `known` (fewest differences, most recent), and that one. The first
+    `n_fn` leaves are the function's own."""
     sig, context = run
     best: tuple[list[Change], Seen | None] = ([], None)
-    for seen in reversed(known[-64:]):
+    for seen in reversed(known):
         changes = diff(seen.key, key, argnames)
         if seen.sig != sig and not any(c.kind == "structure" for c in changes):
-            leaves = [v for v in walk(key, argnames) if v.node is LEAF]
-            pairs = zip(leaves, seen.sig, sig)  # they line up
+            leaves = [v for v in visits(key, argnames) if v.node.kind == "traced"]
+            pairs = zip(leaves, seen.sig[n_fn:], sig[n_fn:])  # they line up
             changes += [_leaf_change(o, a, b) for o, a, b in pairs if a != b]
         if not changes and seen.context != context:
             changes = [Change("JAX's configuration changed", "context", "context")]
@@ -157,7 +159,7 @@ def explain(
     return best
 
 
-def _leaf_change(o: Any, a: tuple, b: tuple) -> Change:
+def _leaf_change(o: Visit, a: tuple, b: tuple) -> Change:
     """A change of one traced leaf's shape, dtype, weak type or sharding."""
     name = o.path.removeprefix("self.")  # only a field's path starts so
     where = f"field {name!r}" if o.field else f"argument {o.path}"
@@ -215,13 +217,13 @@ class Differ(NamedTuple):
 
 # Operations that only call the program nested in them (whose operations are listed).
 _CALLS: Final = frozenset(
-    "pjit jit closed_call custom_jvp_call custom_vjp_call remat checkpoint".split()
+    "pjit jit closed_call eval_jaxpr custom_jvp_call custom_vjp_call remat remat2 checkpoint".split()
 )
 
 
 def ops_of(jaxpr: Any, depth: int = 0) -> Iterator[Op]:
     """A traced program, one record per operation, nested bodies in place."""
-    inner = jx.open_jaxpr(jaxpr)
+    inner = _jax.open_jaxpr(jaxpr)
     consts = dict(zip(inner.constvars, getattr(jaxpr, "consts", ())))
     # Inputs by where they come from: the n-th input of the program or output of an
     # operation; so `dc * x` and `dp * x` are different operations.
@@ -231,13 +233,13 @@ def ops_of(jaxpr: Any, depth: int = 0) -> Iterator[Op]:
             params = [
                 (k, _stable(v))
                 for k, v in sorted(eqn.params.items())
-                if not list(jx.nested_jaxprs({k: v}))
+                if not list(_jax.nested_jaxprs({k: v}))
             ]
             inputs = [_input(v, consts, numbers) for v in eqn.invars]
             what = hashlib.sha1(repr((name, params, inputs)).encode()).digest()[:8]
-            yield Op(what, name, jx.user_frame(eqn.source_info))
+            yield Op(what, name, _user_frame(eqn.source_info))
         numbers.update((v, len(numbers)) for v in eqn.outvars)
-        for sub in jx.nested_jaxprs(eqn.params) if depth < 8 else ():
+        for sub in _jax.nested_jaxprs(eqn.params) if depth < 8 else ():
             yield from ops_of(sub, depth + 1)
 
 
@@ -248,6 +250,11 @@ def _input(v: Any, consts: dict, numbers: dict) -> Any:
         a = np.asarray(consts[v])
         return (a.shape, str(a.dtype), hashlib.sha1(a.tobytes()).hexdigest())
     return (numbers.get(v), str(v.aval))
+
+
+def _user_frame(source_info: Any) -> tuple[str, int, str] | None:
+    frames = _jax.user_frames(source_info)
+    return frames[0] if frames else None
 
 
 def _stable(v: Any) -> Any:
@@ -372,8 +379,8 @@ _FIXED: Final = {
     "signature": "Pass the same arguments, positionally or by keyword, each call.",
     "jax": "JAX's profile-guided optimisation (`jax_enable_pgle`) compiles each "
     "program again once it has profiled it.",
-    "transformed": "An eager `jax.grad` or `jax.vmap` compiles each transformed "
-    "program: put the transformation under a `jax.jit`.",
+    "transformed": "An eager `jax.grad`, `jax.vmap` or `jax.checkpoint` compiles "
+    "each transformed program: put the transformation under a `jax.jit`.",
 }
 
 
@@ -453,14 +460,13 @@ _LEAF_INDEX: Final = re.compile(r"_es_leaves\[(\d+)\]")
 
 
 def traced_field_error(
-    name: str, e: Exception, key: Key, argnames: Sequence[str], n_fn: int
+    name: str, e: Exception, origins: Sequence[Visit], n_fn: int
 ) -> TracedFieldError | None:
     """`TracedFieldError` for the field or argument of the leaf `e` names (None if
     none, or `e` is one already); `n_fn` leaves of the function come first."""
     indices = [int(i) - n_fn for i in _LEAF_INDEX.findall(str(e))]
     if not indices or isinstance(e, TracedFieldError):
         return None
-    origins = [v for v in walk(key, argnames) if v.node is LEAF]
     o = next((origins[i] for i in indices if 0 <= i < len(origins)), None)
     if o is None:
         return None
@@ -493,7 +499,7 @@ def traced_field_error(
 # `eqx.filter_jit` does, wait for the result, hide that log, and raise
 # `eqx.EquinoxRuntimeError` with the message and the stack inside the program.
 
-_callback_logger: Final = logging.getLogger(jx.CALLBACK_LOGGER)
+_callback_logger: Final = logging.getLogger(_jax.CALLBACK_LOGGER)
 
 
 class _Marker(threading.local):
@@ -512,7 +518,7 @@ def reporting_errors(call: Callable, wait: bool = True) -> Callable:
 
     def reporting(*leaves: Any) -> Any:
         __tracebackhide__ = True
-        quiet = jx.FilterCallback()
+        quiet = _jax.FilterCallback()
         _callback_logger.addFilter(quiet)
         try:
             out = call(*leaves)
@@ -520,14 +526,14 @@ def reporting_errors(call: Callable, wait: bool = True) -> Callable:
                 if isinstance(a, jax.Array) and not isinstance(a, Tracer):
                     a.block_until_ready()  # one execution: its outputs come together
                     break
-        except (jx.JaxRuntimeError, ValueError) as e:
-            info = jx.equinox_error_info()
+        except (_jax.JaxRuntimeError, ValueError) as e:
+            info = _jax.equinox_error_info()
             if info is None or "_EquinoxRuntimeError: " not in str(e):
                 raise
             msg, frames = info
             mine = itertools.takewhile(lambda f: f != marker.current, frames)
             stack = "".join(reversed([f for f in mine if type(f) is str]))
-            error = jx.on_error_message.format(msg=msg, stack=stack)
+            error = _jax.on_error_message.format(msg=msg, stack=stack)
             raise eqx.EquinoxRuntimeError(error) from None
         finally:
             _callback_logger.removeFilter(quiet)

@@ -11,18 +11,14 @@ from typing import Any, Final, Generic, Literal, NamedTuple, NoReturn, TypeVar
 import equinox as eqx
 import jax.tree_util as jtu
 
-from ._compat import currently_initialising
+from ._fields import field_info, FieldInfo, instance_dict, is_module, is_module_type
+from ._jax import currently_initialising
 from ._module import (
     CONTAINERS,
     convert_and_check,
-    DICT,
     drop_cached,
     editing,
-    field_info,
-    FieldInfo,
-    instance_dict,
-    is_module,
-    is_module_type,
+    Module,
     run_check_inits,
     unknown_field_error,
 )
@@ -404,7 +400,7 @@ class edit(Generic[_M]):  # noqa: N801  (used like a function: `with es.edit(m)`
                 currently_initialising.remove(c.copy)
                 editing.pop(id(c.copy), None)
                 if not ok:  # nothing is produced: make any use of the copy fail
-                    DICT.__set__(c.copy, Defunct(type(c.copy).__qualname__))
+                    _DICT.__set__(c.copy, Defunct(type(c.copy).__qualname__))
 
 
 def _copy_module(obj: Any, copies: list[_Copy]) -> Any:
@@ -572,3 +568,24 @@ def _restore(value: Any, originals: dict[int, Any], original: Any) -> Any:
     if same and all(map(operator.is_, restored, olds)):
         return original
     return dict(zip(keys, restored)) if t is dict else t(restored)
+
+
+# The C-level `__dict__` descriptor, to give a discarded copy a `Defunct` one.
+_DICT: Final = eqx.Module.__dict__["__dict__"]
+
+
+class _Method:
+    """`module.with_static`: the update function bound with `functools.partial`,
+    where a plain method read off an `eqx.Module` would become an Equinox
+    `BoundMethod`, made by walking every leaf of the module."""
+
+    def __init__(self, fn: Any):
+        self.fn = fn
+        functools.update_wrapper(self, fn)  # pyright: ignore[reportArgumentType]
+
+    def __get__(self, obj: object, owner: type | None = None) -> Any:
+        return self.fn if obj is None else functools.partial(self.fn, obj)
+
+
+Module.with_static = _Method(with_static)  # pyright: ignore[reportAttributeAccessIssue]
+Module.with_dynamic = _Method(with_dynamic)  # pyright: ignore[reportAttributeAccessIssue]

@@ -94,7 +94,15 @@ class XlaCompiles:
         return len(_compiled) - self.start
 
     def of(self, name: str) -> int:
-        return _compiled[self.start :].count(f"jit({name})")
+        """Compiles of programs of a function named `name`: JAX names them
+        `jit(<name>)`, and `es.jit` names its programs by the function's dotted
+        qualified name (`jit(Model.__call__)`, `jit(test_x.<locals>.f)`)."""
+        return sum(_named(event, name) for event in _compiled[self.start :])
+
+
+def _named(event: str, name: str) -> bool:
+    inner = event.removeprefix("jit(").removesuffix(")").split("#")[0]
+    return inner == name or inner.endswith(f".{name}")
 
 
 def _probe(a: jax.Array) -> jax.Array:

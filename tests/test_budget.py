@@ -200,8 +200,8 @@ def test_no_storm_warning_when_different_things_change(caplog):
 
 _EXPECTED = "(If these compiles are expected, raise `max_compiles`.)"
 _TRANSFORMED_FIX = (
-    "An eager `jax.grad` or `jax.vmap` compiles each transformed program: put the "
-    "transformation under a `jax.jit`."
+    "An eager `jax.grad`, `jax.vmap` or `jax.checkpoint` compiles each transformed "
+    "program: put the transformation under a `jax.jit`."
 )
 
 
@@ -498,20 +498,34 @@ def test_a_compile_of_an_eager_transformation_is_budgeted_and_booked():
 
 
 def test_the_budget_error_after_a_first_use_under_a_transformation():
-    """The first call outside `jax.grad`, after an eager `jax.grad` compiled: what
-    changed is that it is not transformed, and the fix is for that."""
+    """An eager `jax.grad` compiles twice: the forward program in the call, the
+    backward one after it returned, each booked and budgeted. Then the first call
+    outside `jax.grad`: what changed is that it is not transformed, and the fix is
+    for that."""
+    name = "test_the_budget_error_after_a_first_use_under_a_transformation.<locals>.f"
 
     @es.jit(max_compiles=1)
     def f(x):
         return jnp.sin(x).sum()
 
+    with pytest.raises(es.RecompileError) as info:
+        jax.grad(f)(X)
+    assert str(info.value) == _second_compile(
+        name, "JAX compiled a call it had staged", _TRANSFORMED_FIX
+    )
+
+    @es.jit(max_compiles=2)
+    def f(x):  # noqa: F811  (the same name: the same messages)
+        return jnp.sin(x).sum()
+
     jax.grad(f)(X)
     with pytest.raises(es.RecompileError) as info:
         f(X)
-    assert str(info.value) == _second_compile(
-        "test_the_budget_error_after_a_first_use_under_a_transformation.<locals>.f",
-        "first call outside a transformation",
-        _TRANSFORMED_FIX,
+    assert str(info.value) == (
+        f"{name}: compile 3 exceeds `max_compiles=2`: first call outside a "
+        "transformation.\nEarlier compiles (what changed from the one before):\n"
+        "  compile 1: first call\n  compile 2: a transformed program\n"
+        f"{_TRANSFORMED_FIX} {_EXPECTED}"
     )
 
 

@@ -120,14 +120,6 @@ def test_another_error_after_an_equinox_one_is_raised_as_filter_jit_raises_it():
     assert callback_log.filters == filters
 
 
-def test_a_program_without_a_callback_is_not_made_synchronous():
-    """Only an entry whose programs call back into Python waits for the result."""
-    f = es.jit(lambda x: x * 2)
-    f(jnp.ones(3))
-    (entry,) = f.cache.entries.values()
-    assert entry.call is entry.dispatch
-
-
 def test_under_disable_jit_equinox_raises_as_it_does_eagerly():
     with jax.disable_jit():
         mine = _failure(lambda: es.jit(_positive)(jnp.ones(2)))

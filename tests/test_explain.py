@@ -266,11 +266,11 @@ class _Unhashable:
 @pytest.mark.parametrize(
     "args, kwargs, culprit",
     [
-        ((X, {1, 2}), {}, "args[1], a set"),
+        ((X, {1, 2}), {}, "y, a set"),
         ((X,), {"z": {1}}, "z, a set"),
-        ((X, (1, [2, {3}])), {}, "args[1][1][1], a set"),
-        ((X, ({3}, 1)), {}, "args[1][0], a set"),  # not the hashable 1
-        ((X, (1, "a", {3}, 2.0)), {}, "args[1][2], a set"),
+        ((X, (1, [2, {3}])), {}, "y[1][1], a set"),
+        ((X, ({3}, 1)), {}, "y[0], a set"),  # not the hashable 1
+        ((X, (1, "a", {3}, 2.0)), {}, "y[2], a set"),
     ],
 )
 def test_an_unhashable_static_value_is_named(args, kwargs, culprit):
@@ -298,7 +298,7 @@ def test_an_unhashable_static_value_is_told_the_fix_for_its_type(value, fix):
     with pytest.raises(TypeError) as info:
         f(X, value)
     assert str(info.value) == (
-        f"`{f.qualname}` got args[1], a {type(value).__name__}, which is not "
+        f"`{f.qualname}` got y, a {type(value).__name__}, which is not "
         "hashable. A non-array argument is static: it keys the compilation cache, as "
         f"under `eqx.filter_jit`, so it must be hashable. Pass {fix}."
     )

@@ -438,10 +438,10 @@ def test_branch_stress_compiles_once_per_distinct_program(seed):
 # --- what "provably the same" takes ---------------------------------------------------
 
 
-def test_a_callback_over_a_static_that_differs_is_never_shared():
-    """The module text of both programs is the same; the Python function each
-    callback calls is not (it closes over another `k`): two compiles. The same
-    code over an equal `k` is the same callback: shared."""
+def test_a_callback_made_in_each_trace_is_never_shared():
+    """The module text of the programs is the same; the Python function each
+    callback calls is a new object each trace (a lambda over `k`): shared only if
+    identical, so three keys compile three times, each with its own `k`."""
 
     class M(es.Module):
         k: float = eqx.field(static=True)
@@ -458,10 +458,8 @@ def test_a_callback_over_a_static_that_differs_is_never_shared():
 
     x = jnp.float32(2.0)
     compiles = XlaCompiles()
-    results = [M(3.0, "a").f(x), M(5.0, "a").f(x)]
-    assert compiles.count == M.f.compile_info().compiles == 2
-    results.append(M(3.0, "b").f(x))
-    assert compiles.count == 2 and M.f.cache_info().misses == 3
+    results = [M(3.0, "a").f(x), M(5.0, "a").f(x), M(3.0, "b").f(x)]
+    assert compiles.count == M.f.compile_info().compiles == 3
     assert [float(r) for r in results] == [6.0, 10.0, 6.0]
 
 
@@ -702,10 +700,11 @@ _EQUAL_CAPTURES = {
 
 
 @pytest.mark.parametrize("name", _EQUAL_CAPTURES)
-def test_a_callback_over_equal_captures_made_anew_is_shared(name):
+def test_a_callback_over_equal_captures_made_anew_is_not_shared(name):
     """Two keys capture equal values that are distinct objects (made anew for each
-    module): the callbacks are provably the same, so an unread static costs no
-    compile."""
+    module): equal now is not the same forever (a function's attributes, defaults
+    or a partial's keywords can change after the second key is traced), so each
+    key compiles its own program."""
     make, compute = _EQUAL_CAPTURES[name]
     M = _callback_class(compute)  # noqa: N806
     x = jnp.float32(3.0)
@@ -714,18 +713,8 @@ def test_a_callback_over_equal_captures_made_anew_is_shared(name):
     assert modules[0].cfg is not modules[1].cfg
     results = [float(m.f(x)) for m in modules]
     assert results == [float(compute(make(), np.float32(3.0)))] * 2
-    assert compiles.count == M.f.compile_info().compiles == 1
+    assert compiles.count == M.f.compile_info().compiles == 2
     assert M.f.cache_info().misses == 2
-
-
-def test_a_compile_argument_that_cannot_be_compared_is_not_the_same():
-    """`==` on two compile arguments that raises (arrays, say) proves nothing."""
-    from eqx_static._compile import Fingerprint, same_program
-
-    def fp(v: np.ndarray) -> Fingerprint:
-        return Fingerprint(b"d", (("arg", v),), ())
-
-    assert not same_program(fp(np.array([1, 2])), fp(np.array([1, 3])))
 
 
 def test_error_if_programs_are_shared_across_an_unread_static():
@@ -958,7 +947,7 @@ _PLACED_FLIPS = textwrap.dedent(
         for tag in range(5):
             out = M(tag).f(placed)
             assert (np.asarray(out) == 2 * x).all() and out.sharding == placed.sharding
-        got[where] = names[start:].count("jit(f)")
+        got[where] = sum(n.endswith(".f)") for n in names[start:])
     print(json.dumps({"compiles": got, "booked": M.f.compile_info().compiles}))
     """
 )

@@ -2,11 +2,11 @@
 
 The module text of a program does not hold the Python function a callback calls,
 so two keys whose programs print the same may still behave differently. A program
-is shared only when each callback provably behaves the same forever: a closure
-whose cell some function may rebind, or a mutable object compared by its own
-`__eq__`, is the same only as itself; a callback's `in_tree` is compared by type
-and value, as the key is. Callbacks that do provably behave the same (Equinox's
-`error_if`, a factory-made closure over a cell never rebound) are still shared.
+is shared only when each callback is on an allow-list, never by comparing values:
+the identical function object (both keys then call the same Python), or one of
+Equinox's `error_if` callbacks over equal messages; a callback's `in_tree` is
+compared by type and value, as the key is. Anything else that runs Python on the
+host (`jax.debug.print`, a closure made in each trace) makes a program unshareable.
 Every result is compared with the eager call; compiles are counted by the library
 and by JAX's own monitoring events (`XlaCompiles`).
 """
@@ -210,9 +210,10 @@ def _fixed_scaler(k: float):
     return apply
 
 
-def test_a_factory_callback_over_a_parameter_never_rebound_is_shared():
-    """Each key makes its own closure, with the same code over an equal cell that
-    nothing can rebind: provably the same callback, so one program."""
+def test_a_factory_callback_made_for_each_key_is_not_shared():
+    """Each key makes its own closure over an equal parameter: a new object, so not
+    the same callback (nothing proves the cell is never rebound): one program per
+    key, with the eager results."""
 
     @es.jit
     def f(x, tag):
@@ -226,5 +227,24 @@ def test_a_factory_callback_over_a_parameter_never_rebound_is_shared():
     compiles = XlaCompiles()
     got = [float(f(x, tag)) for tag in "abc"]
     assert got == want == [3.0, 3.0, 3.0]
+    assert compiles.of("f") == f.compile_info().compiles == 3
+    assert f.cache_info().misses == 3
+
+
+def _scale_host(y):
+    return np.asarray(y * 2.0, np.float32)
+
+
+def test_the_identical_callback_is_shared():
+    """A callback that is the same function object for every key (a function at
+    module level): both keys call the same Python, so one program serves both."""
+
+    @es.jit
+    def f(x, tag):
+        return jax.pure_callback(_scale_host, SCALAR, x)
+
+    x = jnp.float32(1.5)
+    compiles = XlaCompiles()
+    assert [float(f(x, tag)) for tag in "abc"] == [3.0, 3.0, 3.0]
     assert compiles.of("f") == f.compile_info().compiles == 1
     assert f.cache_info().misses == 3

@@ -1,0 +1,358 @@
+"""The facts of a module class's fields (made once per class), and static values as
+compile-key tokens: compared by type *and* value, so that `1`, `True` and `1.0` are
+three tokens, and so are `0.0` and `-0.0`."""
+
+import copy
+import dataclasses
+import math
+import operator
+import sys
+import types
+import typing
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+import equinox as eqx
+import jax
+import jax.tree_util as jtu
+import jaxtyping
+import numpy as np
+from jax.core import Tracer
+
+
+class _Sentinel:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+UNSET: Final = _Sentinel("<unset>")  # a field not set: during `__init__`, or left so
+TRUE: Final = _Sentinel("True")  # the bools as tokens: `True == 1` in Python
+FALSE: Final = _Sentinel("False")
+
+# The C-level `__dict__` getter (`module.__dict__` runs Equinox's Python code).
+instance_dict: Final[Callable[[object], dict[str, Any]]] = eqx.Module.__dict__[
+    "__dict__"
+].__get__
+
+
+class FieldInfo:
+    """The fields of one `eqx.Module` class, and what checking them needs. One
+    object per class, compared by identity: it is the class's token in a key."""
+
+    def __init__(self, cls: type):
+        fields = dataclasses.fields(cls)
+        self.cls = cls
+        self.names = tuple(f.name for f in fields)
+        self.static_names = tuple(f.name for f in fields if f.metadata.get("static"))
+        self.dynamic_names = tuple(n for n in self.names if n not in self.static_names)
+        self.static = frozenset(self.static_names)
+        self.dynamic = frozenset(self.dynamic_names)
+        # The fields' own converters (an `es.Module` adds one that stores numbers
+        # as arrays, and keeps the field's own on it).
+        converters = {f.name: f.metadata.get("converter") for f in fields}
+        self.converters: Mapping[str, Callable[[Any], Any]] = {
+            k: c
+            for k, c in (
+                (k, getattr(c, "es_user_converter", c)) for k, c in converters.items()
+            )
+            if c is not None
+        }
+        # What an unset field reads as: its plain default, unless a subclass or a
+        # descriptor (a property) answers the read instead.
+        self.defaults = {f.name: f.default for f in fields if _plain_default(cls, f)}
+        # Dynamic fields read through something else on the class when unset (a
+        # subclass's attribute, a property): left unset, as Equinox leaves them.
+        self.through_class = {
+            f.name: _class_attribute(cls, f.name)
+            for f in fields
+            if f.name in self.dynamic
+            and f.name not in self.defaults
+            and _class_attribute(cls, f.name) is not None
+        }
+        self.check_inits = tuple(
+            k.__dict__["__check_init__"]
+            for k in cls.__mro__
+            if "__check_init__" in k.__dict__ and not _is_es_module(k)
+        )
+        self.annotations = _annotations(cls, set(self.names))
+        # Dynamic fields annotated with a jaxtyping array type: values are checked.
+        self.array_annotations = {
+            k: a
+            for k, a in self.annotations.items()
+            if k in self.dynamic and is_array_annotation(a)
+        }
+        self.stores_arrays = any(map(_is_es_module, cls.__mro__))
+        self.get_static = _getter(self.static_names)
+        self.get_dynamic = _getter(self.dynamic_names)
+
+    def __repr__(self) -> str:
+        return f"<fields of {self.cls.__qualname__}>"
+
+
+_infos: Final = weakref.WeakKeyDictionary[type, FieldInfo]()
+
+
+def field_info(cls: type) -> FieldInfo:
+    """The field facts of the `eqx.Module` subclass `cls`, made once."""
+    try:
+        return _infos[cls]
+    except KeyError:
+        info = _infos[cls] = FieldInfo(cls)
+        return info
+
+
+def _is_es_module(k: type) -> bool:
+    # `es.Module` itself, found without importing `_module` (which imports this).
+    return k.__name__ == "Module" and k.__module__ == "eqx_static._module"
+
+
+def _class_attribute(cls: type, name: str) -> Any:
+    owner = next((k for k in cls.__mro__ if name in k.__dict__), None)
+    return None if owner is None else owner.__dict__[name]
+
+
+def _plain_default(cls: type, f: dataclasses.Field) -> bool:
+    if f.default is dataclasses.MISSING or hasattr(type(f.default), "__get__"):
+        return False
+    owner = next((k for k in cls.__mro__ if f.name in k.__dict__), None)
+    return owner is not None and owner.__dict__[f.name] is f.default
+
+
+def _getter(names: tuple[str, ...]) -> Callable[[dict], tuple]:
+    """`d -> tuple(d[n] for n in names)`, in C."""
+    if len(names) == 1:
+        return lambda d, _get=operator.itemgetter(names[0]): (_get(d),)
+    return operator.itemgetter(*names) if names else lambda d: ()
+
+
+def _annotations(cls: type, names: set[str]) -> dict[str, Any]:
+    """Resolved annotations of the fields; an unresolvable one is left out."""
+    try:
+        hints = typing.get_type_hints(cls, include_extras=True)
+    except Exception:  # one unresolvable forward reference: field by field
+        hints = {}
+        for k in reversed(cls.__mro__):
+            ns = dict(getattr(sys.modules.get(k.__module__), "__dict__", {}))
+            for name, ann in k.__dict__.get("__annotations__", {}).items():
+                try:
+                    hints[name] = eval(ann, ns, vars(k)) if type(ann) is str else ann
+                except Exception:  # a name imported only under `TYPE_CHECKING`
+                    pass
+    return {k: v for k, v in hints.items() if k in names and type(v) is not str}
+
+
+UNIONS: Final = (typing.Union, types.UnionType)  # `Union[a, b]` and `a | b`
+
+
+def is_array_annotation(ann: Any, plain: bool = False) -> bool:
+    """Whether `ann` (or a union member) is a jaxtyping array type; or, if `plain`,
+    `jax.Array` or `np.ndarray`, also as the items of a container annotation."""
+    origin = typing.get_origin(ann)
+    if origin in UNIONS or (plain and origin is not None):
+        return any(is_array_annotation(a, plain) for a in typing.get_args(ann))
+    jaxtyped = isinstance(ann, type) and issubclass(ann, jaxtyping.AbstractArray)
+    return jaxtyped or (plain and ann in (jax.Array, np.ndarray))
+
+
+_module_types: Final[dict[type, bool]] = {}
+
+
+def is_module_type(t: type) -> bool:
+    """`issubclass(t, eqx.Module)`, cached (slow with Equinox's metaclass)."""
+    try:
+        return _module_types[t]
+    except KeyError:
+        found = _module_types[t] = issubclass(t, eqx.Module)
+        return found
+
+
+def is_module(x: object) -> bool:
+    return is_module_type(type(x))
+
+
+# ----------------------------------------------------------------------------------
+# Static values as tokens. A token of a hashable value is compared by its *form*:
+# floats by their bits (every nan one value, its sign kept); tuples, frozensets,
+# frozen dataclasses and modules item by item (a dataclass by its fields, whatever
+# its `__eq__` says), with each item's type; anything else by its own `==`. A value Python cannot hash has no token: `UnhashableError` is raised,
+# and the caller says where it is and what to pass instead.
+
+# Types whose `==` tells their values apart from every other type's.
+SIMPLE: Final = frozenset({int, str, bytes, type(None), type})
+
+
+class UnhashableError(TypeError):
+    """A static value Python cannot hash (`__hash__` is None)."""
+
+    def __init__(self, value: object):
+        super().__init__(f"unhashable static value: {type(value).__name__}")
+        self.value = value
+
+
+class Typed:
+    """A hashable static value as a key token: compared by its form, hashed once."""
+
+    __slots__ = ("form", "hash", "value")
+
+    def __init__(self, value: Any, form: Any):
+        self.value, self.form = value, form
+        self.hash = hash(form)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not Typed or self.hash != other.hash:
+            return False
+        try:
+            return bool(self.form == other.form)
+        except Exception:  # an `__eq__` that raises: another value
+            return False
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+class ByEq:
+    """An unhashable value in a static field of a plain `eqx.Module` (lineax keeps
+    lists there): compared by `==`, as Equinox's tree structure compares it, with a
+    copy taken when keyed, so that a change in place is a new key."""
+
+    __slots__ = ("snapshot", "value")
+
+    def __init__(self, value: object):
+        self.value = value
+        try:
+            self.snapshot = copy.deepcopy(value)
+        except Exception:  # not copyable: compared as it is now, as Equinox does
+            self.snapshot = value
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not ByEq or type(other.snapshot) is not type(self.snapshot):
+            return False
+        try:
+            return bool(self.snapshot == other.snapshot)
+        except Exception:
+            return False
+
+    def __hash__(self) -> int:
+        return hash(type(self.snapshot))
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+def token(v: Any) -> Any:
+    """A static value as a key token; `UnhashableError` if Python cannot hash it."""
+    t = type(v)
+    if t in SIMPLE:
+        return v
+    if t is bool:
+        return TRUE if v else FALSE
+    try:
+        return Typed(v, form(v))
+    except TypeError:
+        raise UnhashableError(v) from None
+
+
+def field_token(v: Any) -> Any:
+    """A static *field's* token: an unhashable value is compared by `==`."""
+    try:
+        return token(v)
+    except UnhashableError:
+        return ByEq(v)
+
+
+def value_of(tok: Any) -> Any:
+    """The Python value a token stands for."""
+    if type(tok) is Typed or type(tok) is ByEq:
+        return tok.value
+    return True if tok is TRUE else False if tok is FALSE else tok
+
+
+def is_hashable(v: object) -> bool:
+    try:
+        token(v)
+    except UnhashableError:
+        return False
+    return True
+
+
+def form(v: Any) -> Any:
+    """What `v` is compared by: a flat tuple, so that a value nested thousands deep
+    hashes and compares without recursion. `TypeError` if a part is unhashable."""
+    out: list[Any] = []
+    stack = [v]
+    while stack:
+        x = stack.pop()
+        t = type(x)
+        out.append(t)
+        if t in SIMPLE or t is bool:
+            out.append(x)
+        elif t is float:
+            out.append(_float_bits(x))
+        elif t is complex:
+            out += (_float_bits(x.real), _float_bits(x.imag))
+        elif isinstance(x, np.generic):
+            out += (x.dtype.str, x.tobytes())
+        elif t is frozenset:  # unordered: each item's form, as a set
+            out.append(frozenset(map(form, x)))
+        elif t is jtu.PyTreeDef:  # its own `==` compares metadata with `==`
+            out.append(_treedef_form(x))
+        elif t is tuple or (
+            isinstance(x, tuple)
+            and t.__eq__ is tuple.__eq__
+            and t.__hash__ is tuple.__hash__
+        ):
+            out.append(len(x))
+            stack += reversed(x)
+        elif (names := _field_names(t)) is not None:
+            values = [getattr(x, n, UNSET) for n in names]
+            out.append(len(values))
+            stack += reversed(values)
+        else:
+            hash(x)  # its own `==` and hash: `TypeError` if it has none
+            out.append(x)
+    return tuple(out)
+
+
+def _float_bits(x: float) -> str:
+    if math.isnan(x):
+        return "-nan" if math.copysign(1.0, x) < 0 else "nan"
+    return x.hex()
+
+
+def _treedef_form(t: Any) -> tuple:
+    data = t.node_data()  # a dict's: its keys, in a list
+    aux = None if data is None else tuple(data[1]) if type(data[1]) is list else data[1]
+    here = None if data is None else (data[0], form(aux))
+    return (t.num_leaves, here, tuple(map(_treedef_form, t.children())))
+
+
+def _field_names(t: type) -> tuple[str, ...] | None:
+    """The fields a frozen dataclass or a module is compared by; None otherwise."""
+    params = getattr(t, "__dataclass_params__", None)
+    if params is None or not (params.frozen or is_module_type(t)):
+        return None
+    return tuple(f.name for f in dataclasses.fields(t))
+
+
+# ----------------------------------------------------------------------------------
+# What `eqx.is_array` accepts. (A tracer is a `jax.Array` to `isinstance` only.)
+ARRAY_TYPES: Final = (jax.Array, np.ndarray, np.generic, Tracer)
+array_types: Final[set[type]] = set()  # the concrete array types seen so far
+
+
+def is_array_type(t: type) -> bool:
+    if t in array_types:
+        return True
+    if issubclass(t, ARRAY_TYPES):
+        array_types.add(t)
+        return True
+    return False

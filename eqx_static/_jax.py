@@ -1,0 +1,376 @@
+"""Every private name of JAX, Equinox and jaxtyping that `eqx_static` uses, each
+checked once, here, at import. Where a JAX name is missing or changed, the feature
+that needs it is off and `es.jit` keeps working on public `jax.jit` (one warning):
+`DISPATCH` (each key's own C++ dispatcher, with JAX's own miss path under ours)
+and `SHARING` (installing one key's executable for another). `tests/canary/`
+checks each name, so that a release that changes one reads as "JAX changed"."""
+
+import os
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any, Final
+
+import equinox as eqx
+import jax
+import jax.extend.core as jex
+import jaxtyping
+
+
+SUPPORTED: Final = "equinox >=0.13.3,<0.14"
+
+try:  # equinox 0.13.3
+    import equinox._errors as _eqx_errors
+    import equinox._jit as _eqx_jit
+    from equinox._module import _flatten, _module, _prebuilt
+
+    # `eqx.filter_jit` turns a failed `eqx.error_if` callback into an
+    # `EquinoxRuntimeError` with this message, from what the callback left
+    # (`equinox_error_info`), and hides JAX's log of the failure with this filter.
+    on_error_message: Final[str] = _eqx_jit._on_error_msg
+    FilterCallback: Final = _eqx_jit._FilterCallback
+    # Equinox's flatten: a module whose instance dictionary holds more or fewer
+    # entries than it has fields carries these in its structure, `MISSING` where
+    # absent; unflatten sets them all.
+    EQX_MISSING: Final = _flatten.MISSING
+    WRAPPER_FIELD_NAMES: Final = _flatten.WRAPPER_FIELD_NAMES
+    # A module may assign its own fields while it is in this set (`__init__`, and
+    # the copies `es.edit` makes).
+    currently_initialising: Final = _module._currently_initialising
+    BoundMethod: Final = _prebuilt.BoundMethod  # what `module.method` is
+    _EQX_ERRORS_FILE: Final = _eqx_errors.__file__
+except (ImportError, AttributeError) as e:  # pragma: no cover
+    raise ImportError(
+        f"eqx_static supports {SUPPORTED}; equinox {eqx.__version__} is installed, "
+        f"which lacks a name it needs ({e}). Install a supported equinox: "
+        f'`pip install "{SUPPORTED.replace(" ", "")}"`.'
+    ) from None
+
+
+def equinox_error_info() -> tuple[str, list] | None:
+    """The message and trace-time stack the last failing `eqx.error_if` left."""
+    return _eqx_jit.last_error_info
+
+
+# The callbacks `eqx.error_if` stages, and the closure cells each reads: the
+# messages (compared), the stack at trace time and the output's shape (for the
+# error message and the NaNs it returns; not compared, as in `_sharing`).
+EQUINOX_CALLBACKS: Final = {
+    "raises": frozenset({"msgs", "stack"}),
+    "tpu_msg": frozenset({"msgs"}),
+    "display_msg": frozenset({"msgs"}),
+    "to_nan": frozenset({"struct"}),
+}
+
+
+def is_equinox_callback(fn: Any) -> bool:
+    """Whether `fn` is one of the functions `eqx.error_if` calls back into."""
+    code = getattr(fn, "__code__", None)
+    return (
+        code is not None
+        and code.co_filename == _EQX_ERRORS_FILE
+        and code.co_name in EQUINOX_CALLBACKS
+    )
+
+
+# ----------------------------------------------------------------------------------
+# JAX's public names this package leans on.
+
+# The `jax.monitoring` event around every XLA compile: a scalar when it starts, a
+# duration when it ends, each with `fun_name="jit(<the program's name>)"`.
+COMPILE_EVENT: Final = "/jax/core/compile/backend_compile_duration"
+# The logger on which JAX reports an exception raised in a host callback.
+CALLBACK_LOGGER: Final = "jax._src.callback"
+JaxRuntimeError: Final = jax.errors.JaxRuntimeError
+
+try:
+    from jax._src import api as _api
+
+    # `jax.jit` itself. Under `EQX_ON_ERROR=breakpoint` Equinox replaces the name
+    # `jax.jit` with a function (for JAX issue #16732) that has no `.trace`.
+    jax_jit: Callable[..., Any] = _api.jit
+except (ImportError, AttributeError):  # pragma: no cover
+    jax_jit = jax.jit
+
+
+def jit_is_replaced() -> bool:
+    return jax.jit is not jax_jit
+
+
+def pgle_enabled() -> bool:
+    """Whether JAX profiles programs and compiles them again with the profile."""
+    config = jax.config
+    return bool(config.jax_enable_pgle) and config.jax_pgle_profiling_runs > 0  # pyright: ignore[reportAttributeAccessIssue]
+
+
+# ----------------------------------------------------------------------------------
+# JAX's private names, each with what happens without it.
+
+try:
+    from jax._src import core as _core
+
+    _trace_ctx, _EvalTrace = _core.trace_ctx, _core.EvalTrace
+
+    def under_transformation() -> bool:
+        """Whether a call here is bound into a trace (`grad`, `vmap`, an outer
+        `jit`), concrete arguments or not: it may close over that trace's values."""
+        return type(_trace_ctx.trace) is not _EvalTrace
+
+except (ImportError, AttributeError):  # pragma: no cover
+
+    def under_transformation() -> bool:
+        return False  # tracer arguments are still seen; closures over them are not
+
+
+try:
+    from jax._src import traceback_util as _traceback_util
+except ImportError:  # pragma: no cover
+    _traceback_util = None
+
+
+def hide_frames(file: str) -> None:
+    """Leave `file`'s frames out of the tracebacks JAX filters, as Equinox does."""
+    if hasattr(_traceback_util, "register_exclusion"):
+        _traceback_util.register_exclusion(file)  # pyright: ignore[reportOptionalMemberAccess]
+
+
+try:
+    from jax._src import config as _config
+
+    trace_context: Callable[[], Any] = _config.trace_context
+except (ImportError, AttributeError):  # pragma: no cover
+
+    def trace_context() -> Any:
+        return (jax.config.jax_enable_x64, jax.config.jax_default_device)  # pyright: ignore[reportAttributeAccessIssue]
+
+
+# The C++ dispatcher of a `jax.jit` (`PjitFunction`), built as `pjit._cpp_pjit`
+# builds one, with a miss path of ours. A hit is JAX's C++; a miss calls
+# `cache_miss(*args)`, which returns what JAX's own miss returns (`jit_miss`).
+_why_not = ""
+_CPP_KEYS: Final = (
+    "donate_argnums donate_argnames device backend in_shardings_treedef "
+    "in_shardings_leaves out_shardings_treedef out_shardings_leaves "
+    "in_layouts_treedef in_layouts_leaves out_layouts_treedef out_layouts_leaves "
+    "compiler_options_kvs"
+).split()
+
+try:
+    from jax._src import pjit as _pjit, tree_util as _tree_util
+    from jax._src.interpreters import pxla as _pxla
+
+    try:  # jax >= 0.10
+        from jax._src.lib import _jax as _jaxlib
+
+        _make_pjit: Callable[..., Any] = _jaxlib.pjit
+    except ImportError:  # jax 0.8, 0.9
+        from jax._src.lib import xla_client as _xc
+
+        _make_pjit = _xc._xla.pjit  # pyright: ignore[reportAttributeAccessIssue]
+    _CacheKeys, _cpp_cache = _pxla.JitGlobalCppCacheKeys, _pjit._get_cpp_global_cache
+    _registry, _shard_arg = _tree_util.dispatch_registry, _pxla.cc_shard_arg
+    _info = jax_jit(abs)._jit_info  # pyright: ignore[reportAttributeAccessIssue]
+    _missing = [
+        k
+        for k in (*_CPP_KEYS, "static_argnums", "static_argnames")
+        if not hasattr(_info, k)
+    ]
+    if _missing or not hasattr(jax_jit(abs), "_cache_miss"):
+        raise AttributeError(f"`jax.jit(f)` lacks {_missing or ['_cache_miss']}")
+    DISPATCH = True
+except (ImportError, AttributeError) as e:  # pragma: no cover
+    DISPATCH, _why_not = False, str(e)
+
+
+def dispatcher(name: str, fun: Callable, cache_miss: Callable, donate: tuple) -> Any:
+    """A C++ dispatcher whose misses call `cache_miss(*args)` and which calls
+    `fun(*args)` under `jax.disable_jit()`."""
+    ji = jax_jit(fun, donate_argnums=donate)._jit_info  # pyright: ignore[reportAttributeAccessIssue]
+    key = _CacheKeys(**{k: getattr(ji, k) for k in _CPP_KEYS})
+    cache = _cpp_cache(key.contains_explicit_attributes)  # pyright: ignore[reportArgumentType]
+    return _make_pjit(
+        name, fun, cache_miss, ji.static_argnums, ji.static_argnames, key,
+        _registry, _shard_arg, cache,
+    )  # fmt: skip
+
+
+def jit_miss(jitted: Any, *args: Any) -> tuple:
+    """A `jax.jit`'s own miss (trace, lower, compile or use the executable set on
+    the lowering, run): `(outputs, fastpath_data, rebuild)`, what a dispatcher
+    keeps to serve the next such call in C++."""
+    return jitted._cache_miss(*args)
+
+
+def clear(dispatch: Any) -> None:
+    """Drop every executable a dispatcher holds."""
+    dispatch._clear_cache()
+
+
+def no_dispatcher(why: str) -> None:
+    """Turn the per-key dispatchers off for this process, saying so once."""
+    global DISPATCH
+    if DISPATCH:
+        DISPATCH = False
+        _warn(f"its dispatcher cannot be built here ({why})")
+
+
+# A lowering (`Lowered._lowering`, a `pxla.MeshComputation`) holds what `jax.jit`
+# compiles and runs: `jitted.trace(...).lower()` and a later call of `jitted` with
+# the same arguments share it (JAX caches both), and its executable is kept on it.
+# So the miss path can compile it, or install the executable of a program it has
+# proved the same, and the call that follows runs that.
+_LOWERING: Final = (
+    "_executable compile_args stablehlo _donated_invars _compiler_options_kvs "
+    "_device_list _platforms"
+).split()
+SHARING = DISPATCH
+
+
+def lowering_of(lowered: Any) -> Any:
+    """The computation in a `jax.stages.Lowered` (None if not one we know)."""
+    lowering = getattr(lowered, "_lowering", None)
+    if lowering is None or not all(hasattr(lowering, a) for a in _LOWERING):
+        return None
+    return lowering
+
+
+def compile_arguments(lowering: Any) -> dict[str, Any]:
+    """What a lowering is compiled with besides its module."""
+    return {
+        **lowering.compile_args,
+        "donated_invars": tuple(lowering._donated_invars),
+        "compiler_options_kvs": tuple(lowering._compiler_options_kvs),
+        "device_list": lowering._device_list,
+        "platforms": tuple(lowering._platforms),
+    }
+
+
+def executable_of(lowering: Any) -> Any:
+    """The executable compiled for a lowering (None before `compile()`)."""
+    return lowering._executable
+
+
+def set_executable(lowering: Any, executable: Any) -> None:
+    """Make the call that follows a lowering run `executable`, compiling nothing."""
+    lowering._executable = executable
+
+
+try:
+    from jax._src.lib.mlir import ir as _ir
+
+    def string_value(attribute: Any) -> str:
+        """The string an MLIR string attribute holds (a function's symbol name)."""
+        return _ir.StringAttr(attribute).value
+
+except (ImportError, AttributeError):  # pragma: no cover
+    SHARING = False
+
+
+def xla_executable(executable: Any) -> Any:
+    """The XLA executable inside JAX's: JAX's own caches may wrap one in two."""
+    return getattr(executable, "xla_executable", executable)
+
+
+def stop_sharing(why: str) -> None:
+    global SHARING
+    if SHARING:
+        SHARING = False
+        _warn(f"{why}, so es.jit stops sharing programs between keys in this process")
+
+
+def _warn(what: str) -> None:
+    warnings.warn(
+        f"eqx_static: with jax {jax.__version__}, {what} (each key compiles its own "
+        "program, as under `eqx.filter_jit`; results are unchanged). Please report "
+        "this with your JAX version.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+if not DISPATCH:  # pragma: no cover
+    _warn(f"its dispatcher cannot be built here ({_why_not})")
+
+
+# Jaxprs: where the explanations and the sharing rules look inside a program.
+try:
+    from jax._src import callback as _callback, source_info_util as _source_info
+
+    _FlatCallback: Any = _callback._FlatCallback
+    _user_frames: Any = _source_info.user_frames
+except (ImportError, AttributeError):  # pragma: no cover
+    _FlatCallback = _user_frames = None
+    stop_sharing("its callbacks cannot be read")
+
+
+def open_jaxpr(j: Any) -> Any:
+    """The jaxpr of a closed jaxpr, or the jaxpr itself (one class in JAX 0.11+)."""
+    inner = getattr(j, "jaxpr", j)
+    return inner if isinstance(inner, jex.Jaxpr) else j
+
+
+def nested_jaxprs(params: dict[str, Any]) -> Iterator[Any]:
+    """The jaxprs in an equation's parameters (a `cond`'s branches, a loop's body)."""
+    for value in params.values():
+        for v in value if isinstance(value, tuple) else (value,):
+            if isinstance(v, jex.Jaxpr | jex.ClosedJaxpr):
+                yield v
+
+
+def flat_callback_in(host: Callable) -> tuple[Callable, Any] | None:
+    """The Python function and `in_tree` a host callback of a lowering calls: the
+    one `_FlatCallback` its closures hold (`pure_callback`, `io_callback`); None
+    if there is not exactly one (`jax.debug.print`, a kind JAX adds later)."""
+    found, stack, seen = [], [host], set()
+    while stack and len(seen) < 64:
+        fn = stack.pop()
+        if id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        for cell in getattr(fn, "__closure__", None) or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if _FlatCallback is not None and type(value) is _FlatCallback:
+                found.append(value)
+            elif callable(value):
+                stack.append(value)
+    if len(found) != 1:
+        return None
+    return found[0].callback_func, found[0].in_tree
+
+
+_NOT_USER: Final = tuple(
+    os.path.dirname(str(f)) + os.sep for f in (eqx.__file__, __file__)
+)
+
+
+def user_frames(source_info: Any) -> list[tuple[str, int, str]]:
+    """File, line and function of the frames that traced an equation, innermost
+    first, outside JAX, Equinox and this package."""
+    if _user_frames is None:  # pragma: no cover
+        return []
+    return [
+        (f.file_name, f.start_line, f.function_name)
+        for f in _user_frames(source_info.traceback)
+        if not f.file_name.startswith(_NOT_USER)
+    ]
+
+
+# ----------------------------------------------------------------------------------
+# jaxtyping (0.3.3 - 0.3.x).
+
+from jaxtyping._array_types import _NamedDim  # noqa: E402  (grouped with its reason)
+
+
+def is_named_dim(dim: Any) -> bool:
+    """Whether a dimension of a jaxtyping annotation is a plain named one (`"n"`)."""
+    return type(dim) is _NamedDim
+
+
+def jaxtyped_class(cls: type) -> bool:
+    """Whether `cls` is `@jaxtyped`: nothing marks the class, but its `__init__` is
+    then jaxtyping's wrapper."""
+    init = getattr(cls, "__init__", None)
+    module = getattr(init, "__globals__", {}).get("__name__")
+    return module == jaxtyping.jaxtyped.__module__

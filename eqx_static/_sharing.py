@@ -1,0 +1,231 @@
+"""When two keys' programs are provably one program, so that one executable serves
+both: by an allow-list of what is known, never by comparing values that could
+change later.
+
+Two lowerings are one program when they have the same module (constants printed in
+full, source locations left out, private functions named by what they compute),
+the same compile arguments (each one on the list below, compared as that kind of
+value; an argument not on the list makes a program unshareable), and the same host
+callbacks: each the *identical* Python function over argument structures equal as
+keys compare them, or one of Equinox's own `error_if` callbacks over equal
+messages. What runs Python on the host is read from the lowering itself, one
+host callback at a time: each must be a `pure_callback` or `io_callback` of a
+function on that list. Anything else (`jax.debug.print`, checkify, an ordered
+effect, a primitive this module does not know) makes a program unshareable."""
+
+import hashlib
+import re
+from collections.abc import Sequence
+from typing import Any, Final, NamedTuple
+
+from . import _jax
+from ._fields import token
+from ._jax import is_equinox_callback
+
+
+class Fingerprint(NamedTuple):
+    """What decides whether two lowerings are one program."""
+
+    digest: bytes  # the module, named canonically, constants in full, no locations
+    arguments: tuple  # the allow-listed compile arguments
+    callbacks: tuple  # (function, `in_tree` token) per host callback, kept alive
+
+
+_SAME: Final = "same"  # compared with `==` (lists as tuples, sets as frozensets)
+_EMPTY: Final = "empty"  # shareable only when empty or None
+_IGNORED: Final = "ignored"  # debug information: not part of what runs
+# Every compile argument of JAX 0.8 - 0.12 (`tests/canary/test_lowering.py`).
+_ARGUMENTS: Final = {
+    "backend": _SAME, "committed": _SAME, "context_mesh": _SAME,
+    "global_in_avals": _SAME, "global_out_avals": _SAME,
+    "in_layouts": _SAME, "out_layouts": _SAME,
+    "in_shardings": _SAME, "out_shardings": _SAME, "intermediate_shardings": _SAME,
+    "kept_var_idx": _SAME, "num_devices": _SAME, "tuple_args": _SAME,
+    "unordered_effects": _SAME, "donated_invars": _SAME,
+    "compiler_options_kvs": _SAME, "device_list": _SAME, "platforms": _SAME,
+    "ordered_effects": _EMPTY, "mut": _EMPTY, "keepalive": _EMPTY,
+    "all_args_info": _IGNORED, "pgle_profiler": _IGNORED,
+    "host_callbacks": _IGNORED,  # compared one by one, as callbacks
+    "shape_poly_state": _SAME,
+    "auto_spmd_lowering": _SAME, "pmap_nreps": _SAME, "spmd_lowering": _SAME,  # 0.8
+}  # fmt: skip
+
+
+def fingerprint(lowering: Any) -> Fingerprint | None:
+    """None if the program is not one this module can prove the same as another."""
+    if lowering is None or not _jax.SHARING:
+        return None
+    arguments = _jax.compile_arguments(lowering)
+    callbacks = []
+    for host in arguments["host_callbacks"] or ():
+        flat = _jax.flat_callback_in(host)  # the Python a host callback runs
+        if flat is None:
+            return None  # `jax.debug.print`, checkify, ...: not on the list
+        try:
+            callbacks.append((flat[0], token(flat[1])))
+        except TypeError:  # an `in_tree` that cannot be a key
+            return None
+    compared = []
+    for name in sorted(arguments):
+        rule, value = _ARGUMENTS.get(name), arguments[name]
+        if rule is None or (rule == _EMPTY and value):
+            return None  # unknown, or an ordered effect, a mutable array, ...
+        if rule == _SAME:
+            comparable = _comparable(name, value)
+            if comparable is None:
+                return None
+            compared.append((name, comparable))
+    return Fingerprint(digest(lowering), tuple(compared), tuple(callbacks))
+
+
+def _comparable(name: str, value: Any) -> Any:
+    if type(value) is list:
+        return tuple(value)
+    if type(value) is set:
+        return frozenset(value)
+    if name == "shape_poly_state":  # compared by what it says (by identity in JAX)
+        try:
+            return (
+                tuple(value.dim_vars),
+                value.uses_dim_vars,
+                value.has_platform_index_argument,
+            )
+        except AttributeError:
+            return None
+    return value
+
+
+def same_program(a: Fingerprint, b: Fingerprint) -> bool:
+    if a.digest != b.digest or len(a.callbacks) != len(b.callbacks):
+        return False
+    try:
+        if a.arguments != b.arguments:
+            return False
+    except Exception:  # a comparison that cannot be made: not the same
+        return False
+    return all(map(_same_callback, a.callbacks, b.callbacks))
+
+
+def _same_callback(a: tuple, b: tuple) -> bool:
+    (fa, ta), (fb, tb) = a, b
+    if ta != tb:
+        return False
+    return fa is fb or _same_equinox_callback(fa, fb)
+
+
+def _same_equinox_callback(a: Any, b: Any) -> bool:
+    """Equinox's `error_if` callbacks, made anew for each trace: the same code over
+    equal messages (what they capture besides is for the message and the shape of
+    the output, which the program text already fixes)."""
+    if not (is_equinox_callback(a) and is_equinox_callback(b)):
+        return False
+    code = a.__code__
+    if code is not b.__code__ or a.__globals__ is not b.__globals__:
+        return False
+    if any(f.__defaults__ or f.__kwdefaults__ or vars(f) for f in (a, b)):
+        return False  # not as Equinox makes them
+    known = _jax.EQUINOX_CALLBACKS[code.co_name]
+    cells = zip(code.co_freevars, a.__closure__ or (), b.__closure__ or ())
+    for name, x, y in cells:
+        if name not in known:
+            return False  # Equinox changed: not a callback this module knows
+        if name == "msgs" and not _same_messages(x.cell_contents, y.cell_contents):
+            return False
+    return True
+
+
+def _same_messages(a: Sequence, b: Sequence) -> bool:
+    messages = [tuple(m) for m in (a, b) if type(m) in (list, tuple)]
+    return (
+        len(messages) == 2
+        and all(type(s) is str for s in (*a, *b))
+        and messages[0] == messages[1]
+    )
+
+
+# ----------------------------------------------------------------------------------
+# The module text, canonical. JAX may emit one private function twice under two
+# names, depending on what the process traced before (jax#40312): each function is
+# named by a hash of its text, with the names it calls so replaced, so that whether
+# two programs are one depends on the programs only, the same on every process.
+
+_CONSTANT: Final = re.compile(rb"dense<[^>]*>")
+_SYMBOL: Final = re.compile(rb'@([A-Za-z_$.][\w$.\-]*|"[^"\n]*")')
+_ASM: Final = {"binary": True, "enable_debug_info": False, "large_elements_limit": None}
+
+
+def module_text(lowering: Any) -> bytes:
+    """The module, every constant printed in full, source locations left out."""
+    return lowering.stablehlo().operation.get_asm(**_ASM)
+
+
+def structure(lowering: Any) -> bytes:
+    """The module's digest with its constants masked."""
+    return hashlib.sha256(_CONSTANT.sub(b"dense<>", module_text(lowering))).digest()
+
+
+def digest(lowering: Any) -> bytes:
+    """A digest of the module: its attributes (not its name), its public functions
+    by name, every private one by what it computes."""
+    module = lowering.stablehlo()
+    module.operation.verify()  # once: each function below is printed unverified
+    top, texts, public = hashlib.sha256(), {}, []
+    attributes = module.operation.attributes
+    for i in range(len(attributes)):
+        if attributes[i].name != "sym_name":  # the program's name: the function's
+            top.update(f"{attributes[i].name}={attributes[i].attr}\0".encode())
+    for op in module.body.operations:
+        op = op.operation
+        text = op.get_asm(**_ASM, assume_verified=True)
+        if "sym_name" not in op.attributes:
+            top.update(b"op\0" + text)
+            continue
+        name = _jax.string_value(op.attributes["sym_name"]).encode()
+        texts[name] = text
+        visibility = (
+            op.attributes.get("sym_visibility")
+            if "sym_visibility" in op.attributes
+            else None
+        )
+        if visibility is None or _jax.string_value(visibility) == "public":
+            public.append(name)
+    named: dict[bytes, bytes] = {}
+
+    def canonical(name: bytes) -> bytes:
+        if name not in named:
+            named[name] = b"@" + name  # a call into itself (JAX makes none) as written
+            h = hashlib.sha256()
+            _renamed(
+                texts[name],
+                lambda ref: (
+                    _SELF if ref == name else canonical(ref) if ref in texts else None
+                ),
+                h.update,
+            )
+            named[name] = b"@" + h.hexdigest().encode()
+        return named[name]
+
+    for name in public:
+        top.update(b"public\0" + name + canonical(name))
+    return top.digest()
+
+
+_SELF: Final = b"@self"
+
+
+def _renamed(text: bytes, rename: Any, sink: Any) -> None:
+    """Feed `text` to `sink` with each `@symbol` outside a string literal replaced
+    by `rename(symbol)` (kept if None). The printer escapes quotes in strings, and
+    strings never span lines: an `@` is in one after an odd number of quotes."""
+    view, last, at = memoryview(text), 0, text.find(b"@")
+    while at != -1:
+        m = _SYMBOL.match(text, at)
+        if m is not None and not text.count(b'"', text.rfind(b"\n", 0, at) + 1, at) & 1:
+            ref = m.group(1)
+            new = rename(ref[1:-1] if ref[:1] == b'"' else ref)
+            if new is not None:
+                sink(view[last:at])
+                sink(new)
+                last = m.end()
+        at = text.find(b"@", at + 1 if m is None else m.end())
+    sink(view[last:])

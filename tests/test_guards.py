@@ -1,0 +1,150 @@
+"""Guards against the general path. A cache hit runs the guard of the entry that
+last served the call's first argument's class: code made from a key that checks a
+new call against it and returns its traced leaves, without building or hashing a
+key. Here, for fresh instances of every model of the benchmarks and random changes
+to them (an attribute added to an instance, a field retyped, a static flipped, a
+leaf made a non-array, a submodule swapped for a subclass), the guard must agree
+with the general path: it passes exactly when the key is the same, and then
+returns the same leaves, in the same order."""
+
+import dataclasses
+import random
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import equinox as eqx
+import eqx_static as es
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from eqx_static._key import key_and_leaves, make_guard
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import models  # noqa: E402  (the benchmarks' own models)
+
+
+MODELS: dict[str, Callable[[], Any]] = {
+    "seed Child": lambda: models.seed_pair()[0],
+    "10 array fields": lambda: models.wide(10)[0],
+    "100 array fields": lambda: models.wide(100)[0],
+    "10 nested modules": lambda: models.modules(10)[0],
+    "10 static fields": lambda: models.statics(10)[0],
+    "a tuple of arrays": lambda: models.nested(8)[0],
+    "a chain 12 deep": lambda: models.chain(12)[0],
+    "an MLP of 10 leaves": lambda: models.mlp(10)[0],
+    "an MLP inside a module": lambda: models.make_net(),
+    "a static table": lambda: models.StaticTable(jnp.ones(4), tuple(range(100))),
+}
+
+
+def _general(args: tuple) -> tuple[Any, list] | None:
+    try:
+        return key_and_leaves(args, {})
+    except TypeError:  # an unhashable static value: the general path refuses it
+        return None
+
+
+def _agree(guard: Callable, key: Any, args: tuple) -> bool:
+    """Whether the guard says of `args` what the general path says."""
+    got, want = guard(*args), _general(args)
+    if want is None or want[0] != key:
+        return got is None
+    return (
+        got is not None
+        and len(got) == len(want[1])
+        and all(a is b for a, b in zip(got, want[1]))
+    )
+
+
+def _modules_in(m: Any) -> list[Any]:
+    found = jax.tree.leaves(
+        m, is_leaf=lambda x: isinstance(x, eqx.Module) and x is not m
+    )
+    return [m, *(x for x in found if isinstance(x, eqx.Module))]
+
+
+def _set(module: Any, name: str, value: Any) -> None:
+    object.__setattr__(module, name, value)
+
+
+def _change(rng: random.Random, m: Any) -> Any:
+    """A fresh copy of `m` with one random change somewhere inside it."""
+    m = jax.tree.map(lambda a: a, m)  # a fresh instance, as a training loop makes
+    target = rng.choice(_modules_in(m))
+    d = vars(target)
+    name = rng.choice(list(d))
+    value = d[name]
+    static = name in {
+        f.name for f in dataclasses.fields(target) if f.metadata.get("static")
+    }
+    kind = rng.choice(["extra", "retype", "flip", "non-array", "subclass", "none"])
+    if kind == "extra":
+        _set(target, "extra", 1)
+    elif kind == "retype" and isinstance(value, jax.Array):
+        _set(
+            target, name, value.astype(jnp.int32) if rng.random() < 0.5 else value[None]
+        )
+    elif kind == "flip" and static:
+        _set(target, name, not value if isinstance(value, bool) else (value, 1))
+    elif kind == "non-array" and isinstance(value, jax.Array):
+        _set(target, name, float(np.asarray(value).ravel()[0]) if value.size else 0.0)
+    elif kind == "subclass" and target is not m:
+        _set(
+            target,
+            "__class__",
+            type("Sub" + type(target).__name__, (type(target),), {}),
+        )
+    return m
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_the_guard_agrees_with_the_general_path(name):
+    m, x = MODELS[name](), models.x_input()
+    key, leaves = key_and_leaves((m, x), {})
+    guard = make_guard(key, (m, x))
+    assert guard is not None
+    assert _agree(guard, key, (m, x))
+    assert _agree(guard, key, (jax.tree.map(lambda a: a, m), x))  # fresh: passes
+    rng = random.Random(name)
+    verdicts = set()
+    for _ in range(30):
+        changed = _change(rng, m)
+        assert _agree(guard, key, (changed, x))
+        verdicts.add(guard(changed, x) is None)
+    assert verdicts == {True, False}  # some changes change the key, some do not
+
+
+def test_a_hit_on_a_changed_module_gives_the_eager_result():
+    """The same, through `es.jit`: each changed module's call equals the eager one."""
+    rng = random.Random(0)
+    m, x = models.chain(6)[0], models.x_input()
+    for _ in range(20):
+        changed = _change(rng, m)
+        try:
+            want = type(changed).__call__.fn(changed, x)
+        except Exception:  # a change the body cannot run with
+            continue
+        np.testing.assert_allclose(changed(x), want)
+
+
+def test_a_guard_is_made_for_every_benchmark_key_but_the_largest():
+    """Keys too large to check faster than they are built get no guard."""
+    m, x = models.wide(100)[0], models.x_input()
+    assert make_guard(key_and_leaves((m, x), {})[0], (m, x)) is not None
+    deep = models.chain(150)[0]
+    assert make_guard(key_and_leaves((deep, x), {})[0], (deep, x)) is None
+
+
+def test_es_jit_serves_fresh_instances_from_the_guard():
+    """A training loop's fresh instances are hits (the guard passes)."""
+    m, x = models.seed_pair()[0], models.x_input()
+    type(m).__call__.cache_clear()
+    m(x)
+    for _ in range(5):
+        m = jax.tree.map(lambda a: a + 0, m)
+        m(x)
+    assert type(m).__call__.cache_info() == es.CacheInfo(5, 1, None, 1)

@@ -1,0 +1,124 @@
+"""The shape of the package: its modules' line counts, written into the README's
+"How it is built" table, and its imports (no cycle, no import inside a function).
+
+    python tools/house.py            # print the counts and check the imports
+    python tools/house.py --readme   # also rewrite the counts in README.md
+    python tools/house.py --check    # fail if the README's counts are stale
+
+"Code" lines are neither blank, nor comment, nor docstring."""
+
+import ast
+import io
+import re
+import sys
+import tokenize
+from pathlib import Path
+
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "eqx_static"
+_ROW = re.compile(r"^\| `(?P<name>[\w.]+\.py)` \| [\d,]+ / [\d,]+ \|", re.M)
+_TOTAL = re.compile(r"^\| total \| [\d,]+ / [\d,]+ \|", re.M)
+
+
+def line_counts(path: Path) -> tuple[int, int]:
+    """All lines, and code lines."""
+    source = path.read_text()
+    docstrings: set[int] = set()
+    for node in ast.walk(ast.parse(source)):
+        scope = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+        if isinstance(node, scope) and ast.get_docstring(node) is not None:
+            first = node.body[0]
+            docstrings.update(range(first.lineno, (first.end_lineno or 0) + 1))
+    code: set[int] = set()
+    skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT}
+    skip |= {tokenize.DEDENT, tokenize.ENDMARKER}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type not in skip:
+            code.update(range(tok.start[0], tok.end[0] + 1))
+    return len(source.splitlines()), len(code - docstrings)
+
+
+def imports(path: Path) -> tuple[set[str], list[str]]:
+    """The package's own modules `path` imports at module level, and every import
+    made inside a function or class body (as `file:line`)."""
+    tree = ast.parse(path.read_text())
+    own: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            own |= {node.module} if node.module else {a.name for a in node.names}
+    nested = [
+        f"{path.name}:{node.lineno}"
+        for outer in ast.walk(tree)
+        if isinstance(outer, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        for node in ast.walk(outer)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+    ]
+    return own, nested
+
+
+def import_problems() -> list[str]:
+    """An import cycle among the package's modules, or an import in a function."""
+    graph, problems = {}, []
+    for path in sorted(PACKAGE.glob("*.py")):
+        own, nested = imports(path)
+        graph[path.stem] = {m for m in own if (PACKAGE / f"{m}.py").exists()}
+        problems += [f"an import inside a function or class: {n}" for n in nested]
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                problems.append("an import cycle: " + " -> ".join([*path, m, n]))
+            elif n not in state:
+                visit(n, [*path, m])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state and m != "__init__":
+            visit(m, [])
+    return problems
+
+
+def table() -> dict[str, tuple[int, int]]:
+    return {p.name: line_counts(p) for p in sorted(PACKAGE.glob("*.py"))}
+
+
+def rewrite(readme: str, counts: dict[str, tuple[int, int]]) -> str:
+    def row(m: re.Match) -> str:
+        a, c = counts[m["name"]]
+        return f"| `{m['name']}` | {a:,} / {c:,} |"
+
+    total = tuple(map(sum, zip(*counts.values())))
+    readme = _ROW.sub(row, readme)
+    return _TOTAL.sub(f"| total | {total[0]:,} / {total[1]:,} |", readme)
+
+
+def main(argv: list[str]) -> int:
+    counts = table()
+    for name, (a, c) in counts.items():
+        print(f"{name:16} {a:6} {c:6}")
+    total = tuple(map(sum, zip(*counts.values())))
+    print(f"{'total':16} {total[0]:6} {total[1]:6}  ({len(counts)} modules)")
+    readme_path = ROOT / "README.md"
+    readme = readme_path.read_text()
+    listed = {m["name"] for m in _ROW.finditer(readme)}
+    status = 0
+    if listed != set(counts):
+        print(f"README lists {sorted(listed)}, the package has {sorted(counts)}")
+        status = 1
+    new = rewrite(readme, counts)
+    if "--readme" in argv:
+        readme_path.write_text(new)
+    elif "--check" in argv and new != readme:
+        print("README.md's line counts are stale: run `python tools/house.py --readme`")
+        status = 1
+    for problem in import_problems():
+        print(problem)
+        status = 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
