@@ -366,21 +366,17 @@ def chain(depth: int) -> tuple[Any, Any]:
 
 
 def mlp(leaves: int) -> tuple[Any, Any]:
-    """An `eqx.nn.MLP` of `leaves` arrays (weights and biases) inside a module;
-    `m(x)` applies its first layer."""
+    """An MLP of `leaves // 2` `eqx.nn.Linear` layers (a weight and a bias each, its
+    sizes static) inside a module; `m(x)` applies the first 8 layers."""
 
     def body(self, x):
-        return self.mlp.layers[0](x)
+        for layer in self.layers[: READS // 2]:
+            x = jnp.tanh(layer(x))
+        return x
 
-    net = eqx.nn.MLP(4, 4, width_size=4, depth=leaves // 2 - 1, key=jax.random.key(0))
-    es_cls = _class(
-        f"Mlp{leaves}",
-        es.Module,
-        {"__annotations__": {"mlp": eqx.nn.MLP}, "__call__": es.jit(body)},
-    )
-    eqx_cls = _class(
-        f"EqxMlp{leaves}",
-        eqx.Module,
-        {"__annotations__": {"mlp": eqx.nn.MLP}, "__call__": body},
-    )
-    return es_cls(net), eqx_cls(net)
+    keys = jax.random.split(jax.random.key(0), leaves // 2)
+    layers = tuple(eqx.nn.Linear(4, 4, key=k) for k in keys)
+    ann = {"__annotations__": {"layers": tuple}}
+    es_cls = _class(f"Mlp{leaves}", es.Module, {**ann, "__call__": es.jit(body)})
+    eqx_cls = _class(f"EqxMlp{leaves}", eqx.Module, {**ann, "__call__": body})
+    return es_cls(layers), eqx_cls(layers)

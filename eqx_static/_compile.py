@@ -34,7 +34,7 @@ from . import _jax, _report
 from ._fields import ARRAY_TYPES
 from ._key import build_call, first_class, Key, leaf_visits, leaves_of_first, make_guard
 from ._report import Change, Compile, Seen
-from ._sharing import Fingerprint, fingerprint, same_program, structure
+from ._sharing import Fingerprint, fingerprint, same_compiled, same_program, structure
 
 
 _jax.hide_frames(__file__)
@@ -98,11 +98,19 @@ class CompileInfo(NamedTuple):
 class Program:
     """One XLA compile: the executable of every key whose program is the same."""
 
-    __slots__ = ("executable", "fingerprint", "number", "ops", "structure", "users")
+    __slots__ = (
+        "executable",
+        "fingerprint",
+        "key",
+        "number",
+        "ops",
+        "structure",
+        "users",
+    )
 
-    def __init__(self, fp: Fingerprint | None, executable: Any, ops: tuple,
+    def __init__(self, key: Key, fp: Fingerprint | None, executable: Any, ops: tuple,
                  structure: bytes | None, number: int):  # fmt: skip
-        self.fingerprint, self.executable, self.ops = fp, executable, ops
+        self.key, self.fingerprint, self.executable, self.ops = key, fp, executable, ops
         self.structure, self.number, self.users = structure, number, 0
 
 
@@ -278,9 +286,11 @@ class Function:
                     break
                 self._evict(min(others, key=lambda e: e.used))
 
-    def make_room(self, entry: Entry) -> None:
-        """Empty a key that alone holds `maxsize` signatures, JAX's caches too."""
-        if self.maxsize is None or len(entry.runs) < self.maxsize:
+    def make_room(self, entry: Entry, sig: tuple) -> None:
+        """Empty a key that alone holds `maxsize` signatures, JAX's caches too, for
+        a signature it does not hold. (Its dispatcher, emptied during the call,
+        drops what the call hands it: the next such call comes back here once.)"""
+        if self.maxsize is None or len(entry.runs) < self.maxsize or sig in entry.runs:
             return
         with self.lock:
             self._empty(entry)
@@ -512,7 +522,7 @@ def _trace_and_lower(miss: _Miss) -> None:
     staged = entry.helper is not None and not entry.runs  # first used transformed
     w.known = f.size
     known = list(f.recent)  # what the call is explained against: before room is made
-    f.make_room(entry)
+    f.make_room(entry, miss.sig)
     miss.helper = entry.helper or _helper(f, entry.key, miss.leaves)
     traced = miss.helper.trace(*miss.leaves)
     miss.lowered, miss.jaxpr = traced.lower(), traced.jaxpr
@@ -535,8 +545,30 @@ def _decide(miss: _Miss) -> Program:
         program = f.find(fp, miss.mark)  # None: marked, until it is registered
     if program is not None:
         miss.shared = program
+        if os.environ.get("EQX_STATIC_CHECK_SHARING") and program.fingerprint:
+            _check_sharing(miss, program)
         return program
     return _compile(miss, lowering, fp)
+
+
+def _check_sharing(miss: _Miss, program: Program) -> None:
+    """Compile the call's own program too (booked, not budgeted) and compare the
+    two executables, as `jax_compilation_cache_check_contents` does for JAX's
+    persistent cache; raise, naming both keys, if they differ."""
+    miss.window.planned = True
+    miss.lowered.compile()
+    own = _jax.executable_of(_jax.lowering_of(miss.lowered))
+    if same_compiled(own, program.executable):
+        return
+    f = miss.f
+    changes = _report.diff(program.key, miss.entry.key, f.argnames)
+    raise RuntimeError(
+        f"{f.name(miss.entry.key)}: EQX_STATIC_CHECK_SHARING: this call's program "
+        f"({_report.phrase(changes)}, from the key of compile {program.number}) "
+        f"compiles to other code than compile {program.number}, whose executable "
+        f"it would have run. Please report this with your JAX version "
+        f"({jax.__version__})."
+    )
 
 
 def _compile(miss: _Miss, lowering: Any, fp: Fingerprint | None) -> Program:
@@ -550,9 +582,10 @@ def _compile(miss: _Miss, lowering: Any, fp: Fingerprint | None) -> Program:
     _report.log(f.name(miss.entry.key), "compiling", w.known, w.changes, w.differ)
     ops = tuple(_report.ops_of(miss.jaxpr))
     if fp is None:
-        return Program(None, None, ops, w.structure, 0)
+        return Program(miss.entry.key, None, None, ops, w.structure, 0)
     miss.lowered.compile()
-    return Program(fp, _jax.executable_of(lowering), ops, w.structure, w.number)
+    executable = _jax.executable_of(lowering)
+    return Program(miss.entry.key, fp, executable, ops, w.structure, w.number)
 
 
 def _install_and_run(miss: _Miss, program: Program) -> tuple:
@@ -680,7 +713,7 @@ def _public(f: Function, entry: Entry, donated: tuple) -> Callable:
                         f.size += 1
                     entry.runs.setdefault(
                         _signature(leaves, f.n_fn),
-                        Program(None, None, (), None, w.number),
+                        Program(entry.key, None, None, (), None, w.number),
                     )
                     f.entries.setdefault(entry.key, entry)
 

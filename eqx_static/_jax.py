@@ -270,6 +270,11 @@ def xla_executable(executable: Any) -> Any:
     return getattr(executable, "xla_executable", executable)
 
 
+def compiled_texts(executable: Any) -> list[str]:
+    """The optimized HLO of an executable, one text per module."""
+    return [m.to_string() for m in xla_executable(executable).hlo_modules()]
+
+
 def stop_sharing(why: str) -> None:
     global SHARING
     if SHARING:

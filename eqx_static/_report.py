@@ -9,9 +9,11 @@ import dataclasses
 import functools
 import hashlib
 import itertools
+import linecache
 import logging
 import os
 import re
+import site
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, NamedTuple
@@ -197,17 +199,21 @@ def log(
 # small record per operation (a digest, its name, where it was traced).
 
 
+Frame = tuple[str, int, str]  # file, line, function
+
+
 class Op(NamedTuple):
     what: bytes  # a digest of the primitive, its parameters and inputs
     name: str  # the primitive's name
-    where: tuple[str, int, str] | None  # file, line, function of the user's code
+    where: tuple[Frame, Frame | None] | None  # the user's frame, a library's inside
 
 
 class Differ(NamedTuple):
     """Where a new program first differs from the closest compiled one."""
 
-    place: str  # `model.py:42 in __call__ (tanh where max was)`
+    place: str  # `train.py:41 in loss, inside diffrax _integrate.py:1157 (mul)`
     constant: bool  # only in a constant: the same structure
+    line: Frame | None  # the user's line
 
     def __str__(self) -> str:
         if self.constant:
@@ -252,9 +258,31 @@ def _input(v: Any, consts: dict, numbers: dict) -> Any:
     return (numbers.get(v), str(v.aval))
 
 
-def _user_frame(source_info: Any) -> tuple[str, int, str] | None:
+# Installed packages: a frame in one is a library's, not the user's own code.
+_LIBRARIES: Final = tuple(
+    {os.path.join(p, "") for p in (*site.getsitepackages(), site.getusersitepackages())}
+)
+
+
+def _user_frame(source_info: Any) -> tuple[Frame, Frame | None] | None:
+    """The innermost frame of the user's own code that traced an equation, and the
+    innermost library frame inside it (diffrax's, optimistix's), if any."""
     frames = _jax.user_frames(source_info)
-    return frames[0] if frames else None
+    if not frames:
+        return None
+    user = next((f for f in frames if not f[0].startswith(_LIBRARIES)), frames[-1])
+    return user, (frames[0] if frames[0] is not user else None)
+
+
+def _place(where: tuple[Frame, Frame | None]) -> str:
+    """`train.py:41 in loss`, then `, inside diffrax _integrate.py:1157`."""
+    (file, line, function), inner = where
+    place = f"{os.path.basename(file)}:{line} in {function.rsplit('.', 1)[-1]}"
+    if inner is not None:
+        root = next((r for r in _LIBRARIES if inner[0].startswith(r)), "")
+        package = inner[0][len(root) :].split(os.sep, 1)[0]
+        place += f", inside {package} {os.path.basename(inner[0])}:{inner[1]}"
+    return place
 
 
 def _stable(v: Any) -> Any:
@@ -280,15 +308,14 @@ def differ_of(closest: Seen | None, changes: Sequence[Change], jaxpr: Any,
     op = b or a
     if op is None or op.where is None:
         return None
-    file, line, function = op.where
-    place = f"{os.path.basename(file)}:{line} in {function.rsplit('.', 1)[-1]}"
+    place = _place(op.where)
     if constant or (a is not None and b is not None and a.name == b.name):
         what = op.name
     elif a is None or b is None:
         what = f"{op.name}, {'new' if a is None else 'gone'}"
     else:
         what = f"{b.name} where {a.name} was"
-    return Differ(f"{place} ({what})", constant)
+    return Differ(f"{place} ({what})", constant, op.where[0])
 
 
 # ----------------------------------------------------------------------------------
@@ -346,18 +373,29 @@ def budget_error(qualname: str, limit: int, history: Sequence[Compile],
     )
 
 
+def _names_on(line: Frame) -> set[str]:
+    """The names on a line of source (where the programs differ)."""
+    return set(re.findall(r"\w+", linecache.getline(line[0], line[1])))
+
+
 def storm(
     name: str, history: Sequence[Compile], reused: dict[str, int], n: int
 ) -> bool:
     """Warn once something changed in each of the last `n` compiles; of several,
-    name the one least often changed in a miss that shared a program."""
+    name the one whose name is on the line where the last programs differ, or else
+    the one least often changed in a miss that shared a program."""
     recent = history[-n:]
     per_compile = [{c.name: c for c in h.changes} for h in recent[1:]]
     common = set(per_compile[0]).intersection(*per_compile) if per_compile else ()
     if not common:
         return False
-    culprit = min(common, key=lambda k: (reused.get(k, 0), k))
-    change, differ = per_compile[-1][culprit], recent[-1].differ
+    differ = recent[-1].differ
+    read = _names_on(differ.line) if differ is not None and differ.line else set()
+    culprit = min(
+        common,
+        key=lambda k: (k.rsplit(".", 1)[-1] not in read, reused.get(k, 0), k),
+    )
+    change = per_compile[-1][culprit]
     structures = [h.structure for h in recent]
     constant = None not in structures and len(set(structures)) == 1
     at = f" (at {differ.place})" if differ else ""

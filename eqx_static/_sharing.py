@@ -229,3 +229,25 @@ def _renamed(text: bytes, rename: Any, sink: Any) -> None:
                 last = m.end()
         at = text.find(b"@", at + 1 if m is None else m.end())
     sink(view[last:])
+
+
+# What `EQX_STATIC_CHECK_SHARING` compares: two executables' optimized HLO, with
+# source locations left out and every name numbered in the order it appears.
+_LOCATIONS: Final = re.compile(
+    r"^(FileNames|FunctionNames|FileLocations|StackFrames)\n(.+\n)*\n", re.M
+)
+_METADATA: Final = re.compile(r", metadata=\{[^{}]*\}")
+_NAME: Final = re.compile(r"%[\w.\-]+|^HloModule [^,\s]+", re.M)
+
+
+def same_compiled(a: Any, b: Any) -> bool:
+    return _canonical_hlo(a) == _canonical_hlo(b)
+
+
+def _canonical_hlo(executable: Any) -> list[str]:
+    names: dict[str, str] = {}
+    out = []
+    for text in _jax.compiled_texts(executable):
+        text = _METADATA.sub("", _LOCATIONS.sub("", text))
+        out.append(_NAME.sub(lambda m: names.setdefault(m[0], f"%{len(names)}"), text))
+    return out

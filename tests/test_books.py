@@ -312,3 +312,67 @@ def test_calls_staged_into_an_eager_checkpoint_are_booked_and_budgeted(checkpoin
     with pytest.raises(es.RecompileError, match="compile 2 exceeds `max_compiles=1`"):
         checkpoint(lambda x: scaled(x, 3).sum())(X)
     assert scaled.compile_info().compiles == compiles.of("scaled") == 1
+
+
+# --- books that stay exact whatever happens mid-call --------------------------------
+
+
+def _interrupt_once_after(function: str, filename: str):
+    """A trace function that raises `KeyboardInterrupt` (as Ctrl-C would) once, the
+    moment `function` in `filename` returns."""
+    fired = []
+
+    def trace(frame, event, arg):
+        code = frame.f_code
+        if code.co_name != function or not code.co_filename.endswith(filename):
+            return None
+        if event == "return" and not fired:
+            fired.append(True)
+            raise KeyboardInterrupt
+        return trace
+
+    return trace, fired
+
+
+def test_an_interrupt_right_after_a_program_is_marked_leaves_no_mark():
+    """Ctrl-C lands just after a new program is marked as being compiled (the
+    marker returns): a later first call of another key with the same program must
+    not wait for a compile that will never finish."""
+    import sys
+    import threading
+
+    @es.jit
+    def f(x, tag):
+        return x * 2
+
+    trace, fired = _interrupt_once_after("find", "_compile.py")
+    sys.settrace(trace)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            f(X, "a")
+    finally:
+        sys.settrace(None)
+    assert fired
+    done = []
+    t = threading.Thread(target=lambda: done.append(float(f(X, "b")[0])), daemon=True)
+    t.start()
+    t.join(timeout=30)
+    assert done == [1.0], "a call waited for a mark nobody clears"
+
+
+def test_cache_clear_while_a_call_traces_keeps_the_books_exact():
+    """`cache_clear()` from inside the trace (as another thread could): the call
+    is booked after the clear, and the counts never go negative."""
+    holder = []
+
+    @es.jit
+    def f(x):
+        holder[0].cache_clear()
+        return x * 2
+
+    holder.append(f)
+    f(X)
+    info = f.cache_info()
+    assert info.hits >= 0 and info.hits + info.misses == 1
+    assert info.currsize <= info.misses
+    assert f.compile_info().programs <= info.currsize

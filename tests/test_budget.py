@@ -544,3 +544,26 @@ def test_the_budget_error_names_what_the_room_made_for_the_call_took_away():
         "test_the_budget_error_names_what_the_room_made_for_the_call_took_away."
         "<locals>.f: compile 2 exceeds `max_compiles=1`: argument x shape (3,) -> (2,)."
     )
+
+
+def test_the_storm_names_the_field_read_where_the_programs_differ(caplog):
+    """Two static fields change together on every call; only `lr` reaches the
+    program, on the line where the programs differ: the warning names `lr`, not
+    the unread `a_tag` (which would win a tie broken by name)."""
+
+    class Tagged(es.Module):
+        a_tag: str = eqx.field(static=True)  # never read
+        lr: float = eqx.field(static=True)
+
+        @es.jit(warn_after=3)
+        def __call__(self, x):
+            return x * self.lr
+
+    with caplog.at_level(logging.WARNING, logger="eqx_static"):
+        for i in range(4):
+            Tagged(f"t{i}", 0.1 * (i + 1))(X)
+    (warning,) = [
+        r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
+    ]
+    assert "'lr' changed every time" in warning
+    assert "Make 'lr' dynamic" in warning

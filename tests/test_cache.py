@@ -618,3 +618,55 @@ def test_a_module_changed_in_place_is_read_again():
     object.__setattr__(m, "k", 3)
     np.testing.assert_array_equal(m(jnp.ones(3)), 3 * np.ones(3))
     assert M.__call__.cache_info() == es.CacheInfo(2, 2, None, 2)
+
+
+# --- maxsize: bounds without thrashing --------------------------------------------
+
+
+X = jnp.ones(3)
+
+
+def test_maxsize_one_serves_identical_calls_after_another_shape_as_hits():
+    """With `maxsize=1`, a second shape takes the first one's place; the identical
+    calls after it are hits, not a trace and a compile each."""
+
+    @es.jit(maxsize=1, max_compiles=2)
+    def f(x):
+        return jnp.sin(x)
+
+    compiles = XlaCompiles()
+    f(jnp.ones(3))
+    f(jnp.ones(5))
+    for _ in range(20):
+        f(jnp.ones(5))
+    assert f.cache_info() == es.CacheInfo(20, 2, 1, 1)
+    assert f.compile_info().compiles == compiles.of("f") == 2
+
+
+def test_a_key_evicted_while_its_first_call_traces_holds_nothing_past_maxsize():
+    """Thread A traces key "a" and waits; thread B runs keys "b" and "c" meanwhile
+    (`maxsize=1` evicts "a"). When A finishes, the books still hold at most
+    `maxsize` signatures, and no more programs than signatures."""
+    import threading
+
+    tracing, resume = threading.Event(), threading.Event()
+
+    @es.jit(maxsize=1)
+    def f(x, tag):
+        if tag == "a":
+            tracing.set()
+            assert resume.wait(timeout=30)
+        return x * (1.0 if tag == "a" else 2.0)
+
+    results = {}
+    a = threading.Thread(target=lambda: results.update(a=float(f(X, "a")[0])))
+    a.start()
+    assert tracing.wait(timeout=30)
+    results["b"] = float(f(X, "b")[0])
+    results["c"] = float(f(X, "c")[0])
+    resume.set()
+    a.join(timeout=60)
+    assert results == {"a": 1.0, "b": 2.0, "c": 2.0}
+    info = f.cache_info()
+    assert info.currsize <= 1 and info.hits + info.misses == 3
+    assert f.compile_info().programs <= info.currsize

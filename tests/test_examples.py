@@ -5,8 +5,9 @@ when one fails, so these tests assert the exit code and the final "OK" line. The
 run in fresh processes, with JAX's strict rank promotion and every warning an
 error, so that the examples stay as strict as the rest of the test suite, and with
 strict dtype promotion too, except the optax example: optax's own code mixes
-dtypes (`decay**count`, a Python float and an int32 step count). The sharded
-example simulates its 8 devices by setting `XLA_FLAGS` itself; the diffrax example
+dtypes (`decay**count`, a Python float and an int32 step count). The two sharded
+examples (`sharded.py`, and `explicit_sharding.py` under `jax.set_mesh`) simulate
+their 8 devices by setting `XLA_FLAGS` themselves; the diffrax example
 says so and exits 0 where diffrax is not installed. `examples/multihost.py` has a
 test file of its own.
 """
@@ -27,6 +28,11 @@ CASES = {
         "OK: one extra compile for the static switch",
     ),
     "sharded.py": ((), "strict", "OK: shardings kept; one compile per layout"),
+    "explicit_sharding.py": (
+        (),
+        "strict",
+        "OK: explicit sharding under jax.set_mesh; an unread flip compiles nothing",
+    ),
     "optax_training.py": (
         ("--quick",),
         "standard",

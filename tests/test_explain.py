@@ -616,3 +616,21 @@ def test_a_change_of_value_is_named_before_a_change_of_jax_s_configuration(caplo
             draw(key, 3)
     got = [_what(r.getMessage()) for r in caplog.records if r.name == "eqx_static"]
     assert got == [f"{draw.qualname}: compiling (1 cached): argument n changed 2 -> 3"]
+
+
+class _Scaled(eqx.Module):
+    w: jax.Array
+
+    def __call__(self, x, y):
+        return self.w.sum() * x + y.sum()
+
+
+def test_a_module_as_the_function_pairs_its_arguments_by_name(caplog):
+    """`es.jit(model)`, as `eqx.filter_jit(model)` is used: the model's own leaves
+    come first, and the arguments' leaves are paired after them."""
+    f = es.jit(_Scaled(jnp.ones(2)))
+    with caplog.at_level(logging.INFO, logger="eqx_static"):
+        f(jnp.ones(3), jnp.ones(3))
+        f(jnp.ones(5), jnp.ones(3))
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "eqx_static"]
+    assert line.endswith("(1 cached): argument x shape (3,) -> (5,)")

@@ -1132,3 +1132,69 @@ def test_nested_lists_and_static_tuples_900_deep():
     for _ in range(900):
         t = (t, 1.0)
     assert float(ConfigHolder(t).as_array()) == 1.0
+
+
+# --- statics that cannot change under their key -----------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _SlottedCfg:
+    n: Any
+
+
+def test_a_slotted_frozen_dataclass_is_keyed_by_its_fields_typed():
+    """`@dataclass(frozen=True, slots=True)`: 1, True and 1.0 are three keys, each
+    with its own dtype, as for a dataclass with a `__dict__`."""
+    f = es.jit(lambda cfg, x: x + jnp.asarray(cfg.n))
+    x = jnp.zeros((), jnp.float32)
+    with jax.numpy_dtype_promotion("standard"):
+        got = [f(_SlottedCfg(n), x).dtype for n in (1, True, 1.0)]
+        want = [(x + jnp.asarray(n)).dtype for n in (1, True, 1.0)]
+    assert got == want and f.cache_info().misses == 3
+    dtypes = [
+        es.jit(lambda c: jnp.asarray(c.n))(_SlottedCfg(n)).dtype for n in (1, True, 1.0)
+    ]
+    assert dtypes == [jnp.int32, jnp.bool_, jnp.float32]
+
+
+@dataclasses.dataclass
+class _Mutable:
+    """A plain dataclass: `eq=True` without `frozen=True` sets `__hash__` to None."""
+
+    scale: float
+
+
+def test_an_unhashable_static_value_is_refused_with_the_fix_for_it():
+    """As an argument, or as a non-array leaf of a module (where `eqx.filter_jit`
+    refuses it too): a `TypeError` that names it and says to freeze the class.
+    Nothing is remembered by `id()`: a changed object could not hit a stale entry."""
+
+    class Holder(eqx.Module):
+        w: jax.Array
+        cfg: Any
+
+    f = es.jit(lambda h, x: x * h.cfg.scale)
+    g = es.jit(lambda cfg, x: x * cfg.scale)
+    x = jnp.ones(2)
+    with pytest.raises(ValueError, match="Non-hashable static arguments"):
+        eqx.filter_jit(lambda cfg, x: x * cfg.scale)(_Mutable(2.0), x)
+    fix = "Pass a frozen dataclass instead (`@dataclass(frozen=True)`)."
+    for call, where in ((lambda: f(Holder(x, _Mutable(2.0)), x), "h.cfg"),
+                        (lambda: g(_Mutable(2.0), x), "cfg")):  # fmt: skip
+        with pytest.raises(TypeError) as info:
+            call()
+        assert f"got {where}, a _Mutable, which is not hashable" in str(info.value)
+        assert str(info.value).endswith(fix)
+
+
+def test_an_es_module_refuses_an_unhashable_static_field_with_the_fix():
+    class M(es.Module):
+        cfg: Any = eqx.field(static=True)
+
+    with pytest.raises(TypeError) as info:
+        M(_Mutable(2.0))
+    assert str(info.value) == (
+        "Static field 'cfg' of `test_an_es_module_refuses_an_unhashable_static_field_"
+        "with_the_fix.<locals>.M` holds an unhashable _Mutable. Make its class a "
+        "frozen dataclass: `@dataclass(frozen=True)`."
+    )

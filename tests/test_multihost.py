@@ -15,8 +15,12 @@ They are skipped, with the reason, only when a one-process
 """
 
 import functools
+import json
+import os
 import re
+import socket
 import subprocess
+import sys
 import textwrap
 import time
 
@@ -139,3 +143,90 @@ def test_the_launcher_times_out_cleanly():
     assert result.returncode != 0, out
     assert "did not finish within 1s (killed)" in result.stdout, out
     assert elapsed < 30, out
+
+
+_WORKER = textwrap.dedent(
+    """
+    import json, sys
+    import equinox as eqx, jax, jax.numpy as jnp, eqx_static as es
+
+    pid, address = int(sys.argv[1]), sys.argv[2]
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        coordinator_address=address, num_processes=2, process_id=pid,
+        initialization_timeout=60,
+    )
+
+    @jax.jit
+    def inner(x):  # called from both branches: one private function, or two
+        return jnp.sin(x) * 2.0, jnp.cos(x).sum()
+
+    class M(es.Module):
+        w: jax.Array
+        tag: str = eqx.field(static=True)  # never read: keys share programs
+        mode: int = eqx.field(static=True)  # read: two programs
+
+        @es.jit
+        def __call__(self, x):
+            a, _ = inner(x)
+            return self.w * a if self.mode == 0 else self.w + inner(a)[0]
+
+    x = jnp.ones(3)
+    keys = [(tag, mode) for tag in "abcd" for mode in (0, 1)]
+    if pid == 1:  # another history: other programs lowered first, keys reversed
+        for i in range(100):
+            jax.jit(lambda z, i=i: inner(z)[0] + i).trace(x).lower()
+        keys = keys[::-1]
+    for tag, mode in keys:
+        M(jnp.ones(3), tag, mode)(x)
+    warm = tuple(M.__call__.compile_info()[:2])
+
+    @es.jit(max_compiles=2)
+    def g(x, tag, mode):
+        return x * (mode + 1)
+
+    refused = None
+    for i, (tag, mode) in enumerate([("a", 0), ("b", 0), ("a", 1), ("c", 0), ("b", 2)]):
+        try:
+            g(x, tag, mode)
+        except es.RecompileError:
+            refused = i
+            break
+    print("RESULT " + json.dumps({"warm": warm, "refused": refused,
+                                  "budget": tuple(g.compile_info()[:2])}))
+    jax.distributed.shutdown()
+    """
+)
+
+
+def test_two_processes_warmed_up_differently_decide_the_same():
+    """Two processes, each with another trace history and its keys in another
+    order: which keys share a program, how many compiles, and which call a
+    compile budget refuses are the same on both (a process that raised where
+    the other compiled would leave it waiting in a collective)."""
+    reason = _unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONWARNINGS": "error"}
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WORKER, str(pid), address],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )  # fmt: skip
+        for pid in (0, 1)
+    ]
+    outs = [w.communicate(timeout=TIMEOUT) for w in workers]
+    results = []
+    for w, (out, err) in zip(workers, outs):
+        assert w.returncode == 0, err[-3000:]
+        (line,) = [x for x in out.splitlines() if x.startswith("RESULT ")]
+        results.append(line)
+    assert results[0] == results[1]
+    got = json.loads(results[0].removeprefix("RESULT "))
+    assert got == {"warm": [2, 2], "refused": 4, "budget": [2, 2]}

@@ -11,10 +11,16 @@ Every result is compared with the eager call; compiles are counted by the librar
 and by JAX's own monitoring events (`XlaCompiles`).
 """
 
+import dataclasses
+import functools
+import os
+import unittest.mock
 from typing import Any
 
 import equinox as eqx
 import eqx_static as es
+import hypothesis
+import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -248,3 +254,294 @@ def test_the_identical_callback_is_shared():
     assert [float(f(x, tag)) for tag in "abc"] == [3.0, 3.0, 3.0]
     assert compiles.of("f") == f.compile_info().compiles == 1
     assert f.cache_info().misses == 3
+
+
+# --- what a callback holds can change after the second key is traced -------------
+# Each case: the keys "train" and "eval" trace callbacks that look alike when both
+# are traced; then the "eval" callback's state changes (the way each idiom keeps
+# state), and "eval" must run its own callback, as eagerly and under filter_jit.
+
+
+def _by_attribute(scale: float) -> tuple[Any, Any]:
+    def cb(y):
+        return np.asarray(y * cb.scale, np.float32)  # pyright: ignore[reportFunctionMemberAccess]
+
+    cb.scale = scale  # pyright: ignore[reportFunctionMemberAccess]
+
+    def change(v: float) -> None:
+        cb.scale = v  # pyright: ignore[reportFunctionMemberAccess]
+
+    return cb, change
+
+
+def _by_default(scale: float) -> tuple[Any, Any]:
+    def cb(y, k=scale):
+        return np.asarray(y * k, np.float32)
+
+    def change(v: float) -> None:
+        cb.__defaults__ = (v,)
+
+    return cb, change
+
+
+def _by_keyword_default(scale: float) -> tuple[Any, Any]:
+    def cb(y, *, k=scale):
+        return np.asarray(y * k, np.float32)
+
+    def change(v: float) -> None:
+        cb.__kwdefaults__["k"] = v  # pyright: ignore[reportOptionalSubscript]
+
+    return cb, change
+
+
+def _times_k(y, k):
+    return np.asarray(y * k, np.float32)
+
+
+def _by_partial(scale: float) -> tuple[Any, Any]:
+    cb = functools.partial(_times_k, k=scale)
+
+    def change(v: float) -> None:
+        cb.keywords["k"] = v
+
+    return cb, change
+
+
+def _by_code(scale: float) -> tuple[Any, Any]:
+    def cb(y):
+        return np.asarray(y * 1.0, np.float32)
+
+    def half(y):
+        return np.asarray(y * 0.5, np.float32)
+
+    def change(v: float) -> None:
+        cb.__code__ = half.__code__
+
+    return cb, change
+
+
+@dataclasses.dataclass(frozen=True)
+class _Scaler:
+    """A frozen dataclass whose state lives outside its fields (set in
+    `__post_init__`, the usual way to cache in one)."""
+
+    name: str
+
+    def __post_init__(self):
+        object.__setattr__(self, "state", {"scale": 1.0})
+
+    def __call__(self, y):
+        return np.asarray(y * self.state["scale"], np.float32)
+
+
+def _by_frozen_dataclass(scale: float) -> tuple[Any, Any]:
+    cb = _Scaler("scaler")
+
+    def change(v: float) -> None:
+        cb.state["scale"] = v
+
+    return cb, change
+
+
+@pytest.mark.parametrize(
+    "make",
+    [_by_attribute, _by_default, _by_keyword_default, _by_partial, _by_code,
+     _by_frozen_dataclass],
+    ids=["function attribute", "defaults", "keyword defaults", "partial keywords",
+         "code", "frozen dataclass state"],
+)  # fmt: skip
+def test_a_callback_changed_after_sharing_runs_as_changed(make):
+    callbacks = {mode: make(1.0) for mode in ("train", "eval")}
+
+    def body(x, mode):
+        return jax.pure_callback(callbacks[mode][0], SCALAR, x)
+
+    f, g = es.jit(body), eqx.filter_jit(body)
+    x = jnp.float32(1.0)
+    for mode in ("train", "eval"):
+        f(x, mode)
+        g(x, mode)
+    callbacks["eval"][1](0.5)  # the eval callback now halves
+    got = [float(f(x, mode)) for mode in ("train", "eval")]
+    assert got == [float(g(x, mode)) for mode in ("train", "eval")] == [1.0, 0.5]
+    assert f.compile_info().compiles == 2  # never shared
+
+
+def _unused_callback(x):
+    jax.pure_callback(_scale_host, SCALAR, x)  # its result unused: JAX drops it
+
+
+def _sharding_callback(x):
+    jax.debug.inspect_array_sharding(x, callback=lambda s: None)  # runs lowering
+
+
+@pytest.mark.parametrize(
+    "beside", [_unused_callback, _sharding_callback], ids=["unused", "inspect"]
+)
+def test_a_debug_print_is_never_shared(capfd, beside):
+    """`jax.debug.print` is its own primitive, with no `callback` parameter: a
+    program holding one is unshareable, also beside a callback equation that adds
+    no host callback (an unused `pure_callback`, `inspect_array_sharding`), which a
+    count of callback equations against host callbacks would take for it."""
+
+    class M(es.Module):
+        tag: str = eqx.field(static=True)
+
+        @es.jit
+        def f(self, x):
+            beside(x)
+            jax.debug.print(self.tag + " {}", x)
+            return x * 2
+
+    x = jnp.float32(1.0)
+    for tag in ("train", "eval"):
+        M(tag).f(x)
+    jax.effects_barrier()
+    assert capfd.readouterr().out.split() == ["train", "1.0", "eval", "1.0"]
+    assert M.f.compile_info().compiles == 2
+
+
+def _first_key_type(d):
+    """1 for a bool key, 2 for an int, 3 for a float, 13 for a negative zero."""
+    (k,) = d
+    code = {bool: 1, int: 2, float: 3}[type(k)]
+    return np.asarray(code + 10 * (type(k) is float and np.signbit(k)), np.float32)
+
+
+def test_a_dict_keyed_by_a_static_value_is_compared_by_type_and_value():
+    """`{self.k: x}` as a callback's argument: `1`, `True` and `1.0` are three keys
+    of its `in_tree`, and so are `0.0` and `-0.0`: the callback gets its own dict."""
+
+    class M(es.Module):
+        k: Any = eqx.field(static=True)
+
+        @es.jit
+        def f(self, x):
+            return jax.pure_callback(_first_key_type, SCALAR, {self.k: x})
+
+    x = jnp.float32(1.0)
+    got = [float(M(k).f(x)) for k in (1, True, 1.0, 0.0, -0.0)]
+    assert got == [float(_first_key_type({k: 1.0})) for k in (1, True, 1.0, 0.0, -0.0)]
+    assert got == [2.0, 1.0, 3.0, 3.0, 13.0]
+
+
+# --- the nets under the rules --------------------------------------------------------
+
+
+def test_a_jax_that_compiles_an_installed_program_turns_sharing_off(monkeypatch):
+    """The self-check: if installing an executable does nothing (a JAX that no
+    longer runs what is set on a lowering), JAX compiles the shared program: one
+    warning, sharing off for the process, and every compile still booked."""
+    from eqx_static import _jax
+
+    monkeypatch.setattr(_jax, "SHARING", True)  # restored after the test
+    monkeypatch.setattr(_jax, "set_executable", lambda lowering, executable: None)
+
+    @es.jit
+    def f(x, tag):
+        return x * 2
+
+    x = jnp.float32(1.5)
+    compiles = XlaCompiles()
+    assert float(f(x, "a")) == 3.0
+    with pytest.warns(RuntimeWarning, match="stops sharing programs between keys"):
+        assert float(f(x, "b")) == 3.0
+    assert float(f(x, "c")) == 3.0  # each key its own program now, no new warning
+    assert f.compile_info().compiles == compiles.of("f") == 3
+
+
+def test_callbacks_of_the_same_code_over_other_globals_are_two_callbacks():
+    """Two functions made from one code object, each over its own globals (what
+    `scale` means differs): not the identical function, so not shared."""
+    source = "def host(y):\n    return np.asarray(y * scale, np.float32)\n"
+    hosts = {}
+    for name, scale in (("a", 2.0), ("b", 3.0)):
+        namespace = {"np": np, "scale": scale}
+        exec(source, namespace)
+        hosts[name] = namespace["host"]
+    assert hosts["a"].__code__.co_code == hosts["b"].__code__.co_code
+
+    @es.jit
+    def f(x, name):
+        return jax.pure_callback(hosts[name], SCALAR, x)
+
+    x = jnp.float32(1.0)
+    assert [float(f(x, name)) for name in "ab"] == [2.0, 3.0]
+    assert f.compile_info().compiles == 2
+
+
+# --- a property: whatever the callbacks hold and whatever changes afterwards ------
+
+_KINDS = {
+    "attribute": _by_attribute,
+    "default": _by_default,
+    "keyword default": _by_keyword_default,
+    "partial": _by_partial,
+    "code": _by_code,
+    "frozen dataclass": _by_frozen_dataclass,
+    "shared function": lambda scale: (_scale_host, lambda v: None),
+}
+
+
+def _run(callbacks: dict, x: Any, mode: str, via: str) -> Any:
+    cb = callbacks[mode][0]
+    if via == "dict":  # the value reaches the callback inside a dict keyed by mode
+        return jax.pure_callback(lambda d: cb(d[mode]), SCALAR, {mode: x})
+    return jax.pure_callback(cb, SCALAR, x)
+
+
+@pytest.mark.slow
+@hypothesis.settings(max_examples=25, deadline=None)
+@hypothesis.given(
+    kinds=st.tuples(st.sampled_from(sorted(_KINDS)), st.integers(2, 3)).map(
+        lambda t: [t[0]] * t[1]  # keys of one kind: their programs look alike
+    )
+    | st.lists(st.sampled_from(sorted(_KINDS)), min_size=2, max_size=4),
+    steps=st.lists(
+        st.tuples(st.booleans(), st.integers(0, 3), st.sampled_from([0.5, 2.0])),
+        min_size=3,
+        max_size=10,
+    ),
+    via=st.sampled_from(["argument", "dict"]),
+)
+def test_every_result_equals_the_eager_one_whatever_changes(kinds, steps, via):
+    """Random keys over callbacks of every kind, each called once, then changed
+    (or not) and called again, in any order, checked with `EQX_STATIC_CHECK_SHARING` on: every
+    es.jit result equals the eager result. (The callback is called in Python for
+    that: an eager `jax.pure_callback` goes through JAX's own cache, which keys a
+    callback by `==`, and gave an earlier example's frozen dataclass here.)"""
+    modes = [f"m{i}" for i in range(len(kinds))]
+    callbacks = {m: _KINDS[k](1.0) for m, k in zip(modes, kinds)}
+    f = es.jit(lambda x, mode: _run(callbacks, x, mode, via))
+    x = jnp.float32(3.0)
+    with unittest.mock.patch.dict(os.environ, {"EQX_STATIC_CHECK_SHARING": "1"}):
+        for change, i, value in [(False, i, 1.0) for i in range(len(modes))] + steps:
+            mode = modes[i % len(modes)]
+            if change:
+                callbacks[mode][1](value)
+            want = float(callbacks[mode][0](np.float32(3.0)))
+            assert float(f(x, mode)) == want
+
+
+def test_a_function_emitted_twice_under_two_names_is_one_program():
+    """JAX may emit one function twice under two names (jax#40312: it happens after
+    some trace histories): each private function is named by what it computes, so
+    the two modules are one program, on every process whatever it traced before.
+    A constant changed inside one of them is another program."""
+    from eqx_static._jax import lowering_of
+    from eqx_static._sharing import digest, module_text
+
+    def make():
+        return jax.jit(lambda x: jnp.sin(x) * 2)
+
+    one, two = make(), make()
+
+    def lowered(f):
+        return lowering_of(jax.jit(f).trace(jnp.ones(3)).lower())
+
+    once = lowered(lambda x: one(x) + one(x * 3))
+    twice = lowered(lambda x: one(x) + two(x * 3))  # the same body, a second name
+    assert module_text(once) != module_text(twice)
+    assert digest(once) == digest(twice)
+    assert digest(lowered(lambda x: one(x) + two(x * 4))) != digest(twice)
+    assert digest(lowered(lambda x: two(x) + one(x * 3))) == digest(twice)
