@@ -36,8 +36,15 @@ cat >"$scratch/_es_dropin.py" <<'EOF'
 import functools, importlib.util, os, sys
 import equinox as eqx
 import eqx_static as es
+import jax
 import pytest
 from eqx_static._jit import _Jit
+
+compiles = []  # every XLA compile JAX reports in the run, by program name
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, seconds, **kw: compiles.append(kw.get("fun_name"))
+    if event == "/jax/core/compile/backend_compile_duration" else None
+)
 
 LIB, BASELINE = os.environ["ES_DROPIN_LIB"], os.environ["ES_DROPIN_BASELINE"] == "1"
 ENTRY = {"optimistix": "minimise", "lineax": "linear_solve", "diffrax": "diffeqsolve"}[LIB]
@@ -71,9 +78,10 @@ def pytest_collection_finish(session):
 
 def pytest_terminal_summary(terminalreporter):
     write = terminalreporter.write_line
+    write(f"XLA compiles: {len(compiles)}")
     if BASELINE:
         return write(f"baseline: eqx.filter_jit is Equinox's ({eqx.filter_jit.__module__})")
-    caches = {id(w.cache): w.cache_info() for w in own}.values()
+    caches = {id(getattr(w, "f", None) or w.cache): w.cache_info() for w in own}.values()
     hits, misses = sum(c.hits for c in caches), sum(c.misses for c in caches)
     by = ", ".join(f"{n} in {m}" for m, n in sorted(made.items()))
     write(f"es.jit wrappers made: {by}; calls to the {len(own)} of {LIB}: "
@@ -96,10 +104,11 @@ for f in "${files[@]}"; do
   r=${PIPESTATUS[0]}
   (( r != 0 && r != 5 )) && { (( r > rc )) && rc=$r; }  # 5: nothing selected in this file
   line=$(grep -E "(passed|failed|skipped|error|selected|no tests ran).* in [0-9.]+s" "$scratch/out" | tail -1)
-  echo "$f: ${line:-1 crashed (pytest exited $r, no summary)}" >>"$scratch/summary"
+  xla=$(grep -o -E "XLA compiles: [0-9]+" "$scratch/out" | tail -1)
+  echo "$f: ${line:-1 crashed (pytest exited $r, no summary)}; ${xla:-XLA compiles: ?}" >>"$scratch/summary"
 done
 echo "== $lib, $mode, per file:"; cat "$scratch/summary" 2>/dev/null
-echo "== total:" $(grep -o -E "[0-9]+ (passed|failed|skipped|xfailed|xpassed|error|deselected|crashed)" \
-  "$scratch/summary" | awk '{n[$2]+=$1} END {for (k in n) printf "%d %s, ", n[k], k}')
+echo "== total:" $(grep -o -E "([0-9]+ (passed|failed|skipped|xfailed|xpassed|error|deselected|crashed)|XLA compiles: [0-9]+)" \
+  "$scratch/summary" | sed 's/XLA compiles: \([0-9]*\)/\1 compiles/' | awk '{n[$2]+=$1} END {for (k in n) printf "%d %s, ", n[k], k}')
 exit $rc
 }
