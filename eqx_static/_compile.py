@@ -708,14 +708,9 @@ def _public(f: Function, entry: Entry, donated: tuple) -> Callable:
         finally:
             if _local.traces != traces or w.number:
                 f.book_miss()
-                with f.lock:
-                    if not entry.runs:
-                        f.size += 1
-                    entry.runs.setdefault(
-                        _signature(leaves, f.n_fn),
-                        Program(entry.key, None, None, (), None, w.number),
-                    )
-                    f.entries.setdefault(entry.key, entry)
+                if w.number and w.fallback:  # a signature compiled at the top level
+                    program = Program(entry.key, None, None, (), None, w.number)
+                    f.add_run(entry, _signature(leaves, f.n_fn), program)
 
     return call
 
@@ -729,6 +724,7 @@ def _note_trace(f: Function, key: Key, leaves: tuple) -> None:
     sig = _signature(tuple(leaves), f.n_fn)
     w.changes, w.closest = _report.explain(list(f.recent), key, sig, f.argnames, f.n_fn)
     w.planned = True
+    f.check_budget(w.changes, None)
     _report.log(f.name(key), "compiling", f.size, w.changes)
 
 

@@ -46,6 +46,18 @@ except (ImportError, AttributeError) as e:  # pragma: no cover
     ) from None
 
 
+class _Probe(eqx.Module):
+    def method(self) -> None:
+        """A method, to see what Equinox's `BoundMethod` holds."""
+
+
+# The wrapper attributes Equinox's `BoundMethod` keeps in its instance dictionary
+# (and so in its tree structure): all of them in 0.13, none on its main branch.
+BOUND_METHOD_FIELDS: Final = tuple(
+    k for k in WRAPPER_FIELD_NAMES if k in _Probe().method.__dict__
+)
+
+
 def equinox_error_info() -> tuple[str, list] | None:
     """The message and trace-time stack the last failing `eqx.error_if` left."""
     return _eqx_jit.last_error_info

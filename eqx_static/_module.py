@@ -1,10 +1,8 @@
-"""`es.Module`, and the checks every new field value goes through: at construction,
-on updates, on leaving `es.edit`. Numbers in dynamic fields are stored as arrays by
-a converter, as Equinox runs converters: after `__init__`, before any
-`__check_init__`. Type checks of the fields run in one jaxtyping scope, so that
-named dimensions bind across fields."""
+"""`es.Module`, and the checks every new field value goes through: at construction
+(when `__init__` has finished), on updates, on leaving `es.edit`. Type checks of
+the fields run in one jaxtyping scope, so that named dimensions bind across
+fields."""
 
-import copy
 import dataclasses
 import difflib
 import inspect
@@ -38,12 +36,7 @@ from ._fields import (
     is_hashable,
     UNIONS,
 )
-from ._jax import (
-    BoundMethod,
-    is_named_dim,
-    jaxtyped_class,
-    WRAPPER_FIELD_NAMES,
-)
+from ._jax import BOUND_METHOD_FIELDS, BoundMethod, is_named_dim, jaxtyped_class
 from ._jit import bound
 from ._key import cycle_in
 
@@ -189,37 +182,6 @@ def _warn_trainable(info: FieldInfo, name: str, value: Any) -> None:
         "also silences this warning.",
         name, info.cls.__qualname__, type(value).__name__, value, name, name,
     )  # fmt: skip
-
-
-class _Store:
-    """The converter of a dynamic field of an `es.Module`: the field's own converter
-    (if any), then numbers stored as arrays (`as_data`)."""
-
-    def __init__(self, cls: type, name: str, inner: Callable | None):
-        self.cls, self.name, self.es_user_converter = cls, name, inner
-
-    def __call__(self, value: Any) -> Any:
-        if self.es_user_converter is not None:
-            value = self.es_user_converter(value)
-        return as_data(field_info(self.cls), self.name, value)
-
-
-_prepared: Final = weakref.WeakSet[type]()
-
-
-def _prepare(cls: type) -> None:
-    """Give each dynamic field of `cls` its `_Store` converter, in a copy of the
-    field that only `cls` holds (its parents' fields are theirs)."""
-    fields = cls.__dataclass_fields__  # pyright: ignore[reportAttributeAccessIssue]
-    for f in dataclasses.fields(cls):
-        converter = f.metadata.get("converter")
-        if f.metadata.get("static") or isinstance(converter, _Store):
-            continue
-        new = copy.copy(f)
-        metadata = {**f.metadata, "converter": _Store(cls, f.name, converter)}
-        new.metadata = types.MappingProxyType(metadata)
-        fields[f.name] = new
-    _prepared.add(cls)
 
 
 def convert_and_check(
@@ -523,23 +485,15 @@ class Module(eqx.Module):
         if typecheck is not None:
             _set_option(cls, typecheck)
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        if cls not in _prepared:
-            _prepare(cls)
-        return super().__new__(cls, *args, **kwargs)
-
     def __check_init__(self) -> None:
-        # At construction only (updates check what they change), after Equinox has
-        # run the converters. An unset static field gets its plain default.
+        # At construction only (updates check what they change), when `__init__`
+        # has finished and Equinox has run the converters (and the subclasses'
+        # own `__check_init__`s: it runs them in MRO order). An unset field gets its
+        # plain default, and numbers in dynamic fields are stored as arrays.
         info = field_info(type(self))
         d = instance_dict(self)
         for name, default in info.defaults.items():
             d.setdefault(name, default)
-        for name, attr in info.through_class.items():
-            # Stored by the converter from a read through the class: unset again,
-            # unless it is a number, which is stored as an array (the one rule).
-            if name in d and (d[name] is attr or _is_data_descriptor(attr)):
-                del d[name]
         d.update(convert_and_check(info, {n: d[n] for n in info.names if n in d}, ()))
         check_fields(self)
 
@@ -590,18 +544,13 @@ class Module(eqx.Module):
             ...
 
 
-def _is_data_descriptor(attr: Any) -> bool:
-    t = type(attr)
-    return hasattr(t, "__get__") and (hasattr(t, "__set__") or hasattr(t, "__delete__"))
-
-
 def _bound_method(func: Any, obj: Any) -> Any:
     """Equinox's `BoundMethod(func, obj)`, the same pytree, made without the
     metaclass call, which walks every leaf of `obj` (about 120 µs at 100 leaves)."""
     method = object.__new__(BoundMethod)
     d = instance_dict(method)
     d["__func__"], d["__self__"] = func, obj
-    for k in WRAPPER_FIELD_NAMES:  # as `BoundMethod.__post_init__` sets them
+    for k in BOUND_METHOD_FIELDS:  # the ones Equinox's own `BoundMethod` keeps
         try:
             d[k] = getattr(func, k)
         except AttributeError:

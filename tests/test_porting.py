@@ -11,6 +11,7 @@ the fix for the kind of value at hand."""
 import inspect
 import logging
 import re
+import warnings
 
 import equinox as eqx
 import eqx_static as es
@@ -278,3 +279,26 @@ def test_the_storm_warning_for_a_python_float_left_in_a_dynamic_field(caplog):
         "(`jnp.asarray(v)`, or `with_dynamic`), and it is traced, with no compile "
         "per value."
     )
+
+
+def test_a_custom_init_reads_back_the_number_it_assigned():
+    """The upstream vision transformer's `__init__` assigns `self.patch_size` and
+    then builds a layer from it: the number it reads back is the number it wrote
+    (stored as an array only when `__init__` has finished, as Equinox runs
+    converters), so Equinox's `Linear` gets an int for its static sizes."""
+
+    class PatchEmbedding(es.Module):
+        linear: eqx.nn.Linear
+        patch_size: int  # not declared static: data, once `__init__` is done
+
+        def __init__(self, input_channels, output_shape, patch_size, key):
+            self.patch_size = patch_size
+            self.linear = eqx.nn.Linear(
+                self.patch_size**2 * input_channels, output_shape, key=key
+            )
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # Equinox warns of an array set as static
+        m = PatchEmbedding(3, 8, 4, jax.random.key(0))
+    assert m.linear.in_features == 48 and type(m.linear.in_features) is int
+    assert isinstance(m.patch_size, jax.Array) and int(m.patch_size) == 4

@@ -1,0 +1,73 @@
+"""What a lowering says about the Python that runs on the host, and its compile
+arguments: the allow-list of `_sharing` knows every argument JAX passes, and reads
+each host callback's function out of the lowering itself."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from eqx_static import _jax, _sharing
+from jax.experimental import io_callback
+
+
+SCALAR = jax.ShapeDtypeStruct((), jnp.float32)
+
+
+def _host(y):
+    return np.asarray(y, np.float32)
+
+
+def _lowering(f):
+    return _jax.lowering_of(jax.jit(f).trace(jnp.float32(1.0)).lower())
+
+
+def test_every_compile_argument_is_on_the_allow_list():
+    """A compile argument JAX adds in a release makes every program unshareable
+    (safe, but every key then compiles): it must be looked at, and listed."""
+    for f in (lambda x: x * 2, lambda x: jax.pure_callback(_host, SCALAR, x)):
+        unknown = set(_jax.compile_arguments(_lowering(f))) - set(_sharing._ARGUMENTS)
+        assert not unknown, f"JAX changed: compile arguments {unknown} are not known"
+
+
+def test_a_host_callback_names_the_function_it_runs():
+    for make in (
+        lambda x: jax.pure_callback(_host, SCALAR, x),
+        lambda x: io_callback(_host, SCALAR, x),
+    ):
+        (host,) = _jax.compile_arguments(_lowering(make))["host_callbacks"]
+        found = _jax.flat_callback_in(host)
+        assert found is not None, "JAX changed: a host callback's function is hidden"
+        assert found[0] is _host
+        assert found[1] == jax.tree.structure(((1.0,), {}))
+
+
+def test_equinox_error_callbacks_are_found_and_known():
+    hosts = _jax.compile_arguments(
+        _lowering(lambda x: eqx.error_if(x, x > 0, "positive"))
+    )["host_callbacks"]
+    functions = [_jax.flat_callback_in(h)[0] for h in hosts]  # pyright: ignore[reportOptionalSubscript]
+    assert functions and all(_jax.is_equinox_callback(f) for f in functions)
+    for f in functions:  # Equinox's closures capture what `_sharing` knows of
+        known = _jax.EQUINOX_CALLBACKS[f.__code__.co_name]
+        assert set(f.__code__.co_freevars) <= known
+    assert not _jax.is_equinox_callback(_host)
+
+
+def test_other_host_python_is_not_taken_for_a_known_callback():
+    printing = _lowering(lambda x: jax.debug.print("{}", x) or x)
+    debugging = _lowering(lambda x: jax.debug.callback(_host, x) or x)
+    for lowering in (printing, debugging):
+        hosts = _jax.compile_arguments(lowering)["host_callbacks"]
+        assert hosts and all(_jax.flat_callback_in(h) is None for h in hosts)
+
+
+def test_a_module_names_its_functions_and_their_visibility():
+    lowering = _lowering(jax.jit(lambda x: jnp.sin(x)))
+    module = lowering.stablehlo()
+    names = {
+        _jax.string_value(op.operation.attributes["sym_name"])
+        for op in module.body.operations
+        if "sym_name" in op.operation.attributes
+    }
+    assert "main" in names
+    assert _sharing.digest(lowering) == _sharing.digest(lowering)
