@@ -258,6 +258,7 @@ class Row:
     meets_target: bool | None = None
     readme: bool = False  # shown in the README table
     note: str = ""
+    margin: float | None = None  # `values[num] - values[den]`, for a margin row
 
 
 def _target_text(op: str, value: float, unit: str) -> str:
@@ -312,6 +313,27 @@ class Report:
             row.target_op, row.target_value = op, value
             row.target = _target_text(op, value, "x")
             row.meets_target = _check(op, r, value)
+        return self.add(row)
+
+    def margin_row(
+        self,
+        group: str,
+        key: str,
+        name: str,
+        t: dict[str, float],
+        num: str,
+        den: str,
+        instance: str,
+        target_us: float,
+    ) -> Row:
+        """A difference `t[num] - t[den]`, judged against at most `target_us` µs."""
+        margin = t[num] - t[den]
+        row = Row(
+            group, key, name, instance, {num: t[num], den: t[den]}, "s",
+            ratio_of=f"{num} - {den}", target_op="<=", target_value=target_us,
+            target=f"<= +{target_us:g} us", meets_target=margin * 1e6 <= target_us,
+            readme=True, margin=margin,
+        )  # fmt: skip
         return self.add(row)
 
     def count_row(
@@ -410,8 +432,9 @@ def render(rows: list[Row]) -> str:
             group = r.group
             lines += ["", f"== {group} ==", header, "-" * len(header)]
         vals = " / ".join(fmt_value(v, r.unit) for v in r.values.values())
+        shown = fmt_ratio(r.ratio) if r.margin is None else f"{r.margin * 1e6:+.1f} us"
         line = (
-            f"{r.name:<62} {r.instance or '':<6} {vals:<34} {fmt_ratio(r.ratio):>9}  "
+            f"{r.name:<62} {r.instance or '':<6} {vals:<34} {shown:>9}  "
             f"{r.target or '':<10} {status(r):<4}"
         )
         lines.append(f"{line} {r.note}".rstrip())

@@ -318,8 +318,8 @@ class Net(es.Module):
         return jax.vmap(self.mlp)(x)
 
 
-def make_net(seed: int = 0) -> Net:
-    mlp = eqx.nn.MLP(8, 1, width_size=32, depth=3, key=jax.random.key(seed))
+def make_net(seed: int = 0, width: int = 32, depth: int = 3) -> Net:
+    mlp = eqx.nn.MLP(8, 1, width_size=width, depth=depth, key=jax.random.key(seed))
     return Net(mlp=mlp)
 
 

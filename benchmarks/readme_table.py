@@ -49,6 +49,8 @@ def fmt_target(row: dict[str, Any]) -> str:
     sym = {"<=": "≤ ", ">=": "≥ ", "==": ""}[op]
     if row["unit"] == "count":
         return f"{sym}{value:g}"
+    if row.get("margin") is not None:
+        return f"{sym}+{value:g} µs"
     return f"{sym}{value:g}×"
 
 
@@ -57,6 +59,9 @@ def fmt_result(row: dict[str, Any]) -> str:
     unit = row["unit"]
     if not values:
         return row.get("note") or "n/a"
+    if row.get("margin") is not None:
+        a, b = (fmt_value(v, unit) for v in values.values())
+        return f"{a} − {b} = **{row['margin'] * 1e6:+.1f} µs**"
     text = " / ".join(fmt_value(v, unit) for v in values.values())
     if row.get("ratio") is not None:
         text += f" = **{fmt_ratio(row['ratio'])}**"

@@ -20,7 +20,9 @@ import dataclasses
 import functools
 import itertools
 import os
+import sys
 import threading
+import types
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -162,6 +164,12 @@ class Function:
         self.qualname: str = getattr(fn, "__qualname__", repr(fn))
         self.short: str = getattr(fn, "__name__", "fn")
         self.method = argnames[:1] == ("self",)
+        code = getattr(fn, "__code__", None)  # where the user's function is
+        self.where = f"{code.co_filename}:{code.co_firstlineno}" if code else ""
+        # A plain function made again and again (a lambda in a loop): its code, and
+        # the user's line that wraps it, once it has been wrapped before.
+        self.code = code if type(fn) is types.FunctionType else None
+        self.wrapped_at = _caller() if self.code in _rewraps else ""
         self.quiet = donate in ("all", "all-except-first")
         self.lock = threading.Lock()
         self.entries: dict[Key, Entry] = {}
@@ -415,7 +423,7 @@ def _traced(
             out = fn(*args, **kwargs)
         except Exception as e:
             error = _report.traced_field_error(
-                f.name(key), e, leaf_visits(key, f.argnames), n
+                f.name(key), e, leaf_visits(key, f.argnames), n, f.where
             )
             if error is None:
                 raise
@@ -583,6 +591,7 @@ def _compile(miss: _Miss, lowering: Any, fp: Fingerprint | None) -> Program:
     ops = tuple(_report.ops_of(miss.jaxpr))
     if fp is None:
         return Program(miss.entry.key, None, None, ops, w.structure, 0)
+    w.digest = fp.digest
     miss.lowered.compile()
     executable = _jax.executable_of(lowering)
     return Program(miss.entry.key, fp, executable, ops, w.structure, w.number)
@@ -742,6 +751,7 @@ class _Window:
         self.installed = False  # an executable was installed: no compile is due
         self.changes: Sequence[Change] = ()  # these three: the compile's record
         self.structure: bytes | None = None
+        self.digest: bytes | None = None  # of the program it compiles
         self.differ: Any = None
         self.closest: Seen | None = None
         self.known = 0  # signatures held when it started
@@ -806,6 +816,45 @@ def _on_compile_end(event: str, duration_secs: float, **kwargs: Any) -> None:
         number = len(f.history)
     if w is not None:
         w.number, w.planned = number, False
+    _rewrapped(f, w.digest if number == 1 and w is not None else None)
+
+
+# The storm of a function wrapped anew in a loop: each wrap is a cache of its own,
+# and compiles the same program again; none compiles twice, so no budget of one
+# function sees it. Counted while the first compiles of new wraps of one code, of
+# one program, follow each other with no other compile of this package between
+# (a test suite's fresh wraps each compile more, or something else, and reset it).
+_rewraps: Final[dict[Any, int]] = {}  # code -> wraps of it that compiled
+_in_a_row: list[Any] = [None, b"", 0]  # the last code, its program, wraps in a row
+
+
+def _rewrapped(f: Function, digest: bytes | None) -> None:
+    if digest is None or f.code is None:
+        _in_a_row[:] = [None, b"", 0]
+        return
+    _rewraps[f.code] = _rewraps.get(f.code, 0) + 1
+    same = _in_a_row[0] is f.code and _in_a_row[1] == digest
+    _in_a_row[:] = [f.code, digest, _in_a_row[2] + 1 if same else 1]
+    n = _in_a_row[2]
+    if f.warn_after is not None and n == f.warn_after:
+        _report.logger.warning(
+            "`%s` was wrapped by `es.jit` %d times (at %s), and each wrap compiled: "
+            "each `es.jit(...)` starts a cache of its own. Wrap it once, outside the "
+            "loop, and call the wrapped function in the loop.",
+            f.qualname,
+            n,
+            f.wrapped_at or "in a loop",
+        )
+
+
+def _caller() -> str:
+    """The user's line that called into this package (through its type checks)."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None and str(frame.f_globals.get("__name__")).startswith(
+        ("eqx_static.", "jaxtyping.", "beartype.")
+    ):
+        frame = frame.f_back
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
 jax.monitoring.register_scalar_listener(_on_compile_start)

@@ -80,7 +80,7 @@ def diff(old: Key, new: Key, argnames: Sequence[str]) -> list[Change]:
         a = before.get(v.path)
         if v.parent in stopped or a is None:
             stopped.add(v.path)  # below a change of structure: already said
-        elif a[:5] != v.node[:5] and _compare(a, v.node, v.path, method, out):
+        elif a[:5] != v.node[:5] and _compare(a, v.node, v, method, out):
             stopped.add(v.path)
     return out
 
@@ -92,9 +92,10 @@ def _show(tok: Any) -> str:
     return name if isinstance(name, str) and not isinstance(v, type) else repr(v)
 
 
-def _compare(a: Node, b: Node, path: str, method: bool, out: list[Change]) -> bool:
+def _compare(a: Node, b: Node, v: Visit, method: bool, out: list[Change]) -> bool:
     """Append what differs between two unequal nodes themselves; return whether
     to skip their children."""
+    path = v.path
     is_self = method and path == "self"
     name = path.removeprefix("self.") if method else path
     argument = "." not in path and "[" not in path
@@ -112,7 +113,9 @@ def _compare(a: Node, b: Node, path: str, method: bool, out: list[Change]) -> bo
         return False
     if ka == kb == "static":
         change = f"{what} changed {_show(a.head)} -> {_show(b.head)}"
-        out.append(Change(change, name, "argument" if argument else "leaf"))
+        plain = v.cls is not None and not field_info(v.cls).stores_arrays
+        kind = "argument" if argument else "plain leaf" if plain else "leaf"
+        out.append(Change(change, name, kind))
         return True
     if ka != kb:
         change = f"{what} changed kind: {ka} -> {kb}"
@@ -252,7 +255,8 @@ def ops_of(jaxpr: Any, depth: int = 0) -> Iterator[Op]:
 def _input(v: Any, consts: dict, numbers: dict) -> Any:
     if type(v).__name__ == "Literal":
         return repr(v.val)
-    if v in consts:
+    # A constant is a value, except one closed over from an outer trace (jax 0.12).
+    if v in consts and not isinstance(consts[v], Tracer):
         a = np.asarray(consts[v])
         return (a.shape, str(a.dtype), hashlib.sha1(a.tobytes()).hexdigest())
     return (numbers.get(v), str(v.aval))
@@ -447,9 +451,14 @@ def _fix(change: Change, constant: bool) -> str:
     return {
         "static field": f"Make {name} dynamic: drop `static=True`, and a number is "
         "stored as an array and traced, with no compile per value.",
-        "leaf": f"{name} is a Python value in a dynamic field (as `eqx.tree_at` or a "
-        "plain `eqx.Module` leaves one): store an array there instead (`jnp.asarray(v)`, "
-        "or `with_dynamic`), and it is traced, with no compile per value.",
+        "leaf": f"{name} is a Python value in a dynamic field (as `eqx.tree_at` leaves "
+        "one): store an array there instead (`jnp.asarray(v)`, or `with_dynamic`), and "
+        "it is traced, with no compile per value.",
+        "plain leaf": f"{name} is a Python value in a field of a plain `eqx.Module`, "
+        "where `with_dynamic` keeps it as it is: store an array there instead "
+        f"(`eqx.tree_at(lambda m: m.{change.name.rsplit('.', 1)[-1]}, m, jnp.asarray(v))`"
+        "), or pass it as an argument of the call, and it is traced, with no compile "
+        "per value.",
         "argument": f"{name} is a Python value passed as an argument: pass "
         "`jnp.asarray(v)` instead, and it is traced, with no compile per value.",
     }[change.kind]
@@ -493,19 +502,24 @@ def _traced_field_error_type(jax_error: type) -> type:
     return type("TracedFieldError", (TracedFieldError, jax_error), {})
 
 
-# JAX names a traced leaf by the traced function's parameter: `_es_leaves[i]`.
+# JAX names a traced value by the argument it came from: a leaf of the traced
+# function (`_es_leaves[2]`), or, in a trace nested in it (`eqx.filter_eval_shape`
+# inside diffrax), an argument of that one, which ends in the same field
+# (`_dynamic[0].hidden_size`).
+_ARGUMENT: Final = re.compile(r"argument ([\w.\[\]'\"]*[\w\]])")
 _LEAF_INDEX: Final = re.compile(r"_es_leaves\[(\d+)\]")
+_OURS: Final = re.compile(r"function \w+ at \S*eqx_static\S*?:\d+")
 
 
 def traced_field_error(
-    name: str, e: Exception, origins: Sequence[Visit], n_fn: int
+    name: str, e: Exception, origins: Sequence[Visit], n_fn: int, where: str
 ) -> TracedFieldError | None:
     """`TracedFieldError` for the field or argument of the leaf `e` names (None if
-    none, or `e` is one already); `n_fn` leaves of the function come first."""
-    indices = [int(i) - n_fn for i in _LEAF_INDEX.findall(str(e))]
-    if not indices or isinstance(e, TracedFieldError):
+    none, or `e` is one already); `n_fn` leaves of the function come first; JAX's
+    message with our names for the leaf and `where` for the traced function."""
+    if isinstance(e, TracedFieldError):
         return None
-    o = next((origins[i] for i in indices if 0 <= i < len(origins)), None)
+    o = _origin(str(e), origins, n_fn)
     if o is None:
         return None
     need = "where Python needs a concrete value (`if`, `bool()`, `int()`, a shape, ...)"
@@ -528,7 +542,28 @@ def traced_field_error(
             "(each new value then compiles once). Otherwise keep it dynamic and use "
             "`jnp.where` or `jax.lax.cond`."
         )
-    return _traced_field_error_type(type(e))(f"{what}\n\nJAX said: {e}")
+    said = _LEAF_INDEX.sub(lambda m: _leaf_path(m, origins, n_fn), str(e))
+    said = _OURS.sub(f"function {name}" + (f" at {where}" if where else ""), said)
+    return _traced_field_error_type(type(e))(f"{what}\n\nJAX said: {said}")
+
+
+def _origin(message: str, origins: Sequence[Visit], n_fn: int) -> Visit | None:
+    for path in _ARGUMENT.findall(message):
+        if (m := _LEAF_INDEX.fullmatch(path)) is not None:
+            i = int(m[1]) - n_fn
+            if 0 <= i < len(origins):
+                return origins[i]
+        else:  # a nested trace's argument: the one field of ours of that name
+            field = path.rsplit(".", 1)[-1]
+            found = {(o.cls, o.field): o for o in origins if o.field == field}
+            if len(found) == 1:
+                return next(iter(found.values()))
+    return None
+
+
+def _leaf_path(m: re.Match, origins: Sequence[Visit], n_fn: int) -> str:
+    i = int(m[1]) - n_fn
+    return origins[i].path if 0 <= i < len(origins) else "the function's own leaf"
 
 
 # ----------------------------------------------------------------------------------

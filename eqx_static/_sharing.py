@@ -182,12 +182,10 @@ def digest(lowering: Any) -> bytes:
             continue
         name = _jax.string_value(op.attributes["sym_name"]).encode()
         texts[name] = text
-        visibility = (
-            op.attributes.get("sym_visibility")
-            if "sym_visibility" in op.attributes
-            else None
-        )
-        if visibility is None or _jax.string_value(visibility) == "public":
+        visibility = "public"
+        if "sym_visibility" in op.attributes:
+            visibility = _jax.string_value(op.attributes["sym_visibility"])
+        if visibility == "public":
             public.append(name)
     named: dict[bytes, bytes] = {}
 

@@ -567,3 +567,38 @@ def test_the_storm_names_the_field_read_where_the_programs_differ(caplog):
     ]
     assert "'lr' changed every time" in warning
     assert "Make 'lr' dynamic" in warning
+
+
+def test_a_function_wrapped_anew_in_a_loop_is_told_once(caplog):
+    """The beginner's storm: `es.jit(lambda ...)` inside the training loop makes a
+    new cache, which compiles, on every step. After the 8th such compile, one
+    warning names the line that wraps it and the fix."""
+    line = inspect.currentframe().f_lineno + 3  # pyright: ignore[reportOptionalMemberAccess]
+    with caplog.at_level(logging.WARNING, logger="eqx_static"):
+        for _ in range(10):
+            step = es.jit(lambda x: x * 2)  # wraps anew
+            step(X)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "`test_a_function_wrapped_anew_in_a_loop_is_told_once.<locals>.<lambda>` was "
+        f"wrapped by `es.jit` 8 times (at test_budget.py:{line}), and each wrap "
+        "compiled: each `es.jit(...)` starts a cache of its own. Wrap it once, "
+        "outside the loop, and call the wrapped function in the loop."
+    ]
+
+
+def test_fresh_wraps_that_compile_other_programs_are_not_a_loop(caplog):
+    """A test suite wraps a fresh function per test, and each test compiles more,
+    or another program: no warning, however many times the code is wrapped."""
+
+    def fresh():
+        return es.jit(lambda x, n: x * n)  # n, a Python int: static
+
+    with caplog.at_level(logging.WARNING, logger="eqx_static"):
+        for i in range(10):
+            fresh()(X, n=i)  # another program each time
+        for _ in range(10):
+            step = fresh()
+            step(X, n=1)
+            step(X, n=2)  # the same wrap compiles again
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]

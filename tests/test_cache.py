@@ -670,3 +670,22 @@ def test_a_key_evicted_while_its_first_call_traces_holds_nothing_past_maxsize():
     info = f.cache_info()
     assert info.currsize <= 1 and info.hits + info.misses == 3
     assert f.compile_info().programs <= info.currsize
+
+
+@pytest.mark.slow
+def test_ten_thousand_keys_made_and_dropped():
+    """Each key has its own C++ dispatcher, dropped with the key when `maxsize`
+    evicts it: 10,000 of them made and dropped (JAX issue #38281: a jaxlib that
+    crashed when many `jax.jit`s were made and dropped), at whatever version runs
+    the suite; the floors' CI job runs it at the floor. One program serves them."""
+
+    @es.jit(maxsize=16)
+    def f(x, k):
+        return x * 2
+
+    x = jnp.ones(2)
+    for k in range(10_000):
+        f(x, k)
+    gc.collect()
+    assert f.cache_info() == es.CacheInfo(0, 10_000, 16, 16)
+    assert f.compile_info()[:2] == (1, 1)

@@ -428,3 +428,57 @@ def test_a_traced_leaf_of_the_function_itself_raises_jax_s_error():
     with pytest.raises(jax.errors.TracerBoolConversionError) as info:
         es.jit(Gate(jnp.ones(2)))(jnp.ones(2))
     assert not isinstance(info.value, es.TracedFieldError)
+
+
+def test_a_traced_field_error_shows_no_internals():
+    """JAX's own note is quoted with the field's path for the leaf it names, and
+    the user's function for where it was traced: nothing of the package's."""
+
+    class Model(es.Module):
+        n: int
+
+        @es.jit
+        def __call__(self, x):
+            return jnp.zeros((self.n,)) + x
+
+    with pytest.raises(es.TracedFieldError) as info:
+        Model(3)(jnp.ones(3))
+    said = str(info.value).split("JAX said: ", 1)[1]
+    assert "self.n" in said and "_es_leaves" not in said and "eqx_static" not in said
+    assert ".Model.__call__ at " in said and __file__ in said
+
+
+def test_a_traced_field_used_as_a_shape_inside_diffrax_is_named():
+    """The neural CDE of diffrax's examples, ported with `hidden_size` left
+    dynamic: diffrax evaluates the vector field's shape in a trace of its own
+    (`eqx.filter_eval_shape`), whose argument names end in the field's name."""
+    diffrax = pytest.importorskip("diffrax")
+
+    class Func(es.Module):
+        mlp: eqx.nn.MLP
+        data_size: int = eqx.field(static=True)
+        hidden_size: int  # the port forgot `static=True`
+
+        def __call__(self, t, y, args):
+            return self.mlp(y).reshape(self.hidden_size, self.data_size)
+
+    class CDE(es.Module):
+        func: Func
+
+        @es.jit
+        def __call__(self, ts, xs, y0):
+            control = diffrax.CubicInterpolation(
+                ts, diffrax.backward_hermite_coefficients(ts, xs)
+            )
+            term = diffrax.ControlTerm(self.func, control).to_ode()
+            return diffrax.diffeqsolve(term, diffrax.Tsit5(), ts[0], ts[-1], 0.1, y0).ys
+
+    mlp = eqx.nn.MLP(4, 4 * 2, 8, 1, key=jax.random.key(0))
+    model = CDE(Func(mlp, data_size=2, hidden_size=4))
+    ts = jnp.linspace(0.0, 1.0, 5)
+    with pytest.raises(es.TracedFieldError) as info:
+        model(ts, jnp.ones((5, 2)), jnp.zeros(4))
+    message = str(info.value)
+    assert ".CDE.__call__ used the traced field 'hidden_size' of `" in message
+    assert ".Func` (at self.func.hidden_size)" in message
+    assert "`hidden_size: ... = eqx.field(static=True)`" in message

@@ -275,9 +275,8 @@ def test_the_storm_warning_for_a_python_float_left_in_a_dynamic_field(caplog):
         "'s' changed every time (… s spent compiling). The programs differ only in "
         f"their constants (at test_porting.py:{line} in __call__ (mul)): 's' is only "
         "used as a value. 's' is a Python value in a dynamic field (as `eqx.tree_at` "
-        "or a plain `eqx.Module` leaves one): store an array there instead "
-        "(`jnp.asarray(v)`, or `with_dynamic`), and it is traced, with no compile "
-        "per value."
+        "leaves one): store an array there instead (`jnp.asarray(v)`, or "
+        "`with_dynamic`), and it is traced, with no compile per value."
     )
 
 
@@ -302,3 +301,25 @@ def test_a_custom_init_reads_back_the_number_it_assigned():
         m = PatchEmbedding(3, 8, 4, jax.random.key(0))
     assert m.linear.in_features == 48 and type(m.linear.in_features) is int
     assert isinstance(m.patch_size, jax.Array) and int(m.patch_size) == 4
+
+
+def test_the_storm_advice_for_a_float_in_a_plain_module_works_for_it(caplog):
+    """A sweep over a solver's tolerance, optimistix's `Newton` (a plain
+    `eqx.Module`, whose floats `with_dynamic` keeps as they are): the advice names
+    what works for such a module, `eqx.tree_at` with an array, or an argument."""
+    optx = pytest.importorskip("optimistix")
+
+    @es.jit
+    def solve(solver, y0):
+        return optx.root_find(lambda y, args: y**2 - 2.0, solver, y0).value
+
+    with caplog.at_level(logging.WARNING, logger="eqx_static"):
+        for i in range(9):
+            solve(optx.Newton(rtol=10.0 ** -(i + 3), atol=1e-6), jnp.float32(1.0))
+    (warning,) = [
+        r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
+    ]
+    assert "'solver.rtol' changed every time" in warning
+    assert "a field of a plain `eqx.Module`" in warning
+    assert "`eqx.tree_at(lambda m: m.rtol, m, jnp.asarray(v))`" in warning
+    assert "with_dynamic`), and" not in warning

@@ -989,3 +989,18 @@ def test_a_key_whose_program_is_shared_keeps_no_lowering():
         M(tag).f(x)
     assert M.f.compile_info()[:2] == (1, 1)
     assert lowerings() - before <= 1
+
+
+def test_programs_held_count_a_program_with_nested_library_jits():
+    """A function calling `lineax.linear_solve` (nested jits, Equinox's error
+    checks): one key, one compile, and one program held."""
+    lx = pytest.importorskip("lineax")
+
+    @es.jit
+    def solve(a, b):
+        return lx.linear_solve(lx.MatrixLinearOperator(a), b).value
+
+    a, b = jnp.eye(3) * 2.0, jnp.ones(3)
+    np.testing.assert_allclose(solve(a, b), b / 2.0)
+    assert solve.cache_info().currsize == 1
+    assert solve.compile_info()[:2] == (1, 1)
