@@ -2,7 +2,7 @@
 
 Method (see benchmarks/README.md):
 
-- every timed callable is warmed up first (compiles, caches, memos); warm-up is
+- every timed callable is warmed up first (compiles, caches); warm-up is
   never timed;
 - the variants of one comparison are timed in interleaved rounds, a random order per
   round, one batch per variant per round, each batch sized to a fixed wall time, the
@@ -62,7 +62,7 @@ class Settings:
     first_call_reps: int
     static_tuple: int  # elements of the big static tuple
     static_tuple_reps: int
-    memo_k: int  # live instances in the memory row
+    live_k: int  # live instances in the memory row
 
     @classmethod
     def make(cls, quick: bool) -> Self:
@@ -80,7 +80,7 @@ class Settings:
                 first_call_reps=1,
                 static_tuple=100_000,
                 static_tuple_reps=1,
-                memo_k=50,
+                live_k=50,
             )
         return cls(
             quick=False,
@@ -95,7 +95,7 @@ class Settings:
             first_call_reps=5,
             static_tuple=1_000_000,
             static_tuple_reps=3,
-            memo_k=500,
+            live_k=500,
         )
 
 

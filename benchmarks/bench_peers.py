@@ -10,6 +10,7 @@
   `jax_dataclasses.copy_and_mutate` beside `with_dynamic`.
 """
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -66,7 +67,9 @@ def _jdc_child() -> Any:
     return inst, jax.jit(JdcChild.__call__)
 
 
-def _nnx_child() -> Any:
+def _nnx_child(jit: Callable = lambda f: f) -> Any:
+    """The seed Child as an nnx module, its `__call__` decorated by `jit`."""
+
     class NnxChild(nnx.Module):
         def __init__(self, dp: float, sp: bool, dc: float, sc: bool):
             self.dp = nnx.Param(jnp.asarray(dp))
@@ -74,7 +77,7 @@ def _nnx_child() -> Any:
             self.sp = sp
             self.sc = sc
 
-        @nnx.jit
+        @jit
         def __call__(self, x):
             y = self.dc[...] * x if self.sc else x
             return self.dp[...] * y if self.sp else y
@@ -142,15 +145,18 @@ def run(rep: h.Report, s: h.Settings) -> None:
             lambda a, call=call: call(a, x), lambda inst=inst: models.tree_copy(inst)
         )
         v[f"{key} same"] = h.same(lambda a, call=call: call(a, x), inst)
-    if nnx is not None:
-        try:
-            nm = _nnx_child()
-            jax.block_until_ready(nm(x))
-            v["nnx same"] = h.same(lambda a: a(x), nm)
+    nnx_labels = {
+        "nnx": "nnx.jit",
+        "nnx tree": "nnx.jit(graph=False)",
+        "nnx partial": "nnx.jit_partial(graph=False)",
+    }
+    for key in nnx_labels:
+        try:  # `graph=` and `jit_partial` are flax >= 0.12's
+            if nnx is None:
+                raise ImportError("flax is not installed")
+            v[f"{key} same"] = _nnx_timing(key, x)
         except Exception as e:
-            skipped["nnx"] = f"skipped: {type(e).__name__}: {e}"[:120]
-    else:
-        skipped["nnx"] = "skipped: not installed"
+            skipped[key] = f"skipped: {type(e).__name__}: {e}"[:120]
     t = h.compare(v, s, raw=rep.raw, key="peers.child")
     for key, label in labels.items():
         if key in skipped:
@@ -162,17 +168,31 @@ def run(rep: h.Report, s: h.Settings) -> None:
                 f"seed Child: {label} / jax.jit on eqx.Module",
                 t, f"{key} {inst}", f"jax.jit {inst}", inst, readme=True,
             )  # fmt: skip
-    if "nnx" in skipped:
-        rep.skip_row(GROUP, "peers.child.nnx", "nnx.jit", skipped["nnx"])
-    else:
+    for key, label in nnx_labels.items():
+        name = f"peers.child.{key.replace(' ', '_')}"
+        if key in skipped:
+            rep.skip_row(GROUP, name, label, skipped[key])
+            continue
         rep.compare_row(
-            GROUP, "peers.child.nnx.same", "seed Child: nnx.jit / jax.jit on eqx.Module",
-            t, "nnx same", "jax.jit same", "same", readme=True,
+            GROUP, f"{name}.same", f"seed Child: {label} / jax.jit on eqx.Module",
+            t, f"{key} same", "jax.jit same", "same", readme=True,
         )  # fmt: skip
 
     if flax_struct is not None:
         _flax_scaling(rep, s)
     _updates(rep, s)
+
+
+def _nnx_timing(key: str, x: Any) -> Any:
+    """The same-instance hit of the nnx Child (nnx modules are mutable, so there
+    is no fresh-instance row)."""
+    if key == "nnx partial":  # `graph=False` is nnx's tree mode
+        call = nnx.jit_partial(lambda m, x: m(x), _nnx_child(), graph=False)
+    else:
+        options = {"graph": False} if key == "nnx tree" else {}
+        call = _nnx_child(functools.partial(nnx.jit, **options))
+    jax.block_until_ready(call(x))
+    return h.same(lambda a: a(x), call)
 
 
 def _flax_scaling(rep: h.Report, s: h.Settings) -> None:

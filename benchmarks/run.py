@@ -16,7 +16,7 @@ One file per group of rows, named after the target it measures:
     bench_training.py   a training step
     bench_update.py     with_dynamic / es.edit / tree_at / replace
     bench_compiles.py   compile counts; first-call cost; a miss that reuses a program
-    bench_memory.py     memory per key sharing a program; memo memory per live instance
+    bench_memory.py     memory per key sharing a program, and per live instance
     bench_peers.py      flax.struct, jax_dataclasses, flax.nnx (skipped if absent)
     readme_table.py     the README table, generated from results/latest.json
     plot.py             results/scaling.svg

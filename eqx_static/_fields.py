@@ -21,7 +21,9 @@ import numpy as np
 from jax.core import Tracer
 
 
-class _Sentinel:
+class Sentinel:
+    """A named marker, compared by identity."""
+
     __slots__ = ("name",)
 
     def __init__(self, name: str):
@@ -31,9 +33,9 @@ class _Sentinel:
         return self.name
 
 
-UNSET: Final = _Sentinel("<unset>")  # a field not set: during `__init__`, or left so
-TRUE: Final = _Sentinel("True")  # the bools as tokens: `True == 1` in Python
-FALSE: Final = _Sentinel("False")
+UNSET: Final = Sentinel("<unset>")  # a field not set: during `__init__`, or left so
+TRUE: Final = Sentinel("True")  # the bools as tokens: `True == 1` in Python
+FALSE: Final = Sentinel("False")
 
 # The C-level `__dict__` getter (`module.__dict__` runs Equinox's Python code).
 instance_dict: Final[Callable[[object], dict[str, Any]]] = eqx.Module.__dict__[

@@ -32,6 +32,7 @@ from ._fields import (
     instance_dict,
     is_array_type,
     is_module_type,
+    Sentinel,
     SIMPLE,
     token,
     TRUE,
@@ -42,19 +43,9 @@ from ._fields import (
 from ._jax import EQX_MISSING, WRAPPER_FIELD_NAMES
 
 
-class _Kind:
-    __slots__ = ("name",)
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __repr__(self) -> str:
-        return self.name
-
-
-LEAF, ALL = _Kind("·"), _Kind("all traced")
+LEAF, ALL = Sentinel("·"), Sentinel("all traced")
 ODD, ARRAYS, SEQ, NAMED, DICT, TREE = map(
-    _Kind, ("module", "arrays", "sequence", "named tuple", "dict", "pytree")
+    Sentinel, ("module", "arrays", "sequence", "named tuple", "dict", "pytree")
 )
 
 Key = tuple  # ((number of positional arguments, keyword names), *tokens)

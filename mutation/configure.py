@@ -43,10 +43,22 @@ EXTRA = {
         "tests/test_books.py",
     ],
     "_jit": ["tests/test_cache.py", "tests/test_binding.py", "tests/test_locks.py"],
-    "_key": ["tests/test_keys_deep.py", "tests/test_sharing.py"],
+    "_key": [
+        "tests/test_keys_deep.py",
+        "tests/test_guards.py",
+        "tests/test_cache.py",
+        "tests/test_binding.py",
+    ],
+    "_fields": ["tests/test_keys_deep.py", "tests/test_guards.py"],
+    "_sharing": [
+        "tests/test_sharing.py",
+        "tests/test_programs.py",
+        "tests/test_books.py",
+        "tests/canary/test_jax_lowering.py",
+    ],
     "_module": ["tests/test_porting.py"],
     "_update": ["tests/test_porting.py"],
-    "_compat": ["tests/test_compat.py", "tests/test_sharing.py", "tests/test_books.py"],
+    "_jax": ["tests/test_fallback.py", "tests/test_sharing.py", "tests/test_books.py"],
 }
 
 modules = [m.removesuffix(".py") for m in sys.argv[1:]]

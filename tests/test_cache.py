@@ -415,7 +415,7 @@ def test_cache_keeps_no_traced_array_alive():
 
 
 def test_module_closed_over_by_an_outer_jit_is_still_usable():
-    """Calls inside `jax.jit` must not leave tracers in the per-instance memo."""
+    """Calls inside `jax.jit` leave no tracer behind for the calls after it."""
 
     class M(es.Module):
         w: float
@@ -424,7 +424,7 @@ def test_module_closed_over_by_an_outer_jit_is_still_usable():
         def __call__(self, x):
             return self.w * x
 
-    m = M(2.0)  # a Python float: the memo puts it on the device on a second call
+    m = M(2.0)  # a Python float, stored as an array
     x = jnp.array(1.0)
     assert float(jax.jit(lambda x: m(x) + m(x))(x)) == 4.0
     assert float(m(x)) == 2.0
@@ -448,8 +448,8 @@ def _self_referring() -> SelfReferring:
 
 
 def test_a_module_referring_to_itself_is_freed_by_cache_clear():
-    """Its key holds its static `fn`, which holds the module: the per-instance memo
-    keeps it until `cache_clear()` (or the memo's bound), which frees it."""
+    """Its key holds its static `fn`, which holds the module: the cache keeps it
+    until `cache_clear()` (or until `maxsize` evicts the key), which frees it."""
     m = _self_referring()
     m(jnp.ones(2))
     m(jnp.ones(2))
@@ -515,12 +515,12 @@ def test_a_partial_in_a_static_field_is_kept_until_cache_clear():
     assert ref() is None
 
 
-# --- the per-instance memo ------------------------------------------------------------
+# --- nothing remembered per instance ------------------------------------------------------------
 
 
 def test_mutable_container_in_a_field_is_read_on_every_call():
     """A frozen module may hold a list; mutating it in place is seen, as under
-    `eqx.filter_jit`, so a module holding one must not be memoised."""
+    `eqx.filter_jit`: its key is read on every call."""
 
     class M(es.Module):
         ws: list
@@ -541,7 +541,7 @@ def test_mutable_container_in_a_field_is_read_on_every_call():
     assert M.__call__.cache_info().misses == 3
 
 
-def test_a_module_holding_an_edited_module_is_not_memoised():
+def test_a_module_holding_an_edited_module_sees_its_later_edits():
     """A module holding a module still being edited sees that module's later edits."""
 
     class Inner(es.Module):
@@ -557,14 +557,15 @@ def test_a_module_holding_an_edited_module_is_not_memoised():
     x = jnp.ones(())
     with es.edit(Inner(k=1)) as inner:
         w = Wrap(inner=inner)
-        assert w.f(x) == w.f(x) == 1.0  # the second call would memoise `w`
+        assert w.f(x) == w.f(x) == 1.0  # the second call: a hit
         inner.k = 3
         assert w.f(x) == Wrap.f.__wrapped__(w, x) == 3.0
     assert w.f(x) == 3.0
 
 
-def test_memoised_method_with_256_array_arguments():
-    """A memoised module's method takes any number of array arguments (here 256)."""
+def test_a_method_with_256_array_arguments():
+    """A module's method takes any number of array arguments (here 256) on the hit
+    path."""
 
     class M(es.Module):
         w: float
@@ -574,12 +575,12 @@ def test_memoised_method_with_256_array_arguments():
             return self.w * sum(xs)
 
     m, xs = M(w=1.0), [jnp.ones(())] * 256
-    for _ in range(3):  # the third call takes the memoised fast path
+    for _ in range(3):  # the second and third calls are hits
         assert m.f(*xs) == 256.0
     assert M.f.cache_info() == es.CacheInfo(2, 1, None, 1)
 
 
-def test_the_memo_does_not_outlive_the_module():
+def test_a_hit_keeps_nothing_of_the_module():
     class M(es.Module):
         w: jax.Array
 
@@ -589,7 +590,7 @@ def test_the_memo_does_not_outlive_the_module():
 
     m = M(jnp.arange(3.0))
     m(jnp.ones(3))
-    m(jnp.ones(3))  # a hit, from the memo
+    m(jnp.ones(3))  # a hit
     leaf = weakref.ref(m.w)
     del m
     gc.collect()

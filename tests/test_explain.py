@@ -1,4 +1,4 @@
-"""Explanations (`_explain.py`): the INFO line logged on `"eqx_static"` for each
+"""Explanations (`_report.py`): the INFO line logged on `"eqx_static"` for each
 miss after the first names what changed, in field terms, old -> new, and whether
 it compiled; and the error for an unhashable static value names where it is.
 

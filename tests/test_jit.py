@@ -64,7 +64,7 @@ def test_hundred_python_float_values_compile_once():
     modules = [c.with_dynamic(dp=i / 7) for i in range(100)]
     compiles = XlaCompiles()
     for i, c in enumerate(modules):
-        for _ in range(2):  # a new instance's first call, then its memoised key
+        for _ in range(2):  # a new instance's first call, then a hit
             out = c(x)  # compared in NumPy: an eager `==` on arrays would compile
             assert float(out) == float(np.float32(i / 7) * np.float32(1.5))
     assert s.traces[0] == 1

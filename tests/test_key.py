@@ -1,4 +1,4 @@
-"""The compile key (`_key.py`, `_typed.py`): what keys a call. Static values are
+"""The compile key (`_key.py`, `_fields.py`): what keys a call. Static values are
 compared by type *and* value, at any depth, so that values that compare equal in
 Python (`1 == True == 1.0`, `0.0 == -0.0`) never share a compiled entry, and `nan`
 shares one with itself; tree structure, classes, shapes, dtypes, weak types and
@@ -226,7 +226,7 @@ def _table_total(m, x):
 
 
 def test_a_list_inside_a_large_tuple_is_read_again_after_it_changes():
-    """The list makes the module's key mutable: it is never memoised."""
+    """The list makes the module's key mutable: it is read again on every call."""
     box = [1]
     m = _Table((box, *range(70)))
     x = jnp.array(0.0, jnp.float32)
@@ -362,7 +362,7 @@ class _Pair(es.Module):
     k: int = eqx.field(static=True)
 
 
-def test_memoised_module_keys_carry_only_their_own_leaves():
+def test_module_keys_carry_only_their_own_leaves():
     """Each module argument's key and leaves are kept while it lives: a later
     call reuses them, and must pass exactly the same leaves."""
 

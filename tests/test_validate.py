@@ -1,4 +1,4 @@
-"""The checks every new field value goes through (`_validate.py`): at
+"""The checks every new field value goes through (`_module.py`): at
 construction, in `with_static`/`with_dynamic` and in `es.edit`. Each error is
 checked by its full message, so that the advice it gives is the right one."""
 

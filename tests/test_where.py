@@ -248,6 +248,32 @@ def test_a_function_in_an_equinox_layer_names_the_user_s_line(caplog):
     ), line
 
 
+def test_a_library_s_line_follows_the_user_s(caplog):
+    """A static learning rate flows into optax: the line is the user's call, and
+    then the line inside optax where the constant enters."""
+    optax = pytest.importorskip("optax")
+
+    class Step(es.Module):
+        lr: float = eqx.field(static=True)
+
+        @es.jit
+        def __call__(self, params, grads):
+            opt = optax.sgd(self.lr)
+            updates, _ = opt.update(grads, opt.init(params))  # the update
+            return optax.apply_updates(params, updates)
+
+    with caplog.at_level(logging.INFO, logger="eqx_static"):
+        Step(0.1)(X, X)
+        Step(0.2)(X, X)
+    (line,) = _compile_lines(caplog)
+    user = f"{HERE}:{_line(Step.__call__.fn, '# the update')} in __call__"
+    assert re.search(
+        rf"differ only in a constant, at {re.escape(user)}, inside optax "
+        r"\w+\.py:\d+ \(mul\)$",
+        line,
+    ), line
+
+
 @es.jit
 def _table(x, k):
     y = x * 2
