@@ -19,7 +19,6 @@ import jaxtyping
 SUPPORTED: Final = "equinox >=0.13.3,<0.14"
 
 try:  # equinox 0.13.3
-    import equinox._errors as _eqx_errors
     import equinox._jit as _eqx_jit
     from equinox._module import _flatten, _module, _prebuilt
 
@@ -37,7 +36,6 @@ try:  # equinox 0.13.3
     # the copies `es.edit` makes).
     currently_initialising: Final = _module._currently_initialising
     BoundMethod: Final = _prebuilt.BoundMethod  # what `module.method` is
-    _EQX_ERRORS_FILE: Final = _eqx_errors.__file__
 except (ImportError, AttributeError) as e:  # pragma: no cover
     raise ImportError(
         f"eqx_static supports {SUPPORTED}; equinox {eqx.__version__} is installed, "
@@ -61,27 +59,6 @@ BOUND_METHOD_FIELDS: Final = tuple(
 def equinox_error_info() -> tuple[str, list] | None:
     """The message and trace-time stack the last failing `eqx.error_if` left."""
     return _eqx_jit.last_error_info
-
-
-# The callbacks `eqx.error_if` stages, and the closure cells each reads: the
-# messages (compared), the stack at trace time and the output's shape (for the
-# error message and the NaNs it returns; not compared, as in `_sharing`).
-EQUINOX_CALLBACKS: Final = {
-    "raises": frozenset({"msgs", "stack"}),
-    "tpu_msg": frozenset({"msgs"}),
-    "display_msg": frozenset({"msgs"}),
-    "to_nan": frozenset({"struct"}),
-}
-
-
-def is_equinox_callback(fn: Any) -> bool:
-    """Whether `fn` is one of the functions `eqx.error_if` calls back into."""
-    code = getattr(fn, "__code__", None)
-    return (
-        code is not None
-        and code.co_filename == _EQX_ERRORS_FILE
-        and code.co_name in EQUINOX_CALLBACKS
-    )
 
 
 # ----------------------------------------------------------------------------------

@@ -7,20 +7,17 @@ full, source locations left out, private functions named by what they compute),
 the same compile arguments (each one on the list below, compared as that kind of
 value; an argument not on the list makes a program unshareable), and the same host
 callbacks: each the *identical* Python function over argument structures equal as
-keys compare them, or one of Equinox's own `error_if` callbacks over equal
-messages. What runs Python on the host is read from the lowering itself, one
+keys compare them. What runs Python on the host is read from the lowering itself, one
 host callback at a time: each must be a `pure_callback` or `io_callback` of a
 function on that list. Anything else (`jax.debug.print`, checkify, an ordered
 effect, a primitive this module does not know) makes a program unshareable."""
 
 import hashlib
 import re
-from collections.abc import Sequence
 from typing import Any, Final, NamedTuple
 
 from . import _jax
 from ._fields import token
-from ._jax import is_equinox_callback
 
 
 class Fingerprint(NamedTuple):
@@ -107,40 +104,11 @@ def same_program(a: Fingerprint, b: Fingerprint) -> bool:
 
 
 def _same_callback(a: tuple, b: tuple) -> bool:
+    """The identical function over equal argument structures: both keys then run
+    the same Python. (Equinox's `error_if` stages one callback object per set of
+    messages, from its own jitted helper, so its programs pass this too.)"""
     (fa, ta), (fb, tb) = a, b
-    if ta != tb:
-        return False
-    return fa is fb or _same_equinox_callback(fa, fb)
-
-
-def _same_equinox_callback(a: Any, b: Any) -> bool:
-    """Equinox's `error_if` callbacks, made anew for each trace: the same code over
-    equal messages (what they capture besides is for the message and the shape of
-    the output, which the program text already fixes)."""
-    if not (is_equinox_callback(a) and is_equinox_callback(b)):
-        return False
-    code = a.__code__
-    if code is not b.__code__ or a.__globals__ is not b.__globals__:
-        return False
-    if any(f.__defaults__ or f.__kwdefaults__ or vars(f) for f in (a, b)):
-        return False  # not as Equinox makes them
-    known = _jax.EQUINOX_CALLBACKS[code.co_name]
-    cells = zip(code.co_freevars, a.__closure__ or (), b.__closure__ or ())
-    for name, x, y in cells:
-        if name not in known:
-            return False  # Equinox changed: not a callback this module knows
-        if name == "msgs" and not _same_messages(x.cell_contents, y.cell_contents):
-            return False
-    return True
-
-
-def _same_messages(a: Sequence, b: Sequence) -> bool:
-    messages = [tuple(m) for m in (a, b) if type(m) in (list, tuple)]
-    return (
-        len(messages) == 2
-        and all(type(s) is str for s in (*a, *b))
-        and messages[0] == messages[1]
-    )
+    return fa is fb and ta == tb
 
 
 # ----------------------------------------------------------------------------------

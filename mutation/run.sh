@@ -5,6 +5,7 @@
 #   bash mutation/run.sh [module ...]      # default: _key _update _module _compile _report
 #   bash mutation/run.sh _compile          # also runs tests/test_cache.py etc. per mutant
 #   JOBS=4 bash mutation/run.sh _key       # parallel workers (default 2)
+#   MUTATION_TESTS=own bash mutation/run.sh _sharing   # only the module's own tests
 #
 # Needs mutmut 3 in the venv (`.venv/bin/pip install mutmut`). The repository is
 # copied (tracked and untracked, not ignored, files) to a temporary directory and

@@ -3,8 +3,8 @@
 The module text of a program does not hold the Python function a callback calls,
 so two keys whose programs print the same may still behave differently. A program
 is shared only when each callback is on an allow-list, never by comparing values:
-the identical function object (both keys then call the same Python), or one of
-Equinox's `error_if` callbacks over equal messages; a callback's `in_tree` is
+the identical function object (both keys then call the same Python; Equinox's
+`error_if` stages one per set of messages); a callback's `in_tree` is
 compared by type and value, as the key is. Anything else that runs Python on the
 host (`jax.debug.print`, a closure made in each trace) makes a program unshareable.
 Every result is compared with the eager call; compiles are counted by the library
@@ -180,8 +180,8 @@ def test_a_callback_sees_the_sign_of_its_own_static_zero():
 
 
 def test_error_if_programs_share_across_an_unread_static_field():
-    """`eqx.error_if`'s callback closes over the messages only: equal messages are
-    the same callback, so keys that differ in an unread static field share one
+    """`eqx.error_if` stages one callback object per set of messages: equal
+    messages are the identical callback, so keys that differ in an unread static field share one
     program, and the check still fires."""
 
     class M(es.Module):
@@ -545,3 +545,84 @@ def test_a_function_emitted_twice_under_two_names_is_one_program():
     assert digest(once) == digest(twice)
     assert digest(lowered(lambda x: one(x) + two(x * 4))) != digest(twice)
     assert digest(lowered(lambda x: two(x) + one(x * 3))) == digest(twice)
+
+
+# --- checking the sharing (EQX_STATIC_CHECK_SHARING) ------------------------------
+
+
+class _Unread(es.Module):
+    w: jax.Array
+    tag: str = eqx.field(static=True)  # never read
+
+    @es.jit
+    def f(self, x):
+        return jnp.sin(self.w * x) + 1.0
+
+
+def test_checking_the_sharing_compiles_each_shared_key_and_agrees():
+    """With the check on, a key that reuses a program is also compiled for itself
+    (a compile JAX makes, booked) and the two executables agree; the result is the
+    eager one, and the budget counts only the program's own compile."""
+    x = jnp.float32(0.5)
+    ms = [_Unread(jnp.float32(2.0), t) for t in "ab"]
+    want = [float(jnp.sin(m.w * x) + 1.0) for m in ms]
+    compiles = XlaCompiles()
+    with unittest.mock.patch.dict(os.environ, {"EQX_STATIC_CHECK_SHARING": "1"}):
+        got = [float(m.f(x)) for m in ms]
+    assert got == want
+    assert compiles.of("f") == 2  # the program, and the second key's own check
+    assert _Unread.f.cache_info().misses == 2
+
+
+def test_checking_the_sharing_raises_naming_both_keys_when_the_code_differs():
+    """Should a shared program compile to other code for the key that reuses it,
+    the check raises and names what differs between the two keys."""
+    from eqx_static import _jax
+
+    texts = _jax.compiled_texts
+    seen = []
+
+    def other_code_the_second_time(executable):
+        seen.append(executable)
+        out = texts(executable)
+        return out if len(seen) == 1 else [t.replace("sine", "cosine") for t in out]
+
+    class M(es.Module):
+        w: jax.Array
+        tag: str = eqx.field(static=True)
+
+        @es.jit
+        def f(self, x):
+            return jnp.sin(self.w * x)
+
+    x = jnp.float32(0.5)
+    M(jnp.float32(2.0), "a").f(x)
+    with (
+        unittest.mock.patch.dict(os.environ, {"EQX_STATIC_CHECK_SHARING": "1"}),
+        unittest.mock.patch.object(_jax, "compiled_texts", other_code_the_second_time),
+        pytest.raises(RuntimeError, match=r"EQX_STATIC_CHECK_SHARING.*tag"),
+    ):
+        M(jnp.float32(2.0), "b").f(x)
+    assert len(seen) == 2
+
+
+def test_the_check_compares_code_not_names_or_source_lines():
+    """Two compiles of one computation written on other lines, under other names,
+    are the same code; another computation is not."""
+    from eqx_static import _jax
+    from eqx_static._sharing import same_compiled
+
+    def compiled(f):
+        lowered = jax.jit(f).trace(jnp.ones(3)).lower()
+        lowered.compile()
+        return _jax.executable_of(_jax.lowering_of(lowered))
+
+    def first(x):
+        return jnp.sin(x) * 2 + x
+
+    def second(x):  # the parameters' names are in the code: one function's keys
+        z = jnp.sin(x) * 2
+        return z + x
+
+    assert same_compiled(compiled(first), compiled(second))
+    assert not same_compiled(compiled(first), compiled(lambda x: jnp.cos(x) * 2 + x))

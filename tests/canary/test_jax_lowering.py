@@ -41,16 +41,22 @@ def test_a_host_callback_names_the_function_it_runs():
         assert found[1] == jax.tree.structure(((1.0,), {}))
 
 
-def test_equinox_error_callbacks_are_found_and_known():
-    hosts = _jax.compile_arguments(
-        _lowering(lambda x: eqx.error_if(x, x > 0, "positive"))
-    )["host_callbacks"]
-    functions = [_jax.flat_callback_in(h)[0] for h in hosts]  # pyright: ignore[reportOptionalSubscript]
-    assert functions and all(_jax.is_equinox_callback(f) for f in functions)
-    for f in functions:  # Equinox's closures capture what `_sharing` knows of
-        known = _jax.EQUINOX_CALLBACKS[f.__code__.co_name]
-        assert set(f.__code__.co_freevars) <= known
-    assert not _jax.is_equinox_callback(_host)
+def test_equinox_error_if_stages_one_callback_per_message():
+    """Two programs with an `eqx.error_if` over equal messages hold the identical
+    callback (Equinox stages it from its own jitted helper): that is why their
+    programs can share. Other messages are another callback."""
+
+    def callbacks(message):
+        lowering = _lowering(lambda x: eqx.error_if(x * 2, x > 0, message))
+        hosts = _jax.compile_arguments(lowering)["host_callbacks"]
+        return [_jax.flat_callback_in(h)[0] for h in hosts]  # pyright: ignore[reportOptionalSubscript]
+
+    one, two = callbacks("positive"), callbacks("positive")
+    assert one, "Equinox changed: error_if stages no host callback"
+    assert all(a is b for a, b in zip(one, two, strict=True)), (
+        "Equinox changed: error_if programs over equal messages no longer share"
+    )
+    assert not any(a is b for a, b in zip(one, callbacks("negative")))
 
 
 def test_other_host_python_is_not_taken_for_a_known_callback():
