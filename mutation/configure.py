@@ -45,6 +45,7 @@ EXTRA = {
     ],
     "_jit": ["tests/test_cache.py", "tests/test_binding.py", "tests/test_locks.py"],
     "_key": [
+        "tests/test_key.py",
         "tests/test_keys_deep.py",
         "tests/test_guards.py",
         "tests/test_cache.py",

@@ -6,6 +6,8 @@
 #   bash mutation/run.sh _compile          # also runs tests/test_cache.py etc. per mutant
 #   JOBS=4 bash mutation/run.sh _key       # parallel workers (default 2)
 #   MUTATION_TESTS=own bash mutation/run.sh _sharing   # only the module's own tests
+#   MUTANTS='eqx_static._key.x_make_guard* eqx_static._key.xǁ_Writerǁ*' bash mutation/run.sh _key
+#                                          # only these mutants (fnmatch patterns)
 #
 # Needs mutmut 3 in the venv (`.venv/bin/pip install mutmut`). The repository is
 # copied (tracked and untracked, not ignored, files) to a temporary directory and
@@ -21,7 +23,8 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/eqx_static_mutation.XXXXXX")
 cd "$work"
 [ $# -gt 0 ] || set -- _key _update _module _compile _report
 "$py" mutation/configure.py "$@"
-"$py" -m mutmut run --max-children "${JOBS:-2}" >mutmut.log 2>&1 || { tail -n 40 mutmut.log; exit 1; }
+# shellcheck disable=SC2086  # MUTANTS: mutmut name patterns, split on spaces
+"$py" -m mutmut run --max-children "${JOBS:-2}" ${MUTANTS:-} >mutmut.log 2>&1 || { tail -n 40 mutmut.log; exit 1; }
 if grep -q "failed to collect stats\|Failed to run clean test" mutmut.log; then
     echo "The unmutated tests fail in the copy; see $work/mutmut.log" >&2; exit 1
 fi

@@ -14,6 +14,7 @@ total = Counter()
 print(f"{'module':<16}{'killed':>8}{'total':>8}{'score':>8}  survived / other")
 for meta in metas:
     codes = json.loads(meta.read_text())["exit_code_by_key"]
+    codes = {k: v for k, v in codes.items() if v is not None}  # None: not run (MUTANTS)
     c = Counter(status_by_exit_code[code] for code in codes.values())
     # A timeout counts as killed (the mutant hangs a test); "no tests" means the
     # chosen test files never call that function: it counts against the score.

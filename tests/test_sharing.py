@@ -626,3 +626,50 @@ def test_the_check_compares_code_not_names_or_source_lines():
 
     assert same_compiled(compiled(first), compiled(second))
     assert not same_compiled(compiled(first), compiled(lambda x: jnp.cos(x) * 2 + x))
+
+
+def test_the_check_tells_operands_apart_by_position():
+    """Names are numbered in the order they appear, not dropped: `x - y` and
+    `y - x` are other code."""
+    from eqx_static import _jax
+    from eqx_static._sharing import same_compiled
+
+    def compiled(f):
+        lowered = jax.jit(f).trace(jnp.ones(3), jnp.ones(3)).lower()
+        lowered.compile()
+        return _jax.executable_of(_jax.lowering_of(lowered))
+
+    assert same_compiled(compiled(lambda x, y: x - y), compiled(lambda x, y: x - y))
+    assert not same_compiled(compiled(lambda x, y: x - y), compiled(lambda x, y: y - x))
+
+
+def test_one_program_needs_the_same_text_arguments_and_callbacks():
+    """Each part of a fingerprint must agree; arguments that cannot be compared
+    mean not the same."""
+    from eqx_static._sharing import Fingerprint, same_program
+
+    token = jax.tree.structure(((1.0,), {}))
+    base = Fingerprint(b"text", (("backend", "cpu"),), ((_host, token),))
+    assert same_program(base, base._replace())
+    others = [
+        base._replace(digest=b"other text"),
+        base._replace(arguments=(("backend", "gpu"),)),
+        base._replace(callbacks=()),  # a callback fewer
+        base._replace(callbacks=((_other_host, token),)),  # another function
+        base._replace(callbacks=((_host, jax.tree.structure(((1.0, 2.0), {}))),)),
+    ]
+    for other in others:
+        assert not same_program(base, other) and not same_program(other, base)
+
+    def undecidable():  # `==` of two arrays has no single truth value
+        return base._replace(arguments=(("backend", np.ones(2)),))
+
+    assert not same_program(undecidable(), undecidable())
+
+
+def _host(y):
+    return np.asarray(y * 2, np.float32)
+
+
+def _other_host(y):
+    return np.asarray(y * 2, np.float32)  # the same code: another function
