@@ -28,7 +28,7 @@ class Fingerprint(NamedTuple):
     callbacks: tuple  # (function, `in_tree` token) per host callback, kept alive
 
 
-_SAME: Final = "same"  # compared with `==` (lists as tuples, sets as frozensets)
+_SAME: Final = "same"  # compared with `==`
 _EMPTY: Final = "empty"  # shareable only when empty or None
 _IGNORED: Final = "ignored"  # debug information: not part of what runs
 # Every compile argument of JAX 0.8 - 0.12 (`tests/canary/test_lowering.py`).
@@ -76,10 +76,6 @@ def fingerprint(lowering: Any) -> Fingerprint | None:
 
 
 def _comparable(name: str, value: Any) -> Any:
-    if type(value) is list:
-        return tuple(value)
-    if type(value) is set:
-        return frozenset(value)
     if name == "shape_poly_state":  # compared by what it says (by identity in JAX)
         try:
             return (

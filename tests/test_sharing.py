@@ -523,6 +523,26 @@ def test_every_result_equals_the_eager_one_whatever_changes(kinds, steps, via):
             assert float(f(x, mode)) == want
 
 
+def test_the_program_s_name_is_not_part_of_it():
+    """A module is named after the function traced: the same body under two names
+    is one program (one function's keys all have its name; the rule must not rest
+    on that)."""
+    from eqx_static._jax import lowering_of
+    from eqx_static._sharing import digest
+
+    def double(x):
+        return jnp.sin(x) * 2
+
+    def twice(x):
+        return jnp.sin(x) * 2
+
+    def lowered(f):
+        return lowering_of(jax.jit(f).trace(jnp.ones(3)).lower())
+
+    assert b"double" in lowered(double).stablehlo().operation.get_asm(binary=True)
+    assert digest(lowered(double)) == digest(lowered(twice))
+
+
 def test_a_function_emitted_twice_under_two_names_is_one_program():
     """JAX may emit one function twice under two names (jax#40312: it happens after
     some trace histories): each private function is named by what it computes, so
@@ -545,6 +565,10 @@ def test_a_function_emitted_twice_under_two_names_is_one_program():
     assert digest(once) == digest(twice)
     assert digest(lowered(lambda x: one(x) + two(x * 4))) != digest(twice)
     assert digest(lowered(lambda x: two(x) + one(x * 3))) == digest(twice)
+    # every reference is renamed, not only the last one in a function
+    assert digest(lowered(lambda x: one(x) + two(x * 3) + two(x * 5))) == digest(
+        lowered(lambda x: one(x) + one(x * 3) + two(x * 5))
+    )
 
 
 # --- checking the sharing (EQX_STATIC_CHECK_SHARING) ------------------------------
