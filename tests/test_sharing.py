@@ -697,3 +697,17 @@ def _host(y):
 
 def _other_host(y):
     return np.asarray(y * 2, np.float32)  # the same code: another function
+
+
+def test_names_inside_string_literals_are_left_as_written():
+    """A symbol is renamed where it is a reference, never inside a string on its
+    line; a bare `@` is not a symbol."""
+    from eqx_static._sharing import _renamed
+
+    def renamed(text: bytes) -> bytes:
+        out = []
+        _renamed(text, lambda ref: b"@H" if ref == b"g" else None, out.append)
+        return b"".join(bytes(part) for part in out)
+
+    text = b'k = "a @g b"\ncall @g(%0) @other\nx @ y\ns = "q"\n@g'
+    assert renamed(text) == b'k = "a @g b"\ncall @H(%0) @other\nx @ y\ns = "q"\n@H'
