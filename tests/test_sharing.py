@@ -450,6 +450,67 @@ def test_a_jax_that_compiles_an_installed_program_turns_sharing_off(monkeypatch)
     assert f.compile_info().compiles == compiles.of("f") == 3
 
 
+def test_with_sharing_off_every_key_compiles(monkeypatch):
+    """Sharing off (a JAX without what it needs, or the self-check tripped): no
+    program is fingerprinted, so each key compiles its own."""
+    from eqx_static import _jax
+
+    monkeypatch.setattr(_jax, "SHARING", False)
+
+    @es.jit
+    def f(x, tag):
+        return x * 2
+
+    x = jnp.float32(1.5)
+    compiles = XlaCompiles()
+    assert [float(f(x, tag)) for tag in "ab"] == [3.0, 3.0]
+    assert f.compile_info().compiles == compiles.of("f") == 2
+
+
+def test_an_ordered_effect_is_never_shared():
+    """An ordered `io_callback` of one identical function: its effect is an
+    ordering between calls, not a value: not on the list, so each key compiles."""
+
+    @es.jit
+    def f(x, tag):
+        return io_callback(_host, SCALAR, x, ordered=True)
+
+    x = jnp.float32(1.5)
+    assert [float(f(x, tag)) for tag in "ab"] == [3.0, 3.0]
+    assert f.compile_info().compiles == 2
+
+
+def test_a_compile_argument_unknown_to_the_list_makes_a_program_unshareable(
+    monkeypatch,
+):
+    from eqx_static import _jax
+    from eqx_static._sharing import fingerprint
+
+    lowering = _jax.lowering_of(jax.jit(lambda x: x * 2).trace(jnp.ones(3)).lower())
+    assert fingerprint(lowering) is not None
+    known = _jax.compile_arguments
+    monkeypatch.setattr(
+        _jax, "compile_arguments", lambda lo: {**known(lo), "new_in_jax": 1}
+    )
+    assert fingerprint(lowering) is None
+
+
+def test_the_fingerprint_holds_the_compile_arguments():
+    """Donation is a compile argument: two lowerings that differ in it have other
+    fingerprints' arguments, whatever their texts."""
+    from eqx_static import _jax
+    from eqx_static._sharing import fingerprint
+
+    def arguments(**options):
+        f = jax.jit(lambda x: x * 2, **options)
+        fp = fingerprint(_jax.lowering_of(f.trace(jnp.ones(3)).lower()))
+        assert fp is not None
+        return dict(fp.arguments)
+
+    assert arguments()["donated_invars"] == (False,)
+    assert arguments(donate_argnums=0)["donated_invars"] == (True,)
+
+
 def test_callbacks_of_the_same_code_over_other_globals_are_two_callbacks():
     """Two functions made from one code object, each over its own globals (what
     `scale` means differs): not the identical function, so not shared."""
@@ -709,5 +770,6 @@ def test_names_inside_string_literals_are_left_as_written():
         _renamed(text, lambda ref: b"@H" if ref == b"g" else None, out.append)
         return b"".join(bytes(part) for part in out)
 
-    text = b'k = "a @g b"\ncall @g(%0) @other\nx @ y\ns = "q"\n@g'
-    assert renamed(text) == b'k = "a @g b"\ncall @H(%0) @other\nx @ y\ns = "q"\n@H'
+    text = b'k = "a @g b"\ncall @g(%0) @other\nx @ y @@g\ns = "q"\n"t" @g\n@g'
+    want = b'k = "a @g b"\ncall @H(%0) @other\nx @ y @@H\ns = "q"\n"t" @H\n@H'
+    assert renamed(text) == want
