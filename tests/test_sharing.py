@@ -25,11 +25,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from eqx_static import _jax
 from helpers import XlaCompiles
 from jax.experimental import io_callback
 
 
 SCALAR = jax.ShapeDtypeStruct((), jnp.float32)
+
+
+def _lowered(f, *args, **options):
+    """The lowering of `jax.jit(f, **options)` for `args` (`ones(3)` if none)."""
+    traced = jax.jit(f, **options).trace(*(args or (jnp.ones(3),)))
+    return _jax.lowering_of(traced.lower())
+
+
+def _compiled(f, *args):
+    """The executable of `jax.jit(f)` for `args` (`ones(3)` if none)."""
+    lowered = jax.jit(f).trace(*(args or (jnp.ones(3),))).lower()
+    lowered.compile()
+    return _jax.executable_of(_jax.lowering_of(lowered))
 
 
 # --- callbacks that must not share a program ---------------------------------------
@@ -432,7 +446,6 @@ def test_a_jax_that_compiles_an_installed_program_turns_sharing_off(monkeypatch)
     """The self-check: if installing an executable does nothing (a JAX that no
     longer runs what is set on a lowering), JAX compiles the shared program: one
     warning, sharing off for the process, and every compile still booked."""
-    from eqx_static import _jax
 
     monkeypatch.setattr(_jax, "SHARING", True)  # restored after the test
     monkeypatch.setattr(_jax, "set_executable", lambda lowering, executable: None)
@@ -453,7 +466,6 @@ def test_a_jax_that_compiles_an_installed_program_turns_sharing_off(monkeypatch)
 def test_with_sharing_off_every_key_compiles(monkeypatch):
     """Sharing off (a JAX without what it needs, or the self-check tripped): no
     program is fingerprinted, so each key compiles its own."""
-    from eqx_static import _jax
 
     monkeypatch.setattr(_jax, "SHARING", False)
 
@@ -483,10 +495,9 @@ def test_an_ordered_effect_is_never_shared():
 def test_a_compile_argument_unknown_to_the_list_makes_a_program_unshareable(
     monkeypatch,
 ):
-    from eqx_static import _jax
     from eqx_static._sharing import fingerprint
 
-    lowering = _jax.lowering_of(jax.jit(lambda x: x * 2).trace(jnp.ones(3)).lower())
+    lowering = _lowered(lambda x: x * 2)
     assert fingerprint(lowering) is not None
     known = _jax.compile_arguments
     monkeypatch.setattr(
@@ -498,12 +509,10 @@ def test_a_compile_argument_unknown_to_the_list_makes_a_program_unshareable(
 def test_the_fingerprint_holds_the_compile_arguments():
     """Donation is a compile argument: two lowerings that differ in it have other
     fingerprints' arguments, whatever their texts."""
-    from eqx_static import _jax
     from eqx_static._sharing import fingerprint
 
     def arguments(**options):
-        f = jax.jit(lambda x: x * 2, **options)
-        fp = fingerprint(_jax.lowering_of(f.trace(jnp.ones(3)).lower()))
+        fp = fingerprint(_lowered(lambda x: x * 2, **options))
         assert fp is not None
         return dict(fp.arguments)
 
@@ -588,7 +597,6 @@ def test_the_program_s_name_is_not_part_of_it():
     """A module is named after the function traced: the same body under two names
     is one program (one function's keys all have its name; the rule must not rest
     on that)."""
-    from eqx_static._jax import lowering_of
     from eqx_static._sharing import digest
 
     def double(x):
@@ -597,11 +605,8 @@ def test_the_program_s_name_is_not_part_of_it():
     def twice(x):
         return jnp.sin(x) * 2
 
-    def lowered(f):
-        return lowering_of(jax.jit(f).trace(jnp.ones(3)).lower())
-
-    assert b"double" in lowered(double).stablehlo().operation.get_asm(binary=True)
-    assert digest(lowered(double)) == digest(lowered(twice))
+    assert b"double" in _lowered(double).stablehlo().operation.get_asm(binary=True)
+    assert digest(_lowered(double)) == digest(_lowered(twice))
 
 
 def test_a_function_emitted_twice_under_two_names_is_one_program():
@@ -609,7 +614,6 @@ def test_a_function_emitted_twice_under_two_names_is_one_program():
     some trace histories): each private function is named by what it computes, so
     the two modules are one program, on every process whatever it traced before.
     A constant changed inside one of them is another program."""
-    from eqx_static._jax import lowering_of
     from eqx_static._sharing import digest, module_text
 
     def make():
@@ -617,18 +621,15 @@ def test_a_function_emitted_twice_under_two_names_is_one_program():
 
     one, two = make(), make()
 
-    def lowered(f):
-        return lowering_of(jax.jit(f).trace(jnp.ones(3)).lower())
-
-    once = lowered(lambda x: one(x) + one(x * 3))
-    twice = lowered(lambda x: one(x) + two(x * 3))  # the same body, a second name
+    once = _lowered(lambda x: one(x) + one(x * 3))
+    twice = _lowered(lambda x: one(x) + two(x * 3))  # the same body, a second name
     assert module_text(once) != module_text(twice)
     assert digest(once) == digest(twice)
-    assert digest(lowered(lambda x: one(x) + two(x * 4))) != digest(twice)
-    assert digest(lowered(lambda x: two(x) + one(x * 3))) == digest(twice)
+    assert digest(_lowered(lambda x: one(x) + two(x * 4))) != digest(twice)
+    assert digest(_lowered(lambda x: two(x) + one(x * 3))) == digest(twice)
     # every reference is renamed, not only the last one in a function
-    assert digest(lowered(lambda x: one(x) + two(x * 3) + two(x * 5))) == digest(
-        lowered(lambda x: one(x) + one(x * 3) + two(x * 5))
+    assert digest(_lowered(lambda x: one(x) + two(x * 3) + two(x * 5))) == digest(
+        _lowered(lambda x: one(x) + one(x * 3) + two(x * 5))
     )
 
 
@@ -662,7 +663,6 @@ def test_checking_the_sharing_compiles_each_shared_key_and_agrees():
 def test_checking_the_sharing_raises_naming_both_keys_when_the_code_differs():
     """Should a shared program compile to other code for the key that reuses it,
     the check raises and names what differs between the two keys."""
-    from eqx_static import _jax
 
     texts = _jax.compiled_texts
     seen = []
@@ -694,13 +694,7 @@ def test_checking_the_sharing_raises_naming_both_keys_when_the_code_differs():
 def test_the_check_compares_code_not_names_or_source_lines():
     """Two compiles of one computation written on other lines, under other names,
     are the same code; another computation is not."""
-    from eqx_static import _jax
     from eqx_static._sharing import same_compiled
-
-    def compiled(f):
-        lowered = jax.jit(f).trace(jnp.ones(3)).lower()
-        lowered.compile()
-        return _jax.executable_of(_jax.lowering_of(lowered))
 
     def first(x):
         return jnp.sin(x) * 2 + x
@@ -709,20 +703,17 @@ def test_the_check_compares_code_not_names_or_source_lines():
         z = jnp.sin(x) * 2
         return z + x
 
-    assert same_compiled(compiled(first), compiled(second))
-    assert not same_compiled(compiled(first), compiled(lambda x: jnp.cos(x) * 2 + x))
+    assert same_compiled(_compiled(first), _compiled(second))
+    assert not same_compiled(_compiled(first), _compiled(lambda x: jnp.cos(x) * 2 + x))
 
 
 def test_the_check_tells_operands_apart_by_position():
     """Names are numbered in the order they appear, not dropped: `x - y` and
     `y - x` are other code."""
-    from eqx_static import _jax
     from eqx_static._sharing import same_compiled
 
     def compiled(f):
-        lowered = jax.jit(f).trace(jnp.ones(3), jnp.ones(3)).lower()
-        lowered.compile()
-        return _jax.executable_of(_jax.lowering_of(lowered))
+        return _compiled(f, jnp.ones(3), jnp.ones(3))
 
     assert same_compiled(compiled(lambda x, y: x - y), compiled(lambda x, y: x - y))
     assert not same_compiled(compiled(lambda x, y: x - y), compiled(lambda x, y: y - x))
