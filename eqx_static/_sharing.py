@@ -31,7 +31,7 @@ class Fingerprint(NamedTuple):
 _SAME: Final = "same"  # compared with `==`
 _EMPTY: Final = "empty"  # shareable only when empty or None
 _IGNORED: Final = "ignored"  # debug information: not part of what runs
-# Every compile argument of JAX 0.8 - 0.12 (`tests/canary/test_lowering.py`).
+# Every compile argument of JAX 0.8 - 0.12 (`tests/canary/test_jax_lowering.py`).
 _ARGUMENTS: Final = {
     "backend": _SAME, "committed": _SAME, "context_mesh": _SAME,
     "global_in_avals": _SAME, "global_out_avals": _SAME,
