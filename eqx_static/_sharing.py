@@ -72,7 +72,10 @@ def fingerprint(lowering: Any) -> Fingerprint | None:
             if comparable is None:
                 return None
             compared.append((name, comparable))
-    return Fingerprint(digest(lowering), tuple(compared), tuple(callbacks))
+    program = digest(lowering)
+    if program is None:
+        return None
+    return Fingerprint(program, tuple(compared), tuple(callbacks))
 
 
 def _comparable(name: str, value: Any) -> Any:
@@ -128,9 +131,11 @@ def structure(lowering: Any) -> bytes:
     return hashlib.sha256(_CONSTANT.sub(b"dense<>", module_text(lowering))).digest()
 
 
-def digest(lowering: Any) -> bytes:
+def digest(lowering: Any) -> bytes | None:
     """A digest of the module: its attributes (not its name), its public functions
-    by name, every private one by what it computes."""
+    by name, every private one by what it computes. None for a module of a form JAX
+    does not emit (a top-level operation without a name, functions that call each
+    other in a cycle, which XLA cannot run): such a program is not shared."""
     module = lowering.stablehlo()
     module.operation.verify()  # once: each function below is printed unverified
     top, texts, public = hashlib.sha256(), {}, []
@@ -140,22 +145,22 @@ def digest(lowering: Any) -> bytes:
             top.update(f"{attributes[i].name}={attributes[i].attr}\0".encode())
     for op in module.body.operations:
         op = op.operation
-        text = op.get_asm(**_ASM, assume_verified=True)
         if "sym_name" not in op.attributes:
-            top.update(b"op\0" + text)
-            continue
+            return None
         name = _jax.string_value(op.attributes["sym_name"]).encode()
-        texts[name] = text
-        visibility = "public"
+        texts[name] = op.get_asm(**_ASM, assume_verified=True)
+        visibility = "public"  # a symbol that is not a function (`sdy.mesh`) has none
         if "sym_visibility" in op.attributes:
             visibility = _jax.string_value(op.attributes["sym_visibility"])
         if visibility == "public":
             public.append(name)
-    named: dict[bytes, bytes] = {}
+    named: dict[bytes, bytes | None] = {}
 
     def canonical(name: bytes) -> bytes:
         if name not in named:
-            named[name] = b"@" + name  # a call into itself (JAX makes none) as written
+            named[name] = (
+                None  # being named: a call back into it from another is a cycle
+            )
             h = hashlib.sha256()
             _renamed(
                 texts[name],
@@ -165,14 +170,24 @@ def digest(lowering: Any) -> bytes:
                 h.update,
             )
             named[name] = b"@" + h.hexdigest().encode()
-        return named[name]
+        new = named[name]
+        if new is None:
+            raise _CycleError
+        return new
 
-    for name in public:
-        top.update(b"public\0" + name + canonical(name))
+    try:
+        for name in public:
+            top.update(b"public\0" + name + canonical(name))
+    except _CycleError:
+        return None
     return top.digest()
 
 
-_SELF: Final = b"@self"
+_SELF: Final = b"@self"  # a function's own name, in its header
+
+
+class _CycleError(Exception):
+    """A function that calls itself, directly or not."""
 
 
 def _renamed(text: bytes, rename: Any, sink: Any) -> None:

@@ -633,6 +633,62 @@ def test_a_function_emitted_twice_under_two_names_is_one_program():
     )
 
 
+class _Parsed:
+    """A lowering whose module is written by hand, in a form JAX does not emit."""
+
+    def __init__(self, text: str):
+        from jaxlib.mlir import ir
+
+        context = _lowered(jnp.sin).stablehlo().context
+        context.allow_unregistered_dialects = True
+        self.module = ir.Module.parse(text, context)
+
+    def stablehlo(self):
+        return self.module
+
+
+_CALLS = """
+func.func public @main(%x: tensor<f32>) -> tensor<f32> {{
+  %y = func.call @a(%x) : (tensor<f32>) -> tensor<f32>
+  return %y : tensor<f32>
+}}
+func.func private @a(%x: tensor<f32>) -> tensor<f32> {{
+  %y = func.call @{a_calls}(%x) : (tensor<f32>) -> tensor<f32>
+  return %y : tensor<f32>
+}}
+func.func private @b(%x: tensor<f32>) -> tensor<f32> {{
+  %y = func.call @{b_calls}(%x) : (tensor<f32>) -> tensor<f32>
+  return %y : tensor<f32>
+}}
+func.func private @c(%x: tensor<f32>) -> tensor<f32> {{
+  return %x : tensor<f32>
+}}
+"""
+
+
+def test_functions_that_call_each_other_are_never_shared():
+    """XLA runs no recursion, so JAX emits none: a module whose functions call each
+    other in a cycle is of a form this library does not know, and its program is
+    not shared. The same module without the cycle is."""
+    from eqx_static._sharing import digest
+
+    text = "module {" + _CALLS.format(a_calls="b", b_calls="a") + "}"
+    assert digest(_Parsed(text)) is None
+    acyclic = "module {" + _CALLS.format(a_calls="b", b_calls="c") + "}"
+    assert digest(_Parsed(acyclic)) is not None
+
+
+def test_a_top_level_operation_without_a_name_is_never_shared():
+    """Every top-level operation JAX emits has a symbol name; one without is
+    unknown, and its program is not shared."""
+    from eqx_static._sharing import digest
+
+    acyclic = _CALLS.format(a_calls="b", b_calls="c")
+    assert digest(_Parsed("module {" + acyclic + "}")) is not None
+    unnamed = '"unknown.op"() : () -> ()'
+    assert digest(_Parsed("module {" + acyclic + unnamed + "}")) is None
+
+
 # --- checking the sharing (EQX_STATIC_CHECK_SHARING) ------------------------------
 
 
