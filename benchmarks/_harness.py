@@ -324,14 +324,17 @@ class Report:
         num: str,
         den: str,
         instance: str,
-        target_us: float,
+        target_us: float | None,
     ) -> Row:
-        """A difference `t[num] - t[den]`, judged against at most `target_us` µs."""
+        """A difference `t[num] - t[den]`, judged against at most `target_us` µs
+        (None: shown, not judged)."""
         margin = t[num] - t[den]
+        judged = target_us is not None
         row = Row(
             group, key, name, instance, {num: t[num], den: t[den]}, "s",
-            ratio_of=f"{num} - {den}", target_op="<=", target_value=target_us,
-            target=f"<= +{target_us:g} us", meets_target=margin * 1e6 <= target_us,
+            ratio_of=f"{num} - {den}", target_op="<=" if judged else None,
+            target_value=target_us, target=f"<= +{target_us:g} us" if judged else None,
+            meets_target=margin * 1e6 <= target_us if judged else None,
             readme=True, margin=margin,
         )  # fmt: skip
         return self.add(row)

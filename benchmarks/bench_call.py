@@ -11,7 +11,9 @@ fields; a chain of modules 50 deep. Against:
   50 submodules or more and the chain);
 - the floor: `jax.jit` called on the leaves already in a flat list built from a
   fresh copy, what any wrapper pays at least (targets: fresh <= the floor + 2 us
-  for a one-module model, plus 1 us per submodule; same <= the floor + 1.5 us);
+  for a model of at most 10 leaves in its top module, plus 1 us per submodule;
+  shown, not judged, for the wide modules of 100 leaves and more, whose target is
+  the ratio to raw `jax.jit`; same <= the floor + 1.5 us for every model);
 - `eqx.filter_jit` on the seed (target: es.jit >= 5x faster, fresh);
 - `maxsize=N` against the default wrapper, fresh, 100 leaves (within 1.2x);
 - a jaxtyped method against the same unchecked method;
@@ -60,8 +62,9 @@ def _variants(m: Any, p: Any, x: jax.Array) -> dict[str, h.Variant]:
 
 
 def _rows(
-    rep: h.Report, key: str, label: str, t: dict[str, float], submodules: int
-) -> None:
+    rep: h.Report, key: str, label: str, t: dict[str, float], submodules: int,
+    top_leaves: int,
+) -> None:  # fmt: skip
     fresh = ("<=", 0.6 if submodules >= 50 else 1.0)
     for inst, target in (("fresh", fresh), ("same", None)):
         rep.compare_row(
@@ -75,7 +78,8 @@ def _rows(
     )  # fmt: skip
     rep.margin_row(
         GROUP, f"call.{key}.fresh_margin", f"{label}: es.jit − the floor",
-        t, "es.jit fresh", "floor", "fresh", 2.0 + submodules,
+        t, "es.jit fresh", "floor", "fresh",
+        2.0 + submodules if top_leaves <= 10 else None,
     )  # fmt: skip
     rep.margin_row(
         GROUP, f"call.{key}.same_margin", f"{label}: es.jit − the floor",
@@ -83,32 +87,33 @@ def _rows(
     )  # fmt: skip
 
 
-# key, label, model builder, submodules (a chain link, a layer, a nested module)
-MODELS: list[tuple[str, str, Callable[[], tuple[Any, Any]], int]] = [
-    ("leaves10", "10 array fields", lambda: models.wide(10), 0),
-    ("leaves100", "100 array fields", lambda: models.wide(100), 0),
-    ("leaves1000", "1,000 array fields", lambda: models.wide(1_000), 0),
-    ("leaves10000", "10,000 array fields", lambda: models.wide(10_000), 0),
-    ("mlp10", "MLP, 10 leaves (5 Linear)", lambda: models.mlp(10), 5),
-    ("mlp100", "MLP, 100 leaves (50 Linear)", lambda: models.mlp(100), 50),
-    ("mlp1000", "MLP, 1,000 leaves (500 Linear)", lambda: models.mlp(1_000), 500),
-    ("modules100", "100 nested modules", lambda: models.modules(100), 100),
-    ("modules1000", "1,000 nested modules", lambda: models.modules(1_000), 1_000),
-    ("statics100", "100 static fields", lambda: models.statics(100), 0),
-    ("chain50", "a chain of modules 50 deep", lambda: models.chain(50), 50),
+# key, label, model builder, submodules (a chain link, a layer, a nested module),
+# array leaves held by the top module itself
+MODELS: list[tuple[str, str, Callable[[], tuple[Any, Any]], int, int]] = [
+    ("leaves10", "10 array fields", lambda: models.wide(10), 0, 10),
+    ("leaves100", "100 array fields", lambda: models.wide(100), 0, 100),
+    ("leaves1000", "1,000 array fields", lambda: models.wide(1_000), 0, 1_000),
+    ("leaves10000", "10,000 array fields", lambda: models.wide(10_000), 0, 10_000),
+    ("mlp10", "MLP, 10 leaves (5 Linear)", lambda: models.mlp(10), 5, 0),
+    ("mlp100", "MLP, 100 leaves (50 Linear)", lambda: models.mlp(100), 50, 0),
+    ("mlp1000", "MLP, 1,000 leaves (500 Linear)", lambda: models.mlp(1_000), 500, 0),
+    ("modules100", "100 nested modules", lambda: models.modules(100), 100, 0),
+    ("modules1000", "1,000 nested modules", lambda: models.modules(1_000), 1_000, 0),
+    ("statics100", "100 static fields", lambda: models.statics(100), 0, 1),
+    ("chain50", "a chain of modules 50 deep", lambda: models.chain(50), 50, 1),
 ]
 
 
 def run(rep: h.Report, s: h.Settings) -> None:
     _child(rep, s)
-    for key, label, make, submodules in MODELS:
+    for key, label, make, submodules, top_leaves in MODELS:
         if s.quick and key not in ("leaves100", "mlp10", "chain50"):
             continue
         m, p = make()
         t = h.compare(
             _variants(m, p, models.x_input()), s, raw=rep.raw, key=f"call.{key}"
         )
-        _rows(rep, key, label, t, submodules)
+        _rows(rep, key, label, t, submodules, top_leaves)
     _wrapper_options(rep, s)
     _jaxtyped(rep, s)
     _static_tuple(rep, s)
@@ -124,7 +129,7 @@ def _child(rep: h.Report, s: h.Settings) -> None:
         lambda a: raw(a, x), models.zero_update_maker(p)
     )
     t = h.compare(v, s, raw=rep.raw, key="call.child")
-    _rows(rep, "child", "seed Child", t, 0)
+    _rows(rep, "child", "seed Child", t, 0, 2)
     rep.compare_row(
         GROUP, "call.child.apply_updates",
         "seed Child, new instance by eqx.apply_updates: es.jit / jax.jit",
