@@ -148,3 +148,67 @@ def test_es_jit_serves_fresh_instances_from_the_guard():
         m = jax.tree.map(lambda a: a + 0, m)
         m(x)
     assert type(m).__call__.cache_info() == es.CacheInfo(5, 1, None, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Point:
+    x: float
+    y: float
+
+
+class _HashRaises:
+    def __hash__(self) -> int:
+        raise ValueError("no hash today")
+
+
+class _Kinds(es.Module):
+    w: jax.Array
+    f: float = eqx.field(static=True)
+    t: tuple = eqx.field(static=True)
+    p: _Point = eqx.field(static=True)
+    fn: Callable = eqx.field(static=True)
+
+
+def _kinds() -> _Kinds:
+    return _Kinds(jnp.ones(3), 1.5, (1, "a"), _Point(1.0, 2.0), jnp.tanh)
+
+
+@pytest.mark.parametrize(
+    "field, value, same",
+    [
+        ("f", float("1.5"), True),  # another float object, the same value
+        ("f", 2.5, False),
+        ("f", 1, False),  # another type
+        ("t", tuple([1, "a"]), True),
+        ("t", (1, "b"), False),
+        ("t", (True, "a"), False),  # `==` to (1, "a"), another key
+        ("p", _Point(1.0, 2.0), True),
+        ("p", _Point(1.0, 3.0), False),
+        ("p", _Point(1, 2), False),  # `==`, fields of another type
+        ("fn", jnp.sin, False),
+    ],
+)
+def test_the_guard_compares_other_static_values_as_keys(field, value, same):
+    """Static values that are not ints, strings, bools or classes are checked by
+    their typed token: a new object with the same typed value passes the guard, an
+    equal value of another type does not, as the general path decides."""
+    m, x = _kinds(), models.x_input()
+    key, _ = key_and_leaves((m, x), {})
+    guard = make_guard(key, (m, x))
+    assert guard is not None
+    changed = jax.tree.map(lambda a: a, m)
+    _set(changed, field, value)
+    assert _agree(guard, key, (changed, x))
+    assert (guard(changed, x) is not None) is same
+
+
+def test_the_guard_refuses_a_static_value_it_cannot_key():
+    """A static value whose hash raises fails the guard (the general path then
+    says why), never passes it."""
+    m, x = _kinds(), models.x_input()
+    key, _ = key_and_leaves((m, x), {})
+    guard = make_guard(key, (m, x))
+    assert guard is not None
+    changed = jax.tree.map(lambda a: a, m)
+    _set(changed, "p", _HashRaises())
+    assert guard(changed, x) is None
