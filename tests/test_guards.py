@@ -38,7 +38,31 @@ MODELS: dict[str, Callable[[], Any]] = {
     "an MLP of 10 leaves": lambda: models.mlp(10)[0],
     "an MLP inside a module": lambda: models.make_net(),
     "a static table": lambda: models.StaticTable(jnp.ones(4), tuple(range(100))),
+    # wider than the guard reads field by field: read with `operator.itemgetter`
+    "30 static fields": lambda: models.statics(30)[0],
+    "30 fields, half submodules": lambda: _wide_mixed(30),
 }
+
+
+def _wide_mixed(n: int) -> Any:
+    """A module of `n` fields: arrays, submodules and static floats in turn."""
+    kinds = [("a", jax.Array, None), ("m", models.Layer, None), ("s", float, True)]
+    fields = [(f"{p}{i}", t, st) for i in range(n) for p, t, st in [kinds[i % 3]]]
+    cls = type(
+        f"Mixed{n}",
+        (es.Module,),
+        {
+            "__annotations__": {name: t for name, t, _ in fields},
+            **{name: eqx.field(static=True) for name, _, st in fields if st},
+        },
+    )
+    values = {
+        name: jnp.full(4, i, jnp.float32) if t is jax.Array
+        else models.Layer(jnp.full(4, i, jnp.float32), i) if t is models.Layer
+        else i + 0.5
+        for i, (name, t, _) in enumerate(fields)
+    }  # fmt: skip
+    return cls(**values)
 
 
 def _general(args: tuple) -> tuple[Any, list] | None:
@@ -212,3 +236,38 @@ def test_the_guard_refuses_a_static_value_it_cannot_key():
     changed = jax.tree.map(lambda a: a, m)
     _set(changed, "p", _HashRaises())
     assert guard(changed, x) is None
+
+
+@pytest.mark.parametrize(
+    "name", ["seed Child", "30 static fields", "30 fields, half submodules"]
+)
+def test_a_field_renamed_in_the_instance_fails_the_guard(name):
+    """An instance whose dictionary holds as many entries as the class has fields,
+    one under another name, fails the guard (it does not raise)."""
+    m, x = MODELS[name](), models.x_input()
+    key, _ = key_and_leaves((m, x), {})
+    guard = make_guard(key, (m, x))
+    assert guard is not None
+    changed = jax.tree.map(lambda a: a, m)
+    first = next(iter(vars(changed)))
+    _set(changed, "renamed", vars(changed)[first])
+    object.__delattr__(changed, first)
+    assert len(vars(changed)) == len(vars(m))
+    assert guard(changed, x) is None
+
+
+@pytest.mark.parametrize(
+    "value, same", [(float("2.5"), True), (3.5, False), (2, False), (True, False)]
+)
+def test_a_wide_module_s_static_values_are_compared_as_keys(value, same):
+    """In a module read with `operator.itemgetter`, a static value that is not the
+    same object is compared by typed token: the same float passes, another value
+    or an equal value of another type does not."""
+    m, x = _wide_mixed(30), models.x_input()
+    key, _ = key_and_leaves((m, x), {})
+    guard = make_guard(key, (m, x))
+    assert guard is not None
+    changed = jax.tree.map(lambda a: a, m)
+    _set(changed, "s2", value)  # 2.5 in `m`
+    assert _agree(guard, key, (changed, x))
+    assert (guard(changed, x) is not None) is same
