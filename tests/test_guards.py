@@ -191,10 +191,11 @@ class _Kinds(es.Module):
     t: tuple = eqx.field(static=True)
     p: _Point = eqx.field(static=True)
     fn: Callable = eqx.field(static=True)
+    kind: type = eqx.field(static=True)
 
 
 def _kinds() -> _Kinds:
-    return _Kinds(jnp.ones(3), 1.5, (1, "a"), _Point(1.0, 2.0), jnp.tanh)
+    return _Kinds(jnp.ones(3), 1.5, (1, "a"), _Point(1.0, 2.0), jnp.tanh, int)
 
 
 @pytest.mark.parametrize(
@@ -210,12 +211,15 @@ def _kinds() -> _Kinds:
         ("p", _Point(1.0, 3.0), False),
         ("p", _Point(1, 2), False),  # `==`, fields of another type
         ("fn", jnp.sin, False),
+        ("kind", int, True),  # a class: the same object
+        ("kind", float, False),
     ],
 )
 def test_the_guard_compares_other_static_values_as_keys(field, value, same):
-    """Static values that are not ints, strings, bools or classes are checked by
-    their typed token: a new object with the same typed value passes the guard, an
-    equal value of another type does not, as the general path decides."""
+    """Static values that are not ints, strings or bools are checked by their
+    typed token (a class by identity): a new object with the same typed value
+    passes the guard, an equal value of another type does not, as the general path
+    decides."""
     m, x = _kinds(), models.x_input()
     key, _ = key_and_leaves((m, x), {})
     guard = make_guard(key, (m, x))
