@@ -275,3 +275,32 @@ def test_a_wide_module_s_static_values_are_compared_as_keys(value, same):
     _set(changed, "s2", value)  # 2.5 in `m`
     assert _agree(guard, key, (changed, x))
     assert (guard(changed, x) is not None) is same
+
+
+_ARGS = {
+    "None": None,
+    "an int": 3,
+    "a float": 0.5,
+    "a string": "s",
+    "an array": jnp.ones(3),
+    "a tuple of arrays": (jnp.ones(3), jnp.zeros(2)),
+    "a list of arrays": [jnp.ones(3), jnp.zeros(2)],
+    "a tuple of ints": (1, 2),
+    "a mixed list": [jnp.ones(3), 1, None],
+    "a dict": {"a": jnp.ones(3), "b": 2},
+    "a module": models.Layer(jnp.ones(4), 1),
+}
+
+
+@pytest.mark.parametrize("old", sorted(_ARGS))
+def test_the_guard_of_a_plain_function_agrees_for_every_kind_of_argument(old):
+    """Positional arguments of every kind a key holds, each replaced by one of
+    every other kind (and by a fresh copy of itself): the guard agrees with the
+    general path."""
+    args = (_ARGS[old], models.x_input())
+    key, _ = key_and_leaves(args, {})
+    guard = make_guard(key, args)
+    assert guard is not None
+    for new in [jax.tree.map(lambda a: a, _ARGS[old]), *_ARGS.values()]:
+        changed = (new, models.x_input())
+        assert _agree(guard, key, changed), (old, new)
