@@ -158,9 +158,8 @@ def digest(lowering: Any) -> bytes | None:
 
     def canonical(name: bytes) -> bytes:
         if name not in named:
-            named[name] = (
-                None  # being named: a call back into it from another is a cycle
-            )
+            # None while being named: a call back into it from another is a cycle
+            named[name] = None
             h = hashlib.sha256()
             _renamed(
                 texts[name],
@@ -187,7 +186,7 @@ _SELF: Final = b"@self"  # a function's own name, in its header
 
 
 class _CycleError(Exception):
-    """A function that calls itself, directly or not."""
+    """Functions that call each other in a cycle (a call into itself is `_SELF`)."""
 
 
 def _renamed(text: bytes, rename: Any, sink: Any) -> None:

@@ -68,12 +68,20 @@ def test_other_host_python_is_not_taken_for_a_known_callback():
 
 
 def test_a_module_names_its_functions_and_their_visibility():
-    lowering = _lowering(jax.jit(lambda x: jnp.sin(x)))
-    module = lowering.stablehlo()
-    names = {
-        _jax.string_value(op.operation.attributes["sym_name"])
-        for op in module.body.operations
-        if "sym_name" in op.operation.attributes
-    }
-    assert "main" in names
-    assert _sharing.digest(lowering) == _sharing.digest(lowering)
+    """Every top-level operation JAX emits has a symbol name (a module with one
+    that has none is never shared): a program with a private function, and an
+    `eqx.error_if` program, digest to something."""
+    inner = jax.jit(jnp.sin)
+    for fn in (lambda x: inner(x) * 2, lambda x: eqx.error_if(x, x > 9, "big")):
+        lowering = _lowering(fn)
+        module = lowering.stablehlo()
+        assert all(
+            "sym_name" in op.operation.attributes for op in module.body.operations
+        )
+        names = {
+            _jax.string_value(op.operation.attributes["sym_name"])
+            for op in module.body.operations
+        }
+        assert "main" in names
+        assert _sharing.digest(lowering) is not None
+        assert _sharing.digest(lowering) == _sharing.digest(lowering)
