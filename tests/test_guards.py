@@ -72,6 +72,14 @@ def _general(args: tuple) -> tuple[Any, list] | None:
         return None
 
 
+def _guard_of(args: tuple) -> tuple[Any, Callable]:
+    """The key of a call with these positional arguments, and its guard."""
+    key, _ = key_and_leaves(args, {})
+    guard = make_guard(key, args)
+    assert guard is not None
+    return key, guard
+
+
 def _agree(guard: Callable, key: Any, args: tuple) -> bool:
     """Whether the guard says of `args` what the general path says."""
     got, want = guard(*args), _general(args)
@@ -128,9 +136,7 @@ def _change(rng: random.Random, m: Any) -> Any:
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_the_guard_agrees_with_the_general_path(name):
     m, x = MODELS[name](), models.x_input()
-    key, leaves = key_and_leaves((m, x), {})
-    guard = make_guard(key, (m, x))
-    assert guard is not None
+    key, guard = _guard_of((m, x))
     assert _agree(guard, key, (m, x))
     assert _agree(guard, key, (jax.tree.map(lambda a: a, m), x))  # fresh: passes
     rng = random.Random(name)
@@ -221,9 +227,7 @@ def test_the_guard_compares_other_static_values_as_keys(field, value, same):
     passes the guard, an equal value of another type does not, as the general path
     decides."""
     m, x = _kinds(), models.x_input()
-    key, _ = key_and_leaves((m, x), {})
-    guard = make_guard(key, (m, x))
-    assert guard is not None
+    key, guard = _guard_of((m, x))
     changed = jax.tree.map(lambda a: a, m)
     _set(changed, field, value)
     assert _agree(guard, key, (changed, x))
@@ -234,9 +238,7 @@ def test_the_guard_refuses_a_static_value_it_cannot_key():
     """A static value whose hash raises fails the guard (the general path then
     says why), never passes it."""
     m, x = _kinds(), models.x_input()
-    key, _ = key_and_leaves((m, x), {})
-    guard = make_guard(key, (m, x))
-    assert guard is not None
+    key, guard = _guard_of((m, x))
     changed = jax.tree.map(lambda a: a, m)
     _set(changed, "p", _HashRaises())
     assert guard(changed, x) is None
@@ -249,9 +251,7 @@ def test_a_field_renamed_in_the_instance_fails_the_guard(name):
     """An instance whose dictionary holds as many entries as the class has fields,
     one under another name, fails the guard (it does not raise)."""
     m, x = MODELS[name](), models.x_input()
-    key, _ = key_and_leaves((m, x), {})
-    guard = make_guard(key, (m, x))
-    assert guard is not None
+    key, guard = _guard_of((m, x))
     changed = jax.tree.map(lambda a: a, m)
     first = next(iter(vars(changed)))
     _set(changed, "renamed", vars(changed)[first])
@@ -268,9 +268,7 @@ def test_a_wide_module_s_static_values_are_compared_as_keys(value, same):
     same object is compared by typed token: the same float passes, another value
     or an equal value of another type does not."""
     m, x = _wide_mixed(30), models.x_input()
-    key, _ = key_and_leaves((m, x), {})
-    guard = make_guard(key, (m, x))
-    assert guard is not None
+    key, guard = _guard_of((m, x))
     changed = jax.tree.map(lambda a: a, m)
     _set(changed, "s2", value)  # 2.5 in `m`
     assert _agree(guard, key, (changed, x))
@@ -298,9 +296,7 @@ def test_the_guard_of_a_plain_function_agrees_for_every_kind_of_argument(old):
     every other kind (and by a fresh copy of itself): the guard agrees with the
     general path."""
     args = (_ARGS[old], models.x_input())
-    key, _ = key_and_leaves(args, {})
-    guard = make_guard(key, args)
-    assert guard is not None
+    key, guard = _guard_of(args)
     for new in [jax.tree.map(lambda a: a, _ARGS[old]), *_ARGS.values()]:
         changed = (new, models.x_input())
         assert _agree(guard, key, changed), (old, new)
