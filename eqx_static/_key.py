@@ -87,7 +87,7 @@ class CyclicValue(ValueError):  # noqa: N818  (reworded by the caller, never sho
         self.path = path
 
 
-_CHECK_CYCLES_AFTER: Final = 1_000_000  # tokens: a finite argument has fewer
+_CHECK_CYCLES_AFTER: Final = 100_000  # tokens; then at twice as many, and so on
 
 
 def walk(values: Iterable[Any], tokens: list, leaves: list) -> None:
@@ -128,9 +128,9 @@ def walk(values: Iterable[Any], tokens: list, leaves: list) -> None:
             stack += reversed(v)
         else:
             _other(v, tokens, stack)
-        if len(tokens) > limit:
+        if len(tokens) > limit:  # so a finite walk checks at most twice its length
             _raise_if_cyclic(values)
-            limit += _CHECK_CYCLES_AFTER
+            limit = 2 * len(tokens)
 
 
 def all_arrays(values: Any) -> bool:
@@ -166,12 +166,16 @@ def cycle_in(root: Any) -> str | None:
     return None
 
 
+# Values that hold no other: a cycle search does not look inside them.
+_ATOMS: Final = SIMPLE | {bool, float, complex}
+
+
 def _children(v: Any) -> list[tuple[str, Any]]:
     t = type(v)
     if t is tuple or t is list:
-        return [(f"[{i}]", x) for i, x in enumerate(v)]
+        return [(f"[{i}]", x) for i, x in enumerate(v) if type(x) not in _ATOMS]
     if t is dict:
-        return [(f"[{k!r}]", x) for k, x in v.items()]
+        return [(f"[{k!r}]", x) for k, x in v.items() if type(x) not in _ATOMS]
     if is_module_type(t):
         return [(f".{k}", x) for k, x in instance_dict(v).items()]
     if (_kinds.get(t) or _kind(t, v)) != _OTHER:
@@ -431,12 +435,13 @@ class _Writer:
         }  # fmt: skip
         self.count = 0
 
-    def name(self, prefix: str) -> str:
+    def name(self) -> str:
+        """A new name in the guard's code, for a local variable or a constant."""
         self.count += 1
-        return f"{prefix}{self.count}"
+        return f"_{self.count}"
 
-    def const(self, value: Any, prefix: str = "K") -> str:
-        name = self.name(prefix)
+    def const(self, value: Any) -> str:
+        name = self.name()
         self.ns[name] = value
         return name
 
@@ -458,7 +463,7 @@ class _Writer:
         elif n.kind == "module" and type(tok) is FieldInfo:
             return self.module(expr, value, n, key, depth)
         elif n.kind == ARRAYS.name:
-            t = self.const(tok[1], "T")
+            t = self.const(tok[1])
             self.fail_if(
                 f"type({expr}) is not {t} or len({expr}) != {tok[2]} "
                 f"or not AT.issuperset(map(type, {expr}))"
@@ -467,22 +472,22 @@ class _Writer:
         elif n.kind == SEQ.name and (tok[1] is tuple or tok[1] is list):
             j = end_of(key, i)
             if tok[1] is tuple and _frozen(key, i, j):  # the same tuple: the same key
-                whole = self.const(key[i:j], "E")
+                whole = self.const(key[i:j])
                 self.fail_if(
                     f"{expr} is not {self.const(value)} and SUB({expr})[0] != {whole}"
                 )
                 return j
-            t = self.const(tok[1], "T")
+            t = self.const(tok[1])
             self.fail_if(f"type({expr}) is not {t} or len({expr}) != {tok[2]}")
             i = n.next
             for k, item in enumerate(value):
-                local = self.name("v")
+                local = self.name()
                 self.lines.append(f"{local} = {expr}[{k}]")
                 i = self.node(local, item, key, i, depth + 1)
             return i
         else:  # dicts, named tuples, other pytrees, odd modules: compared whole
             j = end_of(key, i)
-            sub, whole = self.name("s"), self.const(key[i:j], "E")
+            sub, whole = self.name(), self.const(key[i:j])
             self.lines.append(f"{sub} = SUB({expr})")
             self.fail_if(f"{sub}[0] != {whole}")
             self.leaves.append(f"*{sub}[1]")
@@ -496,28 +501,27 @@ class _Writer:
         if t is int or t is str or t is bytes:
             return f"(type({expr}) is {t.__name__} and {expr} == {tok!r})"
         if t is type:
-            return f"({expr} is {self.const(tok, 'C')})"
-        same = f"SAME({expr}, {self.const(tok, 'T')})"
+            return f"({expr} is {self.const(tok)})"
+        same = f"SAME({expr}, {self.const(tok)})"
         if t is Typed:  # the same hashable object: the same token
             return f"({expr} is {self.const(value)} or {same})"
         return same
 
     def module(self, expr: str, value: Any, n: Node, key: Key, depth: int) -> int:
         info: FieldInfo = n.head
-        d = self.name("d")
-        self.fail_if(f"type({expr}) is not {self.const(info.cls, 'C')}")
+        d = self.name()
+        self.fail_if(f"type({expr}) is not {self.const(info.cls)}")
         self.lines.append(f"{d} = DICT({expr})")
         self.fail_if(f"len({d}) != {len(info.names)}")
         vd = instance_dict(value)
         if len(info.names) > _WIDE:
-            ss, ds = self.name("ss"), self.name("ds")
-            gs = self.const(info.get_static, "G")
-            gd = self.const(info.get_dynamic, "G")
+            ss, ds = self.name(), self.name()
+            gs, gd = self.const(info.get_static), self.const(info.get_dynamic)
             self.lines += ["try:", f"    {ss}, {ds} = {gs}({d}), {gd}({d})", "except KeyError: return None"]  # fmt: skip
             originals = self.const(info.get_static(vd))
             self.fail_if(
                 f"not all(map(is_, {ss}, {originals})) "
-                f"and not SAMES({ss}, {self.const(tuple(n.statics), 'E')})"
+                f"and not SAMES({ss}, {self.const(tuple(n.statics))})"
             )
             dynamic = [f"{ds}[{k}]" for k in range(len(info.dynamic_names))]
             if n.children == -1:
@@ -525,8 +529,8 @@ class _Writer:
                 self.leaves.append(f"*{ds}")
                 return n.next
         else:
-            statics = [self.name("s") for _ in info.static_names]
-            dynamic = [self.name("f") for _ in info.dynamic_names]
+            statics = [self.name() for _ in info.static_names]
+            dynamic = [self.name() for _ in info.dynamic_names]
             fetched = [*statics, *dynamic]
             if fetched:
                 reads = ", ".join(
@@ -547,7 +551,7 @@ class _Writer:
         i = n.next
         for expr_k, k in zip(dynamic, info.dynamic_names):
             if not expr_k.isidentifier():
-                local = self.name("v")
+                local = self.name()
                 self.lines.append(f"{local} = {expr_k}")
                 expr_k = local
             i = self.node(expr_k, vd[k], key, i, depth + 1)
@@ -573,7 +577,7 @@ def make_guard(key: Key, args: tuple) -> Callable[..., list | None] | None:
     if names or n != len(args):
         return None
     w = _Writer()
-    params = [f"a{k}" for k in range(n)]
+    params = [w.name() for _ in args]
     i = 1
     try:
         for p, a in zip(params, args):
