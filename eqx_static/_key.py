@@ -469,7 +469,7 @@ class _Writer:
                 f"or not AT.issuperset(map(type, {expr}))"
             )
             self.leaves.append(f"*{expr}")
-        elif n.kind == SEQ.name and (tok[1] is tuple or tok[1] is list):
+        elif n.kind == SEQ.name or n.kind == NAMED.name:  # item by item
             j = end_of(key, i)
             if tok[1] is tuple and _frozen(key, i, j):  # the same tuple: the same key
                 whole = self.const(key[i:j])
@@ -485,7 +485,7 @@ class _Writer:
                 self.lines.append(f"{local} = {expr}[{k}]")
                 i = self.node(local, item, key, i, depth + 1)
             return i
-        else:  # dicts, named tuples, other pytrees, odd modules: compared whole
+        else:  # dicts, other pytrees, odd modules: compared whole
             j = end_of(key, i)
             sub, whole = self.name(), self.const(key[i:j])
             self.lines.append(f"{sub} = SUB({expr})")

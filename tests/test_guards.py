@@ -7,6 +7,7 @@ leaf made a non-array, a submodule swapped for a subclass), the guard must agree
 with the general path: it passes exactly when the key is the same, and then
 returns the same leaves, in the same order."""
 
+import collections
 import dataclasses
 import random
 import sys
@@ -19,6 +20,7 @@ import eqx_static as es
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from eqx_static._key import key_and_leaves, make_guard
 
@@ -275,6 +277,9 @@ def test_a_wide_module_s_static_values_are_compared_as_keys(value, same):
     assert (guard(changed, x) is not None) is same
 
 
+_Pair = collections.namedtuple("_Pair", "a b")
+_Other = collections.namedtuple("_Other", "a b")  # the same fields, another class
+
 _ARGS = {
     "None": None,
     "an int": 3,
@@ -287,6 +292,12 @@ _ARGS = {
     "a mixed list": [jnp.ones(3), 1, None],
     "a dict": {"a": jnp.ones(3), "b": 2},
     "a module": models.Layer(jnp.ones(4), 1),
+    "a named tuple": _Pair(jnp.ones(3), models.Layer(jnp.ones(4), 1)),
+    "another named tuple": _Other(jnp.ones(3), models.Layer(jnp.ones(4), 1)),
+    "a named tuple holding an int": _Pair(jnp.ones(3), 2),
+    "an optimiser's state": optax.adam(1e-3).init(
+        eqx.filter(models.make_net(), eqx.is_array)
+    ),
 }
 
 
