@@ -66,12 +66,23 @@ def _kind(t: type, v: Any) -> int:
         k = _DICT
     elif t is type(None):
         k = _NONE
-    elif issubclass(t, tuple) and one_level(v)[1].node_data() == (t, None):
+    elif (
+        issubclass(t, tuple)
+        and _items_as_stored(t)
+        and one_level(v)[1].node_data() == (t, None)
+    ):
         k = _NAMED  # a named tuple, which JAX flattens as its items
     else:
         k = _OTHER
     _kinds[t] = k
     return k
+
+
+def _items_as_stored(t: type) -> bool:
+    """Whether indexing a `t` reads its items as JAX's flatten does (not a class
+    of its own `__getitem__`, `__iter__` or `__reversed__`)."""
+    reads = ("__getitem__", "__iter__", "__len__", "__reversed__")
+    return all(getattr(t, r, None) is getattr(tuple, r, None) for r in reads)
 
 
 def one_level(v: Any) -> tuple[list, Any]:
@@ -172,13 +183,16 @@ _ATOMS: Final = SIMPLE | {bool, float, complex}
 
 def _children(v: Any) -> list[tuple[str, Any]]:
     t = type(v)
-    if t is tuple or t is list:
-        return [(f"[{i}]", x) for i, x in enumerate(v) if type(x) not in _ATOMS]
     if t is dict:
         return [(f"[{k!r}]", x) for k, x in v.items() if type(x) not in _ATOMS]
     if is_module_type(t):
         return [(f".{k}", x) for k, x in instance_dict(v).items()]
-    if (_kinds.get(t) or _kind(t, v)) != _OTHER:
+    k = _kinds.get(t)
+    if k is None:
+        k = _kind(t, v)
+    if k == _LIST or k == _NAMED:
+        return [(f"[{i}]", x) for i, x in enumerate(v) if type(x) not in _ATOMS]
+    if k != _OTHER:
         return []
     try:
         flat = one_level(v)[0]

@@ -441,6 +441,43 @@ def test_an_argument_that_contains_itself_is_a_clear_error(make, where):
     assert float(f(jnp.ones(2), 1.0)[0]) == 1.0  # and nothing is broken
 
 
+class _Link(NamedTuple):
+    a: Any
+    b: Any
+
+
+def test_a_cycle_through_a_named_tuple_is_a_clear_error():
+    """A list holding the named tuple that holds it: found, not walked forever."""
+    items: list = []
+    pair = _Link(jnp.ones(2), items)
+    items.append(pair)
+    f = es.jit(lambda x, y: x)
+    with pytest.raises(ValueError, match=r"y\[1\]\[0\] is the argument again"):
+        f(jnp.ones(2), pair)
+
+
+class _Swapped(NamedTuple):
+    a: Any
+    b: Any
+
+    def __getitem__(self, i: Any) -> Any:  # by index, the items come out swapped
+        return tuple.__getitem__(self, 1 - i)
+
+
+def test_a_named_tuple_with_its_own_indexing_is_read_as_jax_reads_it():
+    """JAX flattens a named tuple by its stored items, whatever its `__getitem__`
+    says: so does the key, and the call gives the eager result."""
+
+    def f(t):
+        return t.a * 1.0 + t.b * 2.0
+
+    t = _Swapped(jnp.ones(2), jnp.zeros(2))
+    want = f(t)
+    np.testing.assert_array_equal(eqx.filter_jit(f)(t), want)
+    np.testing.assert_array_equal(es.jit(f)(t), want)
+    np.testing.assert_array_equal(es.jit(f)(t), want)  # and on a hit
+
+
 def test_deeply_nested_pytrees_other_than_plain_containers_key_fine():
     """Named tuples 1,500 deep (JAX's flatten is one level at a time, so the walk
     recurses in Python, under a raised limit)."""
