@@ -4,8 +4,9 @@ three tokens, and so are `0.0` and `-0.0`."""
 
 import copy
 import dataclasses
-import math
+import enum
 import operator
+import struct
 import sys
 import types
 import typing
@@ -180,7 +181,7 @@ def is_module(x: object) -> bool:
 
 # ----------------------------------------------------------------------------------
 # Static values as tokens. A token of a hashable value is compared by its *form*:
-# floats by their bits (every nan one value, its sign kept); tuples, frozensets,
+# floats by their bits (a nan equals a nan of the same bits); tuples, frozensets,
 # frozen dataclasses and modules item by item (a dataclass by its fields, whatever
 # its `__eq__` says), with each item's type; anything else by its own `==`. A value Python cannot hash has no token: `UnhashableError` is raised,
 # and the caller says where it is and what to pass instead.
@@ -198,12 +199,14 @@ class UnhashableError(TypeError):
 
 
 class Typed:
-    """A hashable static value as a key token: compared by its form, hashed once."""
+    """A hashable static value as a key token: compared by its form, hashed once.
+    `fixed`: nothing in it can change its form, so the same object is the same
+    token (not so a frozen dataclass, changed with `object.__setattr__`)."""
 
-    __slots__ = ("form", "hash", "value")
+    __slots__ = ("fixed", "form", "hash", "value")
 
-    def __init__(self, value: Any, form: Any):
-        self.value, self.form = value, form
+    def __init__(self, value: Any, form: Any, fixed: bool):
+        self.value, self.form, self.fixed = value, form, fixed
         self.hash = hash(form)
 
     def __eq__(self, other: object) -> bool:
@@ -258,7 +261,7 @@ def token(v: Any) -> Any:
     if t is bool:
         return TRUE if v else FALSE
     try:
-        return Typed(v, form(v))
+        return Typed(v, *fixed_form(v))
     except TypeError:
         raise UnhashableError(v) from None
 
@@ -286,11 +289,18 @@ def is_hashable(v: object) -> bool:
     return True
 
 
-def form(v: Any) -> Any:
+def form(v: Any) -> tuple:
     """What `v` is compared by: a flat tuple, so that a value nested thousands deep
     hashes and compares without recursion. `TypeError` if a part is unhashable."""
+    return fixed_form(v)[0]
+
+
+def fixed_form(v: Any) -> tuple[tuple, bool]:
+    """`form(v)`, and whether every part of `v` is immutable or compared by
+    identity (numbers, strings, tuples and frozensets of them, functions, enums)."""
     out: list[Any] = []
     stack = [v]
+    fixed = True
     while stack:
         x = stack.pop()
         t = type(x)
@@ -304,30 +314,43 @@ def form(v: Any) -> Any:
         elif isinstance(x, np.generic):
             out += (x.dtype.str, x.tobytes())
         elif t is frozenset:  # unordered: each item's form, as a set
-            out.append(frozenset(map(form, x)))
+            forms = [fixed_form(item) for item in x]
+            out.append(frozenset(f for f, _ in forms))
+            fixed = fixed and all(k for _, k in forms)
         elif t is jtu.PyTreeDef:  # its own `==` compares metadata with `==`
             out.append(_treedef_form(x))
+            fixed = False
         elif t is tuple or (
             isinstance(x, tuple)
             and t.__eq__ is tuple.__eq__
             and t.__hash__ is tuple.__hash__
-        ):
-            out.append(len(x))
-            stack += reversed(x)
+        ):  # its stored items, as `==` and `hash` read them
+            out.append(tuple.__len__(x))
+            stack += tuple.__getitem__(x, _BACKWARDS)
         elif (names := _field_names(t)) is not None:
             values = [getattr(x, n, UNSET) for n in names]
             out.append(len(values))
             stack += reversed(values)
+            fixed = False  # its fields can be set with `object.__setattr__`
         else:
             hash(x)  # its own `==` and hash: `TypeError` if it has none
             out.append(x)
-    return tuple(out)
+            fixed = fixed and _by_identity(t)
+    return tuple(out), fixed
 
 
-def _float_bits(x: float) -> str:
-    if math.isnan(x):
-        return "-nan" if math.copysign(1.0, x) < 0 else "nan"
-    return x.hex()
+_BACKWARDS: Final = slice(None, None, -1)
+
+
+def _by_identity(t: type) -> bool:
+    """Whether `==` on a `t` is identity and its hash cannot change."""
+    own_hash = t.__hash__ is object.__hash__ or issubclass(t, enum.Enum)
+    return t.__eq__ is object.__eq__ and own_hash
+
+
+def _float_bits(x: float) -> bytes:
+    """Every bit: `-0.0` is not `0.0`, and each nan payload is its own value."""
+    return struct.pack("<d", x)
 
 
 def _treedef_form(t: Any) -> tuple:

@@ -517,7 +517,7 @@ class _Writer:
         if t is type:
             return f"({expr} is {self.const(tok)})"
         same = f"SAME({expr}, {self.const(tok)})"
-        if t is Typed:  # the same hashable object: the same token
+        if t is Typed and tok.fixed:  # the same object, which cannot change
             return f"({expr} is {self.const(value)} or {same})"
         return same
 
@@ -532,11 +532,10 @@ class _Writer:
             ss, ds = self.name(), self.name()
             gs, gd = self.const(info.get_static), self.const(info.get_dynamic)
             self.lines += ["try:", f"    {ss}, {ds} = {gs}({d}), {gd}({d})", "except KeyError: return None"]  # fmt: skip
-            originals = self.const(info.get_static(vd))
-            self.fail_if(
-                f"not all(map(is_, {ss}, {originals})) "
-                f"and not SAMES({ss}, {self.const(tuple(n.statics))})"
-            )
+            check = f"not SAMES({ss}, {self.const(tuple(n.statics))})"
+            if all(map(_fixed, n.statics)):  # the same objects: the same tokens
+                check = f"not all(map(is_, {ss}, {self.const(info.get_static(vd))})) and {check}"
+            self.fail_if(check)
             dynamic = [f"{ds}[{k}]" for k in range(len(info.dynamic_names))]
             if n.children == -1:
                 self.fail_if(f"not AT.issuperset(map(type, {ds}))")
@@ -573,15 +572,25 @@ class _Writer:
 
 
 def _frozen(key: Key, i: int, j: int) -> bool:
-    """Whether `key[i:j]` holds only tuples and hashable static values: a subtree
-    that is the same as long as the tuple object is."""
+    """Whether `key[i:j]` holds only tuples and static values that cannot change: a
+    subtree that is the same as long as the tuple object is."""
     for tok in key[i:j]:
         if type(tok) is tuple:
             if tok[0] is not SEQ or tok[1] is not tuple:
                 return False
-        elif not (type(tok) in SIMPLE or type(tok) is Typed or tok in (TRUE, FALSE)):
-            return False  # a traced leaf, a module, or a value compared by `==`
+        elif not _fixed(tok):
+            return False  # a traced leaf, a module, or a value that can change
     return True
+
+
+def _fixed(tok: Any) -> bool:
+    """Whether a static token is the same for as long as its value is the same object."""
+    return (
+        type(tok) in SIMPLE
+        or tok is TRUE
+        or tok is FALSE
+        or (type(tok) is Typed and tok.fixed)
+    )
 
 
 def make_guard(key: Key, args: tuple) -> Callable[..., list | None] | None:

@@ -311,3 +311,64 @@ def test_the_guard_of_a_plain_function_agrees_for_every_kind_of_argument(old):
     for new in [jax.tree.map(lambda a: a, _ARGS[old]), *_ARGS.values()]:
         changed = (new, models.x_input())
         assert _agree(guard, key, changed), (old, new)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cfg:
+    scale: float
+
+
+def _wide_with(value: Any) -> Any:
+    """A plain module of 25 array fields (read by `operator.itemgetter`) and a
+    static field holding `value`."""
+    names = [f"a{i}" for i in range(25)]
+    cls = type(
+        "WideWith",
+        (eqx.Module,),
+        {
+            "__annotations__": dict.fromkeys([*names, "v"], Any),
+            "v": eqx.field(static=True),
+        },
+    )
+    return cls(**{n: jnp.float32(i) for i, n in enumerate(names)}, v=value)
+
+
+def _scale_of(v: Any) -> Any:
+    return v[0] if type(v) is list else v[0].scale if type(v) is tuple else v.scale
+
+
+@pytest.mark.parametrize(
+    "make, change",
+    [
+        (lambda: _wide_with([1.0]), lambda m: m.v.__setitem__(0, 5.0)),
+        (lambda: _wide_with(_Cfg(1.0)), lambda m: object.__setattr__(m.v, "scale", 5.0)),
+        (
+            lambda: models.Layer(jnp.ones(4), _Cfg(1.0)),
+            lambda m: object.__setattr__(m.k, "scale", 5.0),
+        ),
+        (
+            lambda: models.Layer(jnp.ones(4), (_Cfg(1.0), 2)),
+            lambda m: object.__setattr__(m.k[0], "scale", 5.0),
+        ),
+    ],
+    ids=["a list, wide module", "a frozen dataclass, wide module",
+         "a frozen dataclass", "a frozen dataclass in a tuple"],
+)  # fmt: skip
+def test_a_static_value_changed_in_place_fails_the_guard(make, change):
+    """The guard takes the same object for the same token only where the object
+    cannot change (a number, a string, a tuple of them): a list, or a frozen
+    dataclass changed with `object.__setattr__`, is read again, as the general
+    path reads it, and the call gives the eager result."""
+    m, x = make(), models.x_input()
+    field = "v" if hasattr(m, "v") else "k"
+
+    def f(m, x):
+        return x * _scale_of(getattr(m, field))
+
+    key, guard = _guard_of((m, x))
+    jf = es.jit(f)
+    jf(m, x), jf(m, x)  # the second call is served by the guard
+    change(m)
+    assert _agree(guard, key, (m, x))
+    assert guard(m, x) is None
+    np.testing.assert_array_equal(jf(m, x), f(m, x))
