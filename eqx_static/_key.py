@@ -8,8 +8,8 @@ value). A node is self-delimiting:
 - `LEAF`, a traced array; `None`; `UNSET`, a field a module lacks;
 - a module whose instance dictionary holds exactly its fields: its `FieldInfo`, a
   token per static field, then `ALL` if every dynamic field holds a traced array,
-  or else a node per dynamic field; any other module: `(ODD, info, present,
-  wrapper)`, a token per static field, a node per dynamic field;
+  or else a node per dynamic field; any other module: `(ODD, info, wrapper)`, a
+  token per static field (`UNSET` if absent), a node per dynamic field;
 - `(ARRAYS, type, n)`, a tuple or list of `n` traced arrays; `(SEQ, type, n)`,
   `(NAMED, type, n)`, `(DICT, key tokens, n)` and `(TREE, treedef, aux token)`,
   followed by their children.
@@ -223,12 +223,11 @@ def _module(v: Any, info: FieldInfo, tokens: list, leaves: list, stack: list) ->
             return
     # Unset fields, Equinox's wrapper attributes or a cached property: the
     # structure Equinox's flatten gives it (wrapper attributes, `MISSING` where
-    # absent) and which fields are present.
-    present = tuple(k in d for k in info.names)
+    # absent), `UNSET` for an absent field.
     wrapper = None
     if len(d) != len(info.names):
         wrapper = tuple(field_token(d.get(k, EQX_MISSING)) for k in WRAPPER_FIELD_NAMES)
-    tokens.append((ODD, info, present, wrapper))
+    tokens.append((ODD, info, wrapper))
     tokens += [field_token(d[k]) if k in d else UNSET for k in info.static_names]
     stack += [d.get(k, UNSET) for k in reversed(info.dynamic_names)]
 
@@ -355,8 +354,8 @@ def _new_module(info: FieldInfo, head: Any, statics: tuple, dynamic: list) -> An
     obj = object.__new__(info.cls)
     d = instance_dict(obj)
     d.update((k, v) for k, v in zip(info.dynamic_names, dynamic) if v is not UNSET)
-    if type(head) is tuple and head[3] is not None:
-        d.update(zip(WRAPPER_FIELD_NAMES, map(value_of, head[3])))
+    if type(head) is tuple and head[2] is not None:
+        d.update(zip(WRAPPER_FIELD_NAMES, map(value_of, head[2])))
     values = zip(info.static_names, map(value_of, statics))
     d.update((k, v) for k, v in values if v is not UNSET)
     return obj

@@ -292,6 +292,8 @@ _ARGS = {
     "a mixed list": [jnp.ones(3), 1, None],
     "a dict": {"a": jnp.ones(3), "b": 2},
     "a module": models.Layer(jnp.ones(4), 1),
+    "a mixed tuple": (jnp.ones(3), 1, None),
+    "a tuple holding a module": (models.Layer(jnp.ones(4), 1), 2),
     "a named tuple": _Pair(jnp.ones(3), models.Layer(jnp.ones(4), 1)),
     "another named tuple": _Other(jnp.ones(3), models.Layer(jnp.ones(4), 1)),
     "a named tuple holding an int": _Pair(jnp.ones(3), 2),

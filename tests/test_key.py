@@ -495,6 +495,57 @@ def test_a_cycle_through_a_named_tuple_is_a_clear_error():
         f(jnp.ones(2), pair)
 
 
+def test_a_value_shared_in_two_places_is_not_a_cycle():
+    """An argument past the size at which cycles are searched for (100,000 tokens),
+    holding one list twice: shared, not cyclic, so it is keyed, and the search
+    goes on as the walk grows."""
+    shared = list(range(60_000))
+    f = es.jit(lambda x, t: x + len(t[0]) + len(t[1]))
+    for _ in range(2):
+        assert float(f(jnp.zeros(()), [shared, shared])) == 120_000
+    assert f.cache_info().misses == 1
+
+
+def test_a_cycle_through_a_pytree_of_its_own_is_a_clear_error():
+    """A `jax.tree_util.Partial` (a registered pytree node) over a list that holds
+    it: the search looks inside pytree nodes, one level at a time."""
+    items: list = []
+    p = jax.tree_util.Partial(jnp.add, items)
+    items.append(p)
+    f = es.jit(lambda x, y: x)
+    with pytest.raises(ValueError, match=r"y\[0\]\[0\]\[0\] is the argument again"):
+        f(jnp.ones(2), p)
+
+
+class _Maybe(eqx.Module):
+    a: Any
+    b: jax.Array
+    s: Any = eqx.field(static=True)
+
+
+def _maybe(**fields: Any) -> _Maybe:
+    m = object.__new__(_Maybe)
+    for k, v in fields.items():
+        object.__setattr__(m, k, v)
+    return m
+
+
+def test_an_unset_field_and_a_field_holding_none_are_two_keys():
+    """Equinox leaves an unset field absent (a custom `__init__` may skip one), not
+    None: `hasattr` tells them apart, and so do the keys, dynamic or static."""
+
+    def f(m, x):
+        return x * (2.0 if hasattr(m, "a") else 3.0) * (5.0 if hasattr(m, "s") else 7.0)
+
+    b, x = jnp.ones(2), jnp.ones(2)
+    jf = es.jit(f)
+    ms = [_maybe(a=None, b=b, s=None), _maybe(b=b, s=None), _maybe(a=None, b=b),
+          _maybe(b=b)]  # fmt: skip
+    for m in ms * 2:
+        np.testing.assert_array_equal(jf(m, x), f(m, x))
+    assert jf.cache_info().misses == len(ms)
+
+
 class _Swapped(NamedTuple):
     a: Any
     b: Any
