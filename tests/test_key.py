@@ -11,6 +11,7 @@ with the eager call on dtype, weak type, value and `np.signbit`."""
 
 import dataclasses
 import math
+import re
 import struct
 import textwrap
 import typing
@@ -495,26 +496,78 @@ def test_a_cycle_through_a_named_tuple_is_a_clear_error():
         f(jnp.ones(2), pair)
 
 
+class _Opaque:
+    """A static leaf to JAX: no children."""
+
+
 def test_a_value_shared_in_two_places_is_not_a_cycle():
     """An argument past the size at which cycles are searched for (100,000 tokens),
-    holding one list twice: shared, not cyclic, so it is keyed, and the search
-    goes on as the walk grows."""
-    shared = list(range(60_000))
+    holding one list twice and an object JAX does not open: shared, not cyclic,
+    and a leaf is not its own child; so it is keyed, and the search goes on as
+    the walk grows."""
+    shared = [(i,) for i in range(40_000)]
     f = es.jit(lambda x, t: x + len(t[0]) + len(t[1]))
+    arg = [shared, shared, _Opaque()]
     for _ in range(2):
-        assert float(f(jnp.zeros(()), [shared, shared])) == 120_000
+        assert float(f(jnp.zeros(()), arg)) == 80_000
     assert f.cache_info().misses == 1
 
 
-def test_a_cycle_through_a_pytree_of_its_own_is_a_clear_error():
-    """A `jax.tree_util.Partial` (a registered pytree node) over a list that holds
-    it: the search looks inside pytree nodes, one level at a time."""
+def test_dict_keys_of_other_types_are_other_keys():
+    """`{1: v}` and `{True: v}` are one dict to Python and to `eqx.filter_jit`'s
+    tree structure; their keys are static values, compared by type."""
+    f = es.jit(lambda x, d: (x, list(d)[0]))
+    for k in (1, True, 1.0, 1, True):
+        _, out = f(jnp.ones(2), {k: jnp.ones(2)})
+        assert type(out) is type(k)
+    assert f.cache_info().misses == 3
+
+
+def test_dict_keys_that_do_not_sort_raise_as_under_filter_jit():
+    def f(x, d):
+        return x
+
+    errors = []
+    for g in (eqx.filter_jit(f), es.jit(f)):
+        with pytest.raises(Exception) as info:
+            g(jnp.ones(2), {1: 2, "a": 3})
+        errors.append((type(info.value), str(info.value)))
+    assert errors[0] == errors[1]
+
+
+@jax.tree_util.register_pytree_node_class
+class _Box:
+    """A registered pytree node with one child."""
+
+    def __init__(self, x: Any):
+        self.x = x
+
+    def tree_flatten(self) -> tuple:
+        return (self.x,), None
+
+    @classmethod
+    def tree_unflatten(cls, aux: Any, children: Any) -> "_Box":
+        return cls(*children)
+
+
+@pytest.mark.parametrize(
+    "make, where",
+    [
+        (lambda items: jax.tree_util.Partial(jnp.add, items), "y[0][0][0]"),
+        (_Box, "y[0][0]"),
+    ],
+    ids=["Partial", "a node of one child"],
+)
+def test_a_cycle_through_a_pytree_of_its_own_is_a_clear_error(make, where):
+    """A registered pytree node (a `jax.tree_util.Partial`, a node with one child)
+    over a list that holds it: the search looks inside pytree nodes, one level at
+    a time."""
     items: list = []
-    p = jax.tree_util.Partial(jnp.add, items)
-    items.append(p)
+    node = make(items)
+    items.append(node)
     f = es.jit(lambda x, y: x)
-    with pytest.raises(ValueError, match=r"y\[0\]\[0\]\[0\] is the argument again"):
-        f(jnp.ones(2), p)
+    with pytest.raises(ValueError, match=re.escape(f"{where} is the argument again")):
+        f(jnp.ones(2), node)
 
 
 class _Maybe(eqx.Module):
@@ -554,14 +607,32 @@ class _Swapped(NamedTuple):
         return tuple.__getitem__(self, 1 - i)
 
 
-def test_a_named_tuple_with_its_own_indexing_is_read_as_jax_reads_it():
-    """JAX flattens a named tuple by its stored items, whatever its `__getitem__`
-    says: so does the key, and the call gives the eager result."""
+class _Short(NamedTuple):
+    a: Any
+    b: Any
+
+    def __len__(self) -> int:  # one item, to `len` and `reversed`
+        return 1
+
+
+class _Backwards(NamedTuple):
+    a: Any
+    b: Any
+
+    def __reversed__(self) -> Any:  # the items the other way round
+        return iter(tuple.__getitem__(self, slice(None)))
+
+
+@pytest.mark.parametrize("cls", [_Swapped, _Short, _Backwards])
+def test_a_named_tuple_with_its_own_indexing_is_read_as_jax_reads_it(cls):
+    """JAX flattens a named tuple by its stored items, whatever its `__getitem__`,
+    `__len__` or `__reversed__` says: so does the key, and the call gives the
+    eager result."""
 
     def f(t):
         return t.a * 1.0 + t.b * 2.0
 
-    t = _Swapped(jnp.ones(2), jnp.zeros(2))
+    t = cls(jnp.ones(2), jnp.zeros(2))
     want = f(t)
     np.testing.assert_array_equal(eqx.filter_jit(f)(t), want)
     np.testing.assert_array_equal(es.jit(f)(t), want)
