@@ -80,7 +80,7 @@ def _kind(t: type, v: Any) -> int:
 
 def _items_as_stored(t: type) -> bool:
     """Whether indexing a `t` reads its items as JAX's flatten does (not a class
-    of its own `__getitem__`, `__iter__` or `__reversed__`)."""
+    of its own `__getitem__`, `__iter__`, `__len__` or `__reversed__`)."""
     reads = ("__getitem__", "__iter__", "__len__", "__reversed__")
     return all(getattr(t, r, None) is getattr(tuple, r, None) for r in reads)
 
