@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import run_python, seed
+from helpers import output, run_python, seed
 
 
 NAN = float("nan")
@@ -365,6 +365,39 @@ def test_the_wrapper_attributes_of_a_module_argument_are_kept():
     assert got[1:] == want[1:] == ("_square", "Squares.", _square.__annotations__)
 
 
+class _Plain(eqx.Module):
+    w: jax.Array
+
+
+def _with_attributes(**attributes: Any) -> _Plain:
+    m = _Plain(jnp.ones(2))
+    for k, v in attributes.items():
+        object.__setattr__(m, k, v)
+    return m
+
+
+def test_an_absent_wrapper_attribute_and_one_holding_none_are_two_keys():
+    """Equinox's flatten keeps a module's wrapper attributes (`__doc__`,
+    `__name__`, ...) when its instance dictionary holds more than its fields,
+    `MISSING` where one is absent, and its unflatten sets them all: inside the
+    call, each is what `eqx.filter_jit` shows."""
+
+    def f(m):
+        return m.w * 2.0, type(vars(m)["__doc__"]).__name__
+
+    calls = [
+        _with_attributes(__name__="a"),
+        _with_attributes(__name__="a", __doc__=None),
+    ]
+    jf = es.jit(f)
+    for m in calls * 2:
+        got, want = jf(m), eqx.filter_jit(f)(m)
+        np.testing.assert_array_equal(got[0], want[0])
+        assert got[1] == want[1]
+    assert {eqx.filter_jit(f)(m)[1] for m in calls} == {"_Missing", "NoneType"}
+    assert jf.cache_info().misses == 2
+
+
 def test_arrays_passed_to_keyword_only_parameters_are_traced():
     @es.jit
     def f(x, *, scale, shift=None):
@@ -496,6 +529,25 @@ def test_a_cycle_through_a_named_tuple_is_a_clear_error():
         f(jnp.ones(2), pair)
 
 
+class _Reiterated(NamedTuple):
+    a: Any
+    b: Any
+
+    def __iter__(self) -> Any:  # the items the other way round, to `iter`
+        return iter(tuple.__getitem__(self, slice(None, None, -1)))
+
+
+def test_a_cycle_through_a_named_tuple_of_its_own_iteration_is_found_where_it_is():
+    """JAX opens the named tuple by its stored items, not its `__iter__`: the
+    path to the cycle is the one JAX's flatten would walk."""
+    items: list = []
+    pair = _Reiterated(jnp.ones(2), items)
+    items.append(pair)
+    f = es.jit(lambda x, y: x)
+    with pytest.raises(ValueError, match=r"y\[1\]\[0\] is the argument again"):
+        f(jnp.ones(2), pair)
+
+
 class _Opaque:
     """A static leaf to JAX: no children."""
 
@@ -521,6 +573,49 @@ def test_dict_keys_of_other_types_are_other_keys():
         _, out = f(jnp.ones(2), {k: jnp.ones(2)})
         assert type(out) is type(k)
     assert f.cache_info().misses == 3
+
+
+_FIRST_SIGHT = """
+from typing import NamedTuple
+import eqx_static as es
+import jax.numpy as jnp
+
+class Pair(NamedTuple):
+    a: object
+    b: object
+
+x = jnp.ones(2)
+for name, values in [
+    ("dict keys", [{1: x}, {True: x}, {1.0: x}]),
+    ("tuple items", [(1, x), (True, x), (1.0, x)]),
+    ("list items", [[1, x], [True, x], [1.0, x]]),
+    ("named tuple items", [Pair(1, x), Pair(True, x), Pair(1.0, x)]),
+    ("empty containers", [None, (), [], {}]),
+]:
+    f = es.jit(lambda x, v: x)
+    for v in values * 2:
+        f(x, v)
+    print(name, f.cache_info().misses)
+"""
+
+
+def test_a_fresh_process_keys_each_kind_of_argument_as_a_warm_one(capsys):
+    """The first argument of a type that a process sees decides how that type is
+    walked; the keys come out the same as in this process, which has walked every
+    kind before: static values by type (three keys for 1, True and 1.0), and
+    each empty container a key of its own."""
+    exec(compile(_FIRST_SIGHT, "<first sight>", "exec"), {})
+    warm = capsys.readouterr().out
+    fresh = run_python(code=_FIRST_SIGHT, timeout=120)
+    assert fresh.returncode == 0, output(fresh)
+    assert fresh.stdout == warm
+    assert warm.splitlines() == [
+        "dict keys 3",
+        "tuple items 3",
+        "list items 3",
+        "named tuple items 3",
+        "empty containers 4",
+    ]
 
 
 def test_dict_keys_that_do_not_sort_raise_as_under_filter_jit():
