@@ -10,7 +10,8 @@ import sys
 
 
 # Test files run against every mutant, without their `slow` tests (subprocesses
-# import the installed package, not the mutant; the rest is too slow per mutant).
+# import the installed package, not the mutant; the rest is too slow per mutant)
+# but with the `large` ones, quick without the runtime type checks.
 TESTS = [
     "tests/test_key.py",
     "tests/test_update.py",

@@ -28,6 +28,13 @@ import pytest
 from helpers import output, run_python, seed
 
 
+# A call whose argument walks past 100,000 tokens, where cycles are first searched
+# for: seconds under the suite's runtime type checks of every call, so out of the
+# fast suite, yet run against every mutant (mutation runs drop those checks).
+def _large(test: Any) -> Any:
+    return pytest.mark.slow(pytest.mark.large(test))
+
+
 NAN = float("nan")
 
 # Values that are `==` to one another across types, or equal with another sign.
@@ -519,6 +526,7 @@ class _Link(NamedTuple):
     b: Any
 
 
+@_large
 def test_a_cycle_through_a_named_tuple_is_a_clear_error():
     """A list holding the named tuple that holds it: found, not walked forever."""
     items: list = []
@@ -537,6 +545,7 @@ class _Reiterated(NamedTuple):
         return iter(tuple.__getitem__(self, slice(None, None, -1)))
 
 
+@_large
 def test_a_cycle_through_a_named_tuple_of_its_own_iteration_is_found_where_it_is():
     """JAX opens the named tuple by its stored items, not its `__iter__`: the
     path to the cycle is the one JAX's flatten would walk."""
@@ -552,6 +561,7 @@ class _Opaque:
     """A static leaf to JAX: no children."""
 
 
+@_large
 def test_a_value_shared_in_two_places_is_not_a_cycle():
     """An argument past the size at which cycles are searched for (100,000 tokens),
     holding one list twice and an object JAX does not open: shared, not cyclic,
@@ -645,6 +655,7 @@ class _Box:
         return cls(*children)
 
 
+@_large
 @pytest.mark.parametrize(
     "make, where",
     [

@@ -192,6 +192,7 @@ def test_every_call_booked_once(storms, clear):
     assert s["infos"]["maxsize2"].currsize <= 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("clear", [False, True], ids=["kept", "cleared"])
 def test_a_miss_is_a_trace(storms, clear):
     s = storms[clear]
@@ -199,6 +200,7 @@ def test_a_miss_is_a_trace(storms, clear):
     assert misses == s["traces"], f"{s['infos']}, {s['failed']} raised"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("clear", [False, True], ids=["kept", "cleared"])
 def test_cache_keeps_no_instance_alive(storms, clear):
     s = storms[clear]
@@ -206,6 +208,7 @@ def test_cache_keeps_no_instance_alive(storms, clear):
     assert s["live"] == 0, f"{s['live']} of {s['instances']} instances still alive"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("clear", [False, True], ids=["kept", "cleared"])
 def test_each_program_compiles_once(storms, clear):
     """Without eviction, the XLA compiles are the distinct programs: one per mode
