@@ -15,6 +15,8 @@ fields; a chain of modules 50 deep. Against:
   shown, not judged, for the wide modules of 100 leaves and more, whose target is
   the ratio to raw `jax.jit`; same <= the floor + 1.5 us for every model);
 - `eqx.filter_jit` on the seed (target: es.jit >= 5x faster, fresh);
+- a plain function of a dict of 10 / 100 arrays, a new dict each call, against
+  `jax.jit` of the same function (target: <= 1.0x);
 - `maxsize=N` against the default wrapper, fresh, 100 leaves (within 1.2x);
 - a jaxtyped method against the same unchecked method;
 - a 10^6-element static tuple: a call on a new instance and as a plain-function
@@ -114,6 +116,7 @@ def run(rep: h.Report, s: h.Settings) -> None:
             _variants(m, p, models.x_input()), s, raw=rep.raw, key=f"call.{key}"
         )
         _rows(rep, key, label, t, submodules, top_leaves)
+    _dicts(rep, s)
     _wrapper_options(rep, s)
     _jaxtyped(rep, s)
     _static_tuple(rep, s)
@@ -139,6 +142,38 @@ def _child(rep: h.Report, s: h.Settings) -> None:
         GROUP, "call.child.filter_jit", "seed Child: eqx.filter_jit / es.jit (speed-up)",
         t, "filter_jit fresh", "es.jit fresh", "fresh", (">=", 5.0),
     )  # fmt: skip
+
+
+def _dicts(rep: h.Report, s: h.Settings) -> None:
+    """A plain function of a dict of arrays (parameters as `jax.jit` code passes
+    them), a new dict of the same arrays on every call: es.jit / jax.jit."""
+    for n in (10,) if s.quick else (10, 100):
+        params = {f"w{i}": a for i, a in enumerate(models.arrays(n))}
+        t = h.compare(_dict_variants(params), s, raw=rep.raw, key=f"call.dict{n}")
+        label = f"a dict of {n} arrays, plain function"
+        rep.compare_row(
+            GROUP, f"call.dict{n}.fresh", f"{label}: es.jit / jax.jit",
+            t, "es.jit fresh", "jax.jit fresh", "fresh", ("<=", 1.0), readme=True,
+        )  # fmt: skip
+        rep.compare_row(
+            GROUP, f"call.dict{n}.floor",
+            f"{label}: the floor (jax.jit on the leaves, flat) / jax.jit",
+            t, "floor", "jax.jit fresh", "fresh", readme=True,
+        )  # fmt: skip
+
+
+def _dict_variants(params: dict[str, jax.Array]) -> dict[str, h.Variant]:
+    def body(params: dict, x: jax.Array) -> jax.Array:
+        return params["w0"] * x
+
+    x, names = models.x_input(), sorted(params)
+    ours, raw = es.jit(body), jax.jit(body)
+    flat = jax.jit(lambda leaves, x: body(dict(zip(names, leaves)), x))
+    return {
+        "floor": h.fresh(lambda a: flat(a, x), lambda: [params[k] for k in names]),
+        "es.jit fresh": h.fresh(lambda d: ours(d, x), lambda: dict(params)),
+        "jax.jit fresh": h.fresh(lambda d: raw(d, x), lambda: dict(params)),
+    }
 
 
 def _wrapper_options(rep: h.Report, s: h.Settings) -> None:

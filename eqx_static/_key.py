@@ -445,6 +445,7 @@ class _Writer:
         self.ns: dict[str, Any] = {
             "AT": array_types, "DICT": instance_dict, "SAME": same_token,
             "SAMES": same_tokens, "SUB": subtree, "is_": operator.is_,
+            "STR": frozenset([str]),
         }  # fmt: skip
         self.count = 0
 
@@ -498,7 +499,9 @@ class _Writer:
                 self.lines.append(f"{local} = {expr}[{k}]")
                 i = self.node(local, item, key, i, depth + 1)
             return i
-        else:  # dicts, other pytrees, odd modules: compared whole
+        elif n.kind == DICT.name and all(type(k) is str for k in tok[1]):
+            return self.str_dict(expr, value, n, key, depth)
+        else:  # other dicts, other pytrees, odd modules: compared whole
             j = end_of(key, i)
             sub, whole = self.name(), self.const(key[i:j])
             self.lines.append(f"{sub} = SUB({expr})")
@@ -519,6 +522,30 @@ class _Writer:
         if t is Typed and tok.fixed:  # the same object, which cannot change
             return f"({expr} is {self.const(value)} or {same})"
         return same
+
+    def str_dict(self, expr: str, value: Any, n: Node, key: Key, depth: int) -> int:
+        """A dict of string keys, key by key: its key types before its keys (a
+        key of another type may hash or compare as it likes), its values in the
+        sorted order of the key."""
+        keys: tuple[str, ...] = n.head[1]
+        self.fail_if(
+            f"type({expr}) is not dict or not STR.issuperset(map(type, {expr})) "
+            f"or {expr}.keys() != {self.const(frozenset(keys))}"
+        )
+        i = n.next
+        if len(keys) > 1 and all(key[j] is LEAF for j in range(i, i + len(keys))):
+            items = self.name()
+            self.lines.append(
+                f"{items} = {self.const(operator.itemgetter(*keys))}({expr})"
+            )
+            self.fail_if(f"not AT.issuperset(map(type, {items}))")
+            self.leaves.append(f"*{items}")
+            return i + len(keys)
+        for k in keys:
+            local = self.name()
+            self.lines.append(f"{local} = {expr}[{k!r}]")
+            i = self.node(local, value[k], key, i, depth + 1)
+        return i
 
     def module(self, expr: str, value: Any, n: Node, key: Key, depth: int) -> int:
         info: FieldInfo = n.head

@@ -277,6 +277,10 @@ def test_a_wide_module_s_static_values_are_compared_as_keys(value, same):
     assert (guard(changed, x) is not None) is same
 
 
+class _Name(str):
+    """A string key of another type: another key, as a static value of it is."""
+
+
 _Pair = collections.namedtuple("_Pair", "a b")
 _Other = collections.namedtuple("_Other", "a b")  # the same fields, another class
 
@@ -291,6 +295,14 @@ _ARGS = {
     "a tuple of ints": (1, 2),
     "a mixed list": [jnp.ones(3), 1, None],
     "a dict": {"a": jnp.ones(3), "b": 2},
+    "a dict of arrays": {"b": jnp.zeros(2), "a": jnp.ones(3)},  # not in sorted order
+    "a dict of arrays in sorted order": {"a": jnp.ones(3), "b": jnp.zeros(2)},
+    "a dict of one array": {"a": jnp.ones(3)},
+    "an empty dict": {},
+    "an ordered dict": collections.OrderedDict(a=jnp.ones(3), b=jnp.zeros(2)),
+    "a dict holding a module": {"m": models.Layer(jnp.ones(4), 1), "n": 1},
+    "a dict of a string subclass key": {_Name("a"): jnp.ones(3), "b": jnp.zeros(2)},
+    "a dict of int keys": {1: jnp.ones(3), 2: jnp.zeros(2)},
     "a module": models.Layer(jnp.ones(4), 1),
     "a mixed tuple": (jnp.ones(3), 1, None),
     "a tuple holding a module": (models.Layer(jnp.ones(4), 1), 2),
@@ -313,6 +325,67 @@ def test_the_guard_of_a_plain_function_agrees_for_every_kind_of_argument(old):
     for new in [jax.tree.map(lambda a: a, _ARGS[old]), *_ARGS.values()]:
         changed = (new, models.x_input())
         assert _agree(guard, key, changed), (old, new)
+
+
+class _Touchy:
+    """A key that hashes as `"a"` does and raises when compared."""
+
+    def __hash__(self) -> int:
+        return hash("a")
+
+    def __eq__(self, other: object) -> bool:
+        raise TypeError("not comparable")
+
+
+def _assert_same_output(got: Any, want: Any) -> None:
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert type(g) is type(w) or isinstance(g, jax.Array)
+        np.testing.assert_array_equal(g, w)
+
+
+def test_a_hit_on_a_dict_argument_gives_the_eager_result():
+    """Dicts of string keys through `es.jit`, the guard's fast case among them:
+    each call equals the eager one, whatever the order of insertion, the key types
+    or the kinds of the values; and `eqx.filter_jit`'s, except where it takes a
+    key of a `str` subclass for the `str` of the same value."""
+
+    def f(d, x):
+        keys = sorted(d, key=repr)
+        return x * len(d), [type(k).__name__ for k in keys], {k: d[k] for k in keys}
+
+    x = models.x_input()
+    a, b = jnp.ones(4), jnp.arange(4.0)
+    calls = [
+        {"a": a, "b": b}, {"b": b, "a": a}, {"a": b, "b": a}, {"a": a},
+        {_Name("a"): a, "b": b}, {"a": a, "b": 2}, {"a": a, "b": b, "c": a},
+        {"a": a, "b": b.astype(jnp.int32)}, {"a": a, "b": None}, {},
+    ]  # fmt: skip
+    jf, ff = es.jit(f), eqx.filter_jit(f)
+    for d in calls * 2:
+        want = f(d, x)
+        _assert_same_output(jf(dict(d), x), want)
+        if not any(type(k) is _Name for k in d):
+            _assert_same_output(ff(dict(d), x), want)
+    assert jf.cache_info().hits == len(calls) + 2  # the second round; b, a; b, a
+
+
+def test_the_guard_of_a_dict_reads_no_key_of_another_type():
+    """A dict key that is not a `str` fails the guard by its type, before any
+    comparison of it runs; the general path then raises, as JAX's flatten does."""
+    args = ({"a": jnp.ones(3), "b": jnp.zeros(2)}, models.x_input())
+    key, guard = _guard_of(args)
+    changed = ({_Touchy(): jnp.ones(3), "b": jnp.zeros(2)}, models.x_input())
+    assert guard(*changed) is None
+    errors = []
+    for flatten in (
+        lambda: key_and_leaves(changed, {}),
+        lambda: jax.tree.flatten(changed),
+    ):
+        with pytest.raises(Exception) as info:
+            flatten()
+        errors.append(type(info.value))
+    assert errors[0] is errors[1]
 
 
 @dataclasses.dataclass(frozen=True)
