@@ -13,7 +13,10 @@
 # copied (tracked and untracked, not ignored, files) to a temporary directory and
 # mutated there: the working tree is never touched. Prints killed/total per
 # module; the copy is kept, so that `cd <copy> && mutmut show <mutant>` shows a
-# survivor's diff and `mutmut run <mutant>` re-runs one. Survivors that no test
+# survivor's diff and `mutmut run <mutant>` re-runs one (after copying changed
+# tests into <copy>/tests and <copy>/mutants/tests, delete
+# <copy>/mutants/mutmut-stats.json: mutmut runs only the tests that called the
+# mutated function when the stats were taken). Survivors that no test
 # can catch are listed, with the reason, in mutation/equivalent.md.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)

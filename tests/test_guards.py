@@ -169,6 +169,11 @@ def test_a_guard_is_made_for_every_benchmark_key_but_the_largest():
     assert make_guard(key_and_leaves((m, x), {})[0], (m, x)) is not None
     deep = models.chain(150)[0]
     assert make_guard(key_and_leaves((deep, x), {})[0], (deep, x)) is None
+    for depth, guarded in ((60, True), (150, False)):  # dicts too, each a level
+        d: Any = {"x": x}
+        for _ in range(depth):
+            d = {"inner": d, "x": x}
+        assert (make_guard(key_and_leaves((d,), {})[0], (d,)) is not None) is guarded
 
 
 def test_es_jit_serves_fresh_instances_from_the_guard():
