@@ -431,10 +431,14 @@ def same_tokens(values: tuple, toks: tuple) -> bool:
 
 
 def subtree(v: Any) -> tuple[tuple, list]:
-    """The tokens and leaves of one value, for a part a guard checks whole."""
+    """The tokens and leaves of one value, for a part a guard checks whole; no
+    tokens if it cannot be keyed, so that the general path says why."""
     tokens: list[Any] = []
     leaves: list[Any] = []
-    walk((v,), tokens, leaves)
+    try:
+        walk((v,), tokens, leaves)
+    except Exception:  # unhashable, cyclic, keys that do not sort
+        return (), []
     return tuple(tokens), leaves
 
 

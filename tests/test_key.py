@@ -9,6 +9,7 @@ contain themselves.
 A shared entry shows up as a result of the wrong dtype or sign: calls are compared
 with the eager call on dtype, weak type, value and `np.signbit`."""
 
+import collections
 import dataclasses
 import math
 import re
@@ -628,6 +629,30 @@ def test_a_fresh_process_keys_each_kind_of_argument_as_a_warm_one(capsys):
     ]
 
 
+@pytest.mark.parametrize(
+    "first, bad",
+    [
+        ({1: 1}, {1: {1, 2}}),  # a dict of int keys, which a guard compares whole
+        (collections.OrderedDict(a=1), collections.OrderedDict(a={1, 2})),
+        ({"a": 1}, {"a": {1, 2}}),  # a dict of string keys, key by key
+    ],
+    ids=["int keys", "OrderedDict", "str keys"],
+)
+def test_an_unhashable_value_after_a_hit_is_told_as_on_a_first_call(first, bad):
+    """Once a call has compiled, its guard sees the next call first: an argument
+    that cannot be keyed gets the same error from it as from a new wrapper."""
+    x = jnp.ones(2)
+    f, fresh = es.jit(lambda d, x: x), es.jit(lambda d, x: x)
+    f(first, x)
+    errors = []
+    for g in (fresh, f):
+        with pytest.raises(TypeError) as info:
+            g(bad, x)
+        errors.append(str(info.value))
+    assert errors[0] == errors[1]
+    assert "which is not hashable" in errors[0]
+
+
 def test_dict_keys_that_do_not_sort_raise_as_under_filter_jit():
     def f(x, d):
         return x
@@ -748,7 +773,6 @@ def test_a_named_tuple_with_its_own_indexing_is_read_as_jax_reads_it(cls):
 def test_deeply_nested_pytrees_other_than_plain_containers_key_fine():
     """Named tuples 1,500 deep (JAX's flatten is one level at a time, so the walk
     recurses in Python, under a raised limit)."""
-    import collections
 
     Box = collections.namedtuple("Box", "inner")
     v = jnp.ones(())
