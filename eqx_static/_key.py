@@ -417,6 +417,7 @@ def leaf_visits(key: Key, argnames: Sequence[str]) -> list[Visit]:
 _MAX_GUARD_LINES: Final = 20_000
 _MAX_GUARD_DEPTH: Final = 100  # deeper, the general path checks the call
 _WIDE: Final = 24  # a module with more fields is read with `operator.itemgetter`
+_STR: Final = frozenset([str])  # the key types of a dict checked key by key
 
 
 def same_token(v: Any, tok: Any) -> bool:
@@ -449,7 +450,7 @@ class _Writer:
         self.ns: dict[str, Any] = {
             "AT": array_types, "DICT": instance_dict, "SAME": same_token,
             "SAMES": same_tokens, "SUB": subtree, "is_": operator.is_,
-            "STR": frozenset([str]),
+            "STR": _STR,
         }  # fmt: skip
         self.count = 0
 
@@ -497,12 +498,7 @@ class _Writer:
                 return j
             t = self.const(tok[1])
             self.fail_if(f"type({expr}) is not {t} or len({expr}) != {tok[2]}")
-            i = n.next
-            for k, item in enumerate(value):
-                local = self.name()
-                self.lines.append(f"{local} = {expr}[{k}]")
-                i = self.node(local, item, key, i, depth + 1)
-            return i
+            return self.items(expr, enumerate(value), key, n.next, depth)
         elif n.kind == DICT.name and all(type(k) is str for k in tok[1]):
             return self.str_dict(expr, value, n, key, depth)
         else:  # other dicts, other pytrees, odd modules: compared whole
@@ -545,10 +541,14 @@ class _Writer:
             self.fail_if(f"not AT.issuperset(map(type, {items}))")
             self.leaves.append(f"*{items}")
             return i + len(keys)
-        for k in keys:
+        return self.items(expr, [(k, value[k]) for k in keys], key, i, depth)
+
+    def items(self, expr: str, pairs: Iterable, key: Key, i: int, depth: int) -> int:
+        """The item `expr[k]` of each `(k, value)`, checked as the next node."""
+        for k, item in pairs:
             local = self.name()
             self.lines.append(f"{local} = {expr}[{k!r}]")
-            i = self.node(local, value[k], key, i, depth + 1)
+            i = self.node(local, item, key, i, depth + 1)
         return i
 
     def module(self, expr: str, value: Any, n: Node, key: Key, depth: int) -> int:
