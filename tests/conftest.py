@@ -19,3 +19,23 @@ def _strict_jax_config():
     yield
     assert jax.config.jax_numpy_dtype_promotion == "strict"  # pyright: ignore[reportAttributeAccessIssue]
     assert jax.config.jax_numpy_rank_promotion == "raise"  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--slow",
+        action="store_true",
+        help="also run the slow tier (subprocesses, several processes, thread storms, "
+        "deep nesting, large arguments); without it, the fast tier runs alone",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
+    """The fast tier by default: `slow` tests run with `--slow` (or when `-m`
+    selects by marker itself, as the mutation runs do)."""
+    if config.getoption("--slow") or config.getoption("markexpr"):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow") is not None]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if item.get_closest_marker("slow") is None]
