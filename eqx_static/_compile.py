@@ -33,8 +33,8 @@ import jax.tree_util as jtu
 from jax.core import Tracer
 
 from . import _jax, _report
-from ._fields import ARRAY_TYPES
-from ._key import build_call, first_class, Key, leaf_visits, leaves_of_first, make_guard
+from ._fields import ARRAY_TYPES, is_array_type, Sentinel
+from ._key import first_class, Key, leaf_visits, leaves_of_first, make_guard
 from ._report import Change, Compile, Seen
 from ._sharing import Fingerprint, fingerprint, same_compiled, same_program, structure
 
@@ -147,9 +147,7 @@ class Function:
     def __init__(self, fn: Callable, fn_key: Key | None, n_fn: int, argnames: tuple,
                  donate: str, maxsize: int | None, max_compiles: int | None,
                  warn_after: int | None):  # fmt: skip
-        # A plain function is held weakly (its cache dies with it); any other
-        # callable is rebuilt from its key and traced leaves.
-        self.fn_ref = weakref.ref(fn) if fn_key is None else None
+        # The function itself is not kept: a trace calls the one in the call's hand.
         self.fn_key, self.n_fn, self.argnames, self.donate = (
             fn_key,
             n_fn,
@@ -213,14 +211,6 @@ class Function:
         """`Class.method` for a method called on a module, else the qualname."""
         cls = first_class(key) if self.method else None
         return self.qualname if cls is None else f"{cls.__qualname__}.{self.short}"
-
-    def callable(self, leaves: Sequence) -> Callable:
-        if self.fn_ref is not None:
-            fn = self.fn_ref()
-            assert fn is not None, "a live wrapper holds its function"
-            return fn
-        assert self.fn_key is not None
-        return build_call(self.fn_key, leaves)[0][0]
 
     # The books.
 
@@ -365,12 +355,63 @@ def _named(fun_name: Any) -> Function | None:
     return _by_name.get(name)
 
 
+class Call(NamedTuple):
+    """The call in hand, as the hit path hands it to a miss: a trace of its key
+    traces these objects (never values kept in the key), and an eager run runs them."""
+
+    entry: Entry
+    fn: Callable
+    args: tuple
+    kwargs: dict[str, Any]
+    leaves: Sequence  # what the dispatcher is called with: the traced leaves
+
+
+# What a dispatcher returns for a miss reached without the call in hand (a new
+# signature, a transformation, `jax.disable_jit`): the hit path calls again with it.
+# It is returned, not raised: JAX's dispatcher sends every later call of a
+# signature whose miss raised to Python; with "rebuild" set, it keeps nothing and
+# asks again (`tests/canary/test_jax_dispatch.py`).
+NEED_CALL: Final = Sentinel("the call in hand is needed")
+
+
 class _Local(threading.local):
     traces = 0  # traces made in this thread
     window: "_Window | None" = None  # the innermost miss running in this thread
+    call: Call | None = None  # the call whose miss runs in this thread
 
 
 _local: Final = _Local()
+
+
+def call_in_hand(call: Call) -> Any:
+    """Call `call`'s entry again, with the call in hand for its miss."""
+    previous, _local.call = _local.call, call
+    try:
+        return call.entry.call(*call.leaves)
+    finally:
+        _local.call = previous
+
+
+def _in_hand(entry: Entry) -> Call | None:
+    """The call in hand for a miss of `entry`, if the hit path handed it over."""
+    call = _local.call
+    return call if call is not None and call.entry is entry else None
+
+
+def _with_leaves(call: Call, leaves: Sequence) -> tuple[Callable, tuple, dict]:
+    """The call's own function and arguments, with `leaves` (tracers) in place of
+    its arrays: flattened and rebuilt by JAX, as `eqx.filter_jit` does."""
+    flat, treedef = jtu.tree_flatten((call.fn, call.args, call.kwargs))
+    at = [i for i, x in enumerate(flat) if is_array_type(type(x))]
+    if len(at) != len(leaves) or any(flat[i] is not x for i, x in zip(at, call.leaves)):
+        raise RuntimeError(
+            "eqx_static: the arguments changed between keying the call and tracing "
+            "it (a pytree whose flatten gives other leaves each time?). Please "
+            "report this."
+        )
+    for i, x in zip(at, leaves):
+        flat[i] = x
+    return treedef.unflatten(flat)
 
 
 # ----------------------------------------------------------------------------------
@@ -386,7 +427,7 @@ def new_entry(f: Function, key: Key, leaves: Sequence, args: tuple) -> Entry:
         try:
             miss = functools.partial(cache_miss, f, entry)
             entry.dispatch = _jax.dispatcher(
-                f.program_name, _traced(f, key, eager=True), miss, donated
+                f.program_name, _traced(f, entry, eager=True), miss, donated
             )
         except Exception as e:  # a JAX whose dispatcher is built otherwise
             _jax.no_dispatcher(f"{type(e).__name__}: {e}")
@@ -406,24 +447,31 @@ def _calling(f: Function, entry: Entry, reports: bool) -> Callable:
 
 
 def _traced(
-    f: Function, key: Key, eager: bool = False, name: str | None = None
+    f: Function, entry: Entry, eager: bool = False, name: str | None = None
 ) -> Callable:
-    """What `jax.jit` traces for `key` (and runs under `jax.disable_jit()`)."""
+    """What `jax.jit` traces for `entry`'s key (and runs under `jax.disable_jit()`):
+    the call in hand, with the traced leaves in place of its arrays."""
 
     def traced(*_es_leaves: Any) -> Any:
-        n = f.n_fn
-        fn = f.callable(_es_leaves[:n])
-        args, kwargs = build_call(key, _es_leaves[n:])
-        if eager:
-            f.book_miss()  # it runs, eagerly, as under `eqx.filter_jit`
+        call = _in_hand(entry)
+        if call is None:  # only a dispatcher runs it so, eagerly: it asks again
+            return NEED_CALL
+        if eager or _jax.jit_disabled():  # it runs, as under `eqx.filter_jit`
+            f.book_miss()
+            fn, args, kwargs = call.fn, call.args, call.kwargs
         else:
             _local.traces += 1
-            _note_trace(f, key, _es_leaves)
+            _note_trace(f, entry.key, _es_leaves)
+            fn, args, kwargs = _with_leaves(call, _es_leaves)
         try:
             out = fn(*args, **kwargs)
         except Exception as e:
             error = _report.traced_field_error(
-                f.name(key), e, leaf_visits(key, f.argnames), n, f.where
+                f.name(entry.key),
+                e,
+                leaf_visits(entry.key, f.argnames),
+                f.n_fn,
+                f.where,
             )
             if error is None:
                 raise
@@ -456,9 +504,10 @@ def _quiet(f: Function) -> Iterator[None]:
         yield
 
 
-def _helper(f: Function, key: Key, leaves: Sequence) -> Any:
+def _helper(f: Function, entry: Entry, leaves: Sequence) -> Any:
     """A `jax.jit` of the key's traced function, for the miss path only."""
-    return _jax.jax_jit(_traced(f, key), donate_argnums=_donated(f, key, leaves))
+    donated = _donated(f, entry.key, leaves)
+    return _jax.jax_jit(_traced(f, entry), donate_argnums=donated)
 
 
 # ----------------------------------------------------------------------------------
@@ -470,6 +519,8 @@ def cache_miss(f: Function, entry: Entry, *leaves: Any) -> tuple:
     must not wait for the program to run: the dispatcher holds other calls of this
     signature until it returns, and the program's callbacks may make them."""
     __tracebackhide__ = True
+    if _in_hand(entry) is None:
+        return (NEED_CALL, None, True)
     # `eqx.error_if` records the frames of its trace up to this marker (the name is
     # Equinox's): a new one per miss, as `eqx.filter_jit` makes one per call.
     __equinox_jit_id__ = os.urandom(16)
@@ -531,7 +582,7 @@ def _trace_and_lower(miss: _Miss) -> None:
     w.known = f.size
     known = list(f.recent)  # what the call is explained against: before room is made
     f.make_room(entry, miss.sig)
-    miss.helper = entry.helper or _helper(f, entry.key, miss.leaves)
+    miss.helper = entry.helper or _helper(f, entry, miss.leaves)
     traced = miss.helper.trace(*miss.leaves)
     miss.lowered, miss.jaxpr = traced.lower(), traced.jaxpr
     w.changes, w.closest = _report.explain(
@@ -639,9 +690,9 @@ def _staged(f: Function, entry: Entry, leaves: tuple) -> Any:
     """Stage the call into the outer trace through the key's `jax.jit`, as
     `eqx.filter_jit` does; what JAX compiles meanwhile (an eager `grad`) is booked."""
     with f.lock:
-        entry.helper = helper = entry.helper or _helper(f, entry.key, leaves)
+        entry.helper = helper = entry.helper or _helper(f, entry, leaves)
     if _jax.jit_is_replaced():  # Equinox's breakpoint mode: through its `jax.jit`
-        helper = jax.jit(_traced(f, entry.key))
+        helper = jax.jit(_traced(f, entry))
     w, traces, refused = _Window(f), _local.traces, False
     w.unplanned = _TRANSFORMED
     try:
@@ -686,13 +737,18 @@ def _aval(x: Any) -> tuple:
     return a.shape, a.dtype, getattr(a, "weak_type", False), sharding
 
 
-def lower_call(f: Function, key: Key, leaves: list) -> Any:
+def lower_call(f: Function, call: Call) -> Any:
     """`jax.stages.Lowered` for a call, by a `jax.jit` of its own whose programs are
     named as the function is: an AOT compile is the caller's, not booked."""
-    with _quiet(f):
-        traced = _traced(f, key, name=f.short)
-        jitted = _jax.jax_jit(traced, donate_argnums=_donated(f, key, leaves))
-        return jitted.trace(*leaves).lower()
+    previous, _local.call = _local.call, call
+    try:
+        with _quiet(f):
+            traced = _traced(f, call.entry, name=f.short)
+            donated = _donated(f, call.entry.key, call.leaves)
+            jitted = _jax.jax_jit(traced, donate_argnums=donated)
+            return jitted.trace(*call.leaves).lower()
+    finally:
+        _local.call = previous
 
 
 # ----------------------------------------------------------------------------------
@@ -702,10 +758,12 @@ def lower_call(f: Function, key: Key, leaves: list) -> Any:
 
 
 def _public(f: Function, entry: Entry, donated: tuple) -> Callable:
-    jitted = _jax.jax_jit(_traced(f, entry.key), donate_argnums=donated)
+    jitted = _jax.jax_jit(_traced(f, entry), donate_argnums=donated)
 
     def call(*leaves: Any) -> Any:
         __tracebackhide__ = True
+        if _in_hand(entry) is None:  # a trace here would need it: ask for it
+            return NEED_CALL
         w, traces = _Window(f), _local.traces
         w.fallback = not (
             _jax.under_transformation() or any(isinstance(x, Tracer) for x in leaves)

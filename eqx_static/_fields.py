@@ -227,12 +227,12 @@ class Typed:
 class ByEq:
     """An unhashable value in a static field of a plain `eqx.Module` (lineax keeps
     lists there): compared by `==`, as Equinox's tree structure compares it, with a
-    copy taken when keyed, so that a change in place is a new key."""
+    copy taken when keyed, so that a change in place is a new key. Only the copy is
+    kept: a trace takes the value from the call in hand."""
 
-    __slots__ = ("snapshot", "value")
+    __slots__ = ("snapshot",)
 
     def __init__(self, value: object):
-        self.value = value
         try:
             self.snapshot = copy.deepcopy(value)
         except Exception:  # not copyable: compared as it is now, as Equinox does
@@ -250,7 +250,7 @@ class ByEq:
         return hash(type(self.snapshot))
 
     def __repr__(self) -> str:
-        return repr(self.value)
+        return repr(self.snapshot)
 
 
 def token(v: Any) -> Any:
@@ -276,8 +276,10 @@ def field_token(v: Any) -> Any:
 
 def value_of(tok: Any) -> Any:
     """The Python value a token stands for."""
-    if type(tok) is Typed or type(tok) is ByEq:
+    if type(tok) is Typed:
         return tok.value
+    if type(tok) is ByEq:
+        return tok.snapshot
     return True if tok is TRUE else False if tok is FALSE else tok
 
 

@@ -85,6 +85,11 @@ def jit_is_replaced() -> bool:
     return jax.jit is not jax_jit
 
 
+def jit_disabled() -> bool:
+    """Whether `jax.disable_jit()` is on: `jax.jit` then calls its function."""
+    return bool(jax.config.jax_disable_jit)  # pyright: ignore[reportAttributeAccessIssue]
+
+
 def pgle_enabled() -> bool:
     """Whether JAX profiles programs and compiles them again with the profile."""
     config = jax.config

@@ -17,11 +17,14 @@ import jax.tree_util as jtu
 
 from ._compile import (
     CacheInfo,
+    Call,
+    call_in_hand,
     combine,
     CompileInfo,
     Entry,
     Function,
     lower_call,
+    NEED_CALL,
     new_entry,
 )
 from ._fields import UnhashableError
@@ -125,7 +128,7 @@ class _Jit(functools.partial, Generic[_P, _R]):
         signature = _Signature(fn)
         options = (donate, maxsize, max_compiles, warn_after)
         f, fn_leaves = _function(fn, signature.names, options)
-        hot = _hot_path(f, signature, tuple(fn_leaves))
+        hot = _hot_path(f, fn, signature, tuple(fn_leaves))
         self = super().__new__(cls, hot)
         functools.update_wrapper(self, fn)  # pyright: ignore[reportArgumentType]
         self.fn, self.qualname, self.f = fn, f.qualname, f  # pyright: ignore[reportAttributeAccessIssue]
@@ -169,11 +172,11 @@ class _Jit(functools.partial, Generic[_P, _R]):
     def __repr__(self) -> str:
         return f"<es.jit {self.qualname}>"
 
-    def leaves_of(self, args: tuple, kwargs: dict[str, Any]) -> tuple[Key, list]:
-        """The key and traced leaves of a call, as the general path makes them."""
+    def leaves_of(self, args: tuple, kwargs: dict[str, Any]) -> Call:
+        """The call (key and traced leaves), as the general path makes it."""
         args, kwargs = self._signature.bind(args, kwargs)
         key, leaves = _key_and_leaves(self.f, args, kwargs)
-        return key, [*self._fn_leaves, *leaves]
+        return Call(Entry(key), self.fn, args, kwargs, [*self._fn_leaves, *leaves])
 
     def lower(self, *args: Any, **kwargs: Any) -> "Lowered":
         """Lower the call for these arguments ahead of time: JAX's `as_text()` and
@@ -183,8 +186,8 @@ class _Jit(functools.partial, Generic[_P, _R]):
 
     def lower_bound(self, bound: tuple, args: tuple, kwargs: dict) -> "Lowered":
         """`lower` for a method bound to `bound`, for the arguments after it."""
-        key, leaves = self.leaves_of((*bound, *args), kwargs)
-        return Lowered(lower_call(self.f, key, leaves), self, key, bound)
+        call = self.leaves_of((*bound, *args), kwargs)
+        return Lowered(lower_call(self.f, call), self, call.entry.key, bound)
 
     def cache_info(self) -> CacheInfo:
         """Hits, misses, `maxsize` and the compiled signatures held."""
@@ -200,10 +203,13 @@ class _Jit(functools.partial, Generic[_P, _R]):
         self.f.clear()
 
 
-def _hot_path(f: Function, signature: _Signature, fn_leaves: tuple) -> Callable:
+def _hot_path(
+    f: Function, fn: Callable, signature: _Signature, fn_leaves: tuple
+) -> Callable:
     """Every call: the guard of the entry that last served this first argument's
     class, or the general path (build the key, look it up); then the entry's
-    dispatcher, whose C++ checks the avals."""
+    dispatcher, whose C++ checks the avals. A miss there asks for the call in hand
+    (`NEED_CALL`), and the call is made again with it."""
     n, bind, slots, calls, clock = (
         signature.n,
         signature.bind,
@@ -229,6 +235,8 @@ def _hot_path(f: Function, signature: _Signature, fn_leaves: tuple) -> Callable:
             if lru:
                 entry.used = next(clock)  # pyright: ignore[reportOptionalMemberAccess]
             out = entry.call(*leaves)  # pyright: ignore[reportOptionalMemberAccess]
+            if out is NEED_CALL:
+                out = call_in_hand(Call(entry, fn, args, kwargs, leaves))  # pyright: ignore[reportArgumentType]
         except eqx.EquinoxRuntimeError as e:
             e.__traceback__ = None  # as `eqx.filter_jit`: the user's frames only
             raise
@@ -484,15 +492,15 @@ class Compiled:
         self._wrapper, self._key, self._bound = wrapper, key, bound
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        key, leaves = self._wrapper.leaves_of((*self._bound, *args), kwargs)
-        if key != self._key:
+        call = self._wrapper.leaves_of((*self._bound, *args), kwargs)
+        if call.entry.key != self._key:
             raise TypeError(
                 f"This compiled `{self._wrapper.qualname}` was lowered for other "
                 "static values or tree structure than these arguments have. Lower "
                 "it again for them, or call the `es.jit` wrapper, which compiles as "
                 "needed."
             )
-        out = self.compiled(*leaves)
+        out = self.compiled(*call.leaves)
         return combine(*out) if type(out) is tuple else out
 
     def as_text(self, *args: Any, **kwargs: Any) -> str:

@@ -256,7 +256,7 @@ def key_and_leaves(args: tuple, kwargs: dict[str, Any]) -> tuple[Key, list]:
 
 
 # ----------------------------------------------------------------------------------
-# Reading a key back: the arguments inside the trace, and the nodes with their paths.
+# Reading a key back: its nodes, with their paths.
 
 
 class Node(NamedTuple):
@@ -304,61 +304,6 @@ def end_of(key: Key, i: int) -> int:
         pending += max(n.children, 0) - 1
         i = n.next
     return i
-
-
-def build_call(key: Key, leaves: Sequence) -> tuple[tuple, dict[str, Any]]:
-    """The arguments of a call of `key`, with `leaves` in place of its arrays."""
-    (n, names) = key[0]
-    leaf = iter(leaves)
-    out: list[Any] = []
-    stack: list[tuple[Node, list]] = []  # open nodes and their children so far
-    i = 1
-    while i < len(key):
-        node = node_at(key, i)
-        i = node.next
-        if node.children > 0:
-            stack.append((node, []))
-            continue
-        value = _make(node, [next(leaf) for _ in range(node.leaves)])
-        while stack:
-            parent, items = stack[-1]
-            items.append(value)
-            if len(items) < parent.children:
-                break
-            stack.pop()
-            value = _make(parent, items)
-        else:
-            out.append(value)
-    return tuple(out[:n]), dict(zip(names, out[n:]))
-
-
-def _make(node: Node, items: list) -> Any:
-    head = node.head
-    if node.kind == "module":
-        return _new_module(module_info(head), head, node.statics, items)
-    if node.kind in ("traced", "static", "None", "unset"):
-        return items[0] if node.kind == "traced" else value_of(head)
-    kind, t = head[0], head[1]
-    if kind is ARRAYS or kind is SEQ:
-        return items if t is list else t(items)
-    if kind is NAMED:
-        return t(*items)
-    if kind is DICT:
-        return dict(zip(map(value_of, t), items))
-    return t.unflatten(items)  # TREE
-
-
-def _new_module(info: FieldInfo, head: Any, statics: tuple, dynamic: list) -> Any:
-    """A module as Equinox's unflatten makes it: dynamic fields, then wrapper
-    attributes, then static fields; absent fields stay absent."""
-    obj = object.__new__(info.cls)
-    d = instance_dict(obj)
-    d.update((k, v) for k, v in zip(info.dynamic_names, dynamic) if v is not UNSET)
-    if type(head) is tuple and head[2] is not None:
-        d.update(zip(WRAPPER_FIELD_NAMES, map(value_of, head[2])))
-    values = zip(info.static_names, map(value_of, statics))
-    d.update((k, v) for k, v in values if v is not UNSET)
-    return obj
 
 
 class Visit(NamedTuple):
