@@ -245,7 +245,7 @@ class Row:
     target, or not measured)."""
 
     group: str
-    key: str  # stable id, used by the README table
+    key: str  # stable id, used by the table of docs/benchmarks.md
     name: str
     instance: str | None = None  # "fresh", "same", or None (not a call)
     values: dict[str, float | None] = dataclasses.field(default_factory=dict)
@@ -256,7 +256,7 @@ class Row:
     target_value: float | None = None
     target: str | None = None  # as printed, e.g. "<= 1.00x"
     meets_target: bool | None = None
-    readme: bool = False  # shown in the README table
+    readme: bool = False  # shown in the table of docs/benchmarks.md (once the README's)
     note: str = ""
     margin: float | None = None  # `values[num] - values[den]`, for a margin row
 

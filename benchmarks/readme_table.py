@@ -1,12 +1,14 @@
-"""The README's benchmark table, generated from `benchmarks/results/latest.json`.
+"""The benchmark table of the documentation site (`docs/benchmarks.md`), generated
+from `benchmarks/results/latest.json`. (The table was in the README once, hence the
+module's name and the `readme` flag of the rows it shows.)
 
-    python benchmarks/readme_table.py           # rewrite the README region
-    python benchmarks/readme_table.py --check   # exit 1 if the README disagrees
+    python benchmarks/readme_table.py           # rewrite the page's region
+    python benchmarks/readme_table.py --check   # exit 1 if the page disagrees
 
 The region lies between `<!-- bench-table:start -->` and `<!-- bench-table:end -->`
-in the README's "## Benchmarks" section; nothing else in the README is touched.
-`tests/test_benchmarks_table.py` checks that the committed README region equals
-what this module generates from the committed JSON. Standard library only.
+in `docs/benchmarks.md`; nothing else on the page is touched.
+`tests/test_benchmarks_table.py` checks that the committed region equals what this
+module generates from the committed JSON. Standard library only.
 """
 
 import argparse
@@ -18,7 +20,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "benchmarks.md"
 LATEST = HERE / "results" / "latest.json"
 START = "<!-- bench-table:start -->"
 END = "<!-- bench-table:end -->"
@@ -126,13 +128,13 @@ def render(data: dict[str, Any]) -> str:
 def _split(text: str) -> tuple[str, str, str]:
     i, j = text.find(START), text.find(END)
     if i < 0 or j < i:
-        raise ValueError(f"README has no {START} ... {END} region")
+        raise ValueError(f"no {START} ... {END} region")
     i += len(START)
     return text[:i], text[i:j], text[j:]
 
 
 def region(text: str) -> str:
-    """The README's current region, without the markers."""
+    """The page's current region, without the markers."""
     body = _split(text)[1]
     return body[1:] if body.startswith("\n") else body
 
@@ -149,17 +151,20 @@ def load(path: Path = LATEST) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", type=Path, default=LATEST)
-    parser.add_argument("--readme", type=Path, default=README)
+    parser.add_argument("--page", type=Path, default=PAGE)
     parser.add_argument("--check", action="store_true", help="exit 1 on disagreement")
     args = parser.parse_args(argv)
     data = load(args.json)
-    text = args.readme.read_text()
+    text = args.page.read_text()
     if args.check:
         ok = region(text) == render(data)
-        print("README table matches" if ok else "README table differs from the JSON")
+        print(
+            f"the table in {args.page} "
+            + ("matches" if ok else "differs from the JSON")
+        )
         return 0 if ok else 1
-    args.readme.write_text(rewrite(text, data))
-    print(f"rewrote the table in {args.readme}")
+    args.page.write_text(rewrite(text, data))
+    print(f"rewrote the table in {args.page}")
     return 0
 
 

@@ -4,7 +4,7 @@ Run from the repository root:
 
     python benchmarks/run.py                  # full run (about 4 minutes on 2 cores)
     python benchmarks/run.py --quick          # CI smoke test (< 30 s), never asserts
-    python benchmarks/run.py --plot --readme  # full run, scaling.svg, README table
+    python benchmarks/run.py --plot --readme  # full run, scaling.svg, docs/benchmarks.md table
     python benchmarks/run.py --only call,training
     python benchmarks/run.py --profile        # also cProfile the hot paths
 
@@ -18,11 +18,11 @@ One file per group of rows, named after the target it measures:
     bench_compiles.py   compile counts; first-call cost; a miss that reuses a program
     bench_memory.py     memory per key sharing a program, and per live instance
     bench_peers.py      flax.struct, jax_dataclasses, flax.nnx (skipped if absent)
-    readme_table.py     the README table, generated from results/latest.json
+    readme_table.py     the table of docs/benchmarks.md, generated from results/latest.json
     plot.py             results/scaling.svg
 
-The full run of every group writes `results/latest.json` (the file the README
-table is generated from); `--quick` writes `results/quick.json` and `--only`
+The full run of every group writes `results/latest.json` (the file the table of
+docs/benchmarks.md is generated from); `--quick` writes `results/quick.json` and `--only`
 `results/only-GROUPS.json` unless `--json` says otherwise. The targets are shown as
 PASS/MISS for information only: the script exits 0 whatever it measures.
 """
@@ -72,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--plot", action="store_true", help="write results/scaling.svg")
     parser.add_argument(
-        "--readme", action="store_true", help="regenerate the README table (full runs)"
+        "--readme",
+        action="store_true",
+        help="regenerate the table in docs/benchmarks.md (full runs)",
     )
     parser.add_argument("--profile", action="store_true", help="cProfile the hot paths")
     args = parser.parse_args(argv)

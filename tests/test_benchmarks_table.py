@@ -1,4 +1,4 @@
-"""The README's benchmark table is generated from the committed
+"""The benchmark table of `docs/benchmarks.md` is generated from the committed
 `benchmarks/results/latest.json` (`python benchmarks/readme_table.py`): CI fails when
 the two disagree. A consistency check of text, never a timing assertion."""
 
@@ -19,14 +19,22 @@ def _readme_table():
     return module
 
 
-def test_readme_table_is_generated_from_latest_json():
+def test_the_table_is_generated_from_latest_json():
     rt = _readme_table()
     data = rt.load()
-    readme = (ROOT / "README.md").read_text()
-    assert rt.region(readme) == rt.render(data), (
-        "README's benchmark table differs from benchmarks/results/latest.json: "
-        "run `python benchmarks/readme_table.py` (or `benchmarks/run.py --readme`)"
+    assert rt.PAGE == ROOT / "docs" / "benchmarks.md"
+    page = rt.PAGE.read_text()
+    assert rt.region(page) == rt.render(data), (
+        "the benchmark table of docs/benchmarks.md differs from "
+        "benchmarks/results/latest.json: run `python benchmarks/readme_table.py` "
+        "(or `benchmarks/run.py --readme`)"
     )
+
+
+def test_the_readme_links_the_table_and_does_not_copy_it():
+    rt = _readme_table()
+    readme = (ROOT / "README.md").read_text()
+    assert rt.START not in readme and "(docs/benchmarks.md)" in readme
 
 
 def test_latest_json_is_a_full_run_with_judged_rows():

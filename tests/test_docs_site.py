@@ -20,8 +20,10 @@ What a block shows is checked as in the README (`test_readme.py`): each block
 file `model.py` (the name, and the line within the block, that log
 lines show as where two programs differ); a line `print(...)  # TEXT` must print
 TEXT; a comment `# INFO:eqx_static:MESSAGE` (or `WARNING`) must be logged by the
-block it is in, where `…` in MESSAGE stands for any text (a time); and a ```text
-block after the marker `<!-- output -->` is what the block before it printed.
+block it is in, where `…` in MESSAGE stands for any text (a time); a block that
+shows a `WARNING` logs those warnings and no other, each once (the storm warning
+of `compile-budget.md` is said once); and a ```text block after the marker `<!-- output -->` is what the
+block before it printed.
 """
 
 import contextlib
@@ -139,10 +141,22 @@ def _run_block(block: Block, namespace: dict[str, Any]) -> None:
         assert printed.splitlines() == expected, f"{where}: printed {printed!r}"
     if block.output is not None:
         assert printed.strip() == block.output.strip(), f"{where}: printed {printed!r}"
+    patterns = []
     for m in filter(None, map(_LOGGED.match, block.code.splitlines())):
         pattern = ".*?".join(map(re.escape, m["line"].split("…")))
+        patterns.append(pattern)
         assert any(re.fullmatch(pattern, s) for s in records.lines), (
             f"{where}: {m['line']!r} was not logged; got {records.lines}"
+        )
+    shown = [p for p in patterns if p.startswith("WARNING:")]
+    if shown:
+        warnings = [s for s in records.lines if s.startswith("WARNING:")]
+        for line in warnings:
+            assert any(re.fullmatch(p, line) for p in shown), (
+                f"{where}: logged {line!r}, which the block does not show"
+            )
+        assert len(warnings) == len(shown), (
+            f"{where}: logged {len(warnings)} warnings, the block shows {len(shown)}"
         )
 
 

@@ -23,7 +23,7 @@ For each example the tests check:
 
 Where the port differs by design, the test says so at the key path where it does,
 and asserts the difference: every listed difference must occur, and nothing else
-may differ. The design rule (README, "The one rule"): a Python `int`/`float` in a
+may differ. The design rule (docs/index.md, "The one rule"): a Python `int`/`float` in a
 *dynamic* field of an `es.Module` is stored as a 0-d, strongly typed JAX array, so it
 is a traced leaf, whereas in an `eqx.Module` it stays a Python number, a static leaf
 under `eqx.filter_jit`; a Python `bool` stays a `bool` in both.
@@ -175,7 +175,7 @@ def test_train_rnn_unchanged_port_raises_where_a_dynamic_int_is_a_shape():
     """Documented difference. The notebook declares `hidden_size: int` as a plain
     (dynamic) field and uses it as a shape, `jnp.zeros((self.hidden_size,))`. In an
     `eqx.Module` it stays a Python int, static under `eqx.filter_jit`; in an
-    `es.Module` it is stored as an int32 array and traced (README, "The one rule";
+    `es.Module` it is stored as an int32 array and traced (docs/index.md, "The one rule";
     docs/migrating/filter-jit.md: "declare the field static if it picks a
     branch"). So the unchanged port raises `es.TracedFieldError`, which names the
     field and the fix, and the port needs one line changed (the next test)."""
@@ -322,9 +322,9 @@ def test_init_apply_with_a_user_model():
     part as the parameters. In the `eqx.Module`, `scale` is a Python float: not an
     inexact array, so it goes to `static` and stays 0.5. In the `es.Module` it is a
     float32 array, so it is a parameter: the "stochastic gradient descent" step
-    `p + 1` moves it to 1.5 (README, "The one rule": "A stored float is trained,
-    and you are told first"; "What changes when you port": keep it out of the
-    optimiser, or declare it static). So `y1` agrees and `y2` is 3 times
+    `p + 1` moves it to 1.5 (docs/index.md, "The one rule": "A stored float is
+    trained, and you are told first"; README, "What changes when you port": keep it
+    out of the optimiser, or declare it static). So `y1` agrees and `y2` is 3 times
     the original's (1.5 / 0.5)."""
     original = ex.init_apply_user_model_original()
     port = ex.init_apply_user_model_port()

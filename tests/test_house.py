@@ -1,8 +1,12 @@
 """The shape of the package, checked as CI runs the tests: no module imports
 another in a cycle, and nothing is imported inside a function (so that what a
-module depends on is read at its top)."""
+module depends on is read at its top); and the module table of
+`docs/development.md` ("How it is built") lists every module, and names only test
+files that exist. (Its line counts are written by `tools/house.py --write`; CI's
+lint job runs `tools/house.py --check`.)"""
 
 import importlib.util
+import re
 from pathlib import Path
 
 
@@ -31,3 +35,27 @@ def test_the_check_sees_a_cycle_and_a_nested_import(tmp_path, monkeypatch):
     problems = house.import_problems()
     assert "an import cycle: _a -> _b -> _a" in problems
     assert "an import inside a function or class: _b.py:4" in problems
+
+
+_MODULE_ROW = re.compile(r"^\| `(?P<name>[\w.]+\.py)` \|", re.M)
+
+
+def test_the_module_table_lists_every_module():
+    house = _house()
+    page = house.PAGE.read_text()
+    table = page.split("| module |", 1)[1].split("\n\n", 1)[0]
+    rows = {m["name"] for m in _MODULE_ROW.finditer(table)}
+    assert rows == {p.name for p in house.PACKAGE.glob("*.py")}
+    tests = Path(__file__).parent
+    for name in set(re.findall(r"`(test_\w+\.py)`", table)):
+        assert (tests / name).exists(), name
+
+
+def test_the_counts_are_rewritten_in_place():
+    """`--write` changes only the counts of the table's rows and total."""
+    house = _house()
+    page = (
+        "text\n| `_a.py` | 1 / 1 | what | `test_a.py` |\n| total | 9 / 9 | | |\nmore\n"
+    )
+    new = house.rewrite(page, {"_a.py": (1200, 800)})
+    assert new == page.replace("1 / 1", "1,200 / 800").replace("9 / 9", "1,200 / 800")

@@ -1,24 +1,23 @@
 """The README's text: every ```python block runs, in order, in one namespace; a line
 `print(...)  # TEXT` must print TEXT; a comment `# INFO:eqx_static:MESSAGE` (or
 WARNING) must be logged by the block it is in; a ```text block after the marker
-`<!-- output -->` is what the block before it prints; and the comparison table's
-columns hold for the peers it names (flax, jax_dataclasses), where installed."""
+`<!-- output -->` is what the block before it prints. The README is one page: its
+two commands are the ones `.ci/run` reads, the test command's slow-tier flag is
+next to it, and every relative link points to a file of the repository. (The rest
+of what the README once held is on the documentation site, whose blocks
+`test_docs_site.py` runs; its comparison table is checked by `test_comparison.py`,
+its module table by `test_house.py`, its benchmark table by
+`test_benchmarks_table.py`.)"""
 
 import contextlib
-import importlib.util
 import io
 import logging
 import re
 from pathlib import Path
 
-import equinox as eqx
-import eqx_static as es
-import jax
-import jax.numpy as jnp
-import pytest
 
-
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
 _FENCE = re.compile(
     r"(?:^(?P<marker><!-- [^>]*-->)\n)?^```(?P<lang>\w*)\n(?P<code>.*?)^```",
     re.DOTALL | re.MULTILINE,
@@ -92,167 +91,33 @@ def test_readme_blocks_run():
             assert previous_output.strip() == code.strip()
 
 
-class Stormy(es.Module):
-    lr: float = eqx.field(static=True)
-
-    @es.jit
-    def __call__(self, x):
-        return self.lr * x
+def test_the_readme_is_one_page():
+    assert len(README.splitlines()) <= 200
 
 
-def test_storm_warning_is_the_one_shown():
-    (text,) = [c for m, lang, c in _fences() if m == "<!-- output: storm -->"]
-
-    def calls():
-        for i in range(10):
-            Stormy(0.1 * (i + 1))(jnp.array(1.0))
-
-    _, logged = _run("calls()", {"calls": calls}, "<storm>")
-    warnings = [s for s in logged if s.startswith("WARNING:")]
-    assert len(warnings) == 1
-    seconds = re.compile(r"\(\d+\.\d+ s spent")
-    where = re.compile(r"test_readme\.py:\d+")  # `Stormy` is defined here
-    got = where.sub("model.py:5", seconds.sub("(T s spent", warnings[0]))
-    assert got == seconds.sub("(T s spent", text.strip())
+def _command(marker: str) -> tuple[str, str]:
+    """The first line of the code block after `marker` (as `.ci/run` reads it), and
+    the text after that block."""
+    after = README.split(f"{marker}\n", 1)[1]
+    fence = re.match(r"```\w*\n(?P<line>[^\n]*)\n.*?^```\n", after, re.S | re.M)
+    assert fence is not None, marker
+    return fence["line"], after[fence.end() :]
 
 
-# --- Comparison table ----------------------------------------------------------------
-
-
-def _traces_for_float_values(jit, base=eqx.Module):
-    traces = [0]
-
-    class M(base):
-        a: float
-
-    @jit
-    def f(m, x):
-        traces[0] += 1
-        return m.a * x
-
-    for v in (1.0, 2.0, 3.0):
-        f(M(v), jnp.ones(()))
-    return traces[0]
-
-
-def test_a_python_float_field_recompiles_under_filter_jit_but_not_here():
-    """In an `eqx.Module` a Python float is a static leaf for both wrappers; an
-    `es.Module` stores it as an array, so neither recompiles for a new value."""
-    assert _traces_for_float_values(eqx.filter_jit) == 3
-    assert _traces_for_float_values(es.jit) == 3
-    assert _traces_for_float_values(eqx.filter_jit, es.Module) == 1
-    assert _traces_for_float_values(es.jit, es.Module) == 1
-
-
-def test_static_1_true_1point0():
-    """Under `jax.jit` and `eqx.filter_jit`, static `1`, `True` and `1.0` share an
-    entry (the first one's `int32`); `es.jit` keys them by type."""
-
-    class M(eqx.Module):
-        n: object = eqx.field(static=True)
-
-    def dtypes(jit):
-        f = jit(lambda m: jnp.asarray(m.n))
-        return [f(M(v)).dtype for v in (1, True, 1.0)]
-
-    assert dtypes(jax.jit) == [jnp.int32] * 3
-    assert dtypes(eqx.filter_jit) == [jnp.int32] * 3
-    assert dtypes(es.jit) == [jnp.int32, jnp.bool_, jnp.float32]
-
-
-def _needs(module: str):
-    return pytest.mark.skipif(
-        importlib.util.find_spec(module) is None, reason=f"needs `{module}`"
+def test_the_two_commands_and_the_slow_tier_next_to_them():
+    setup, _ = _command("<!-- ci:setup -->")
+    assert setup == (
+        'python3 -m venv .venv && .venv/bin/pip install -q -e ".[test]" '
+        "&& .venv/bin/python examples/seed.py"
     )
+    test, rest = _command("<!-- ci:test -->")
+    assert test == ".venv/bin/python -m pytest -q"
+    next_paragraph = rest.strip().split("\n\n", 1)[0]
+    assert "`--slow`" in next_paragraph and "\n" not in next_paragraph
 
 
-@_needs("flax")
-def test_flax_struct_column():
-    from flax import struct
-
-    @struct.dataclass
-    class S:
-        a: float
-        n: object = struct.field(pytree_node=False, default=0)
-
-    traces = [0]
-
-    @jax.jit
-    def f(s, x):
-        traces[0] += 1
-        return s.a * x
-
-    for v in (1.0, 2.0, 3.0):
-        f(S(v), jnp.ones(()))
-    assert traces[0] == 1
-    g = jax.jit(lambda s: jnp.asarray(s.n))
-    assert [g(S(0.0, v)).dtype for v in (1, True, 1.0)] == [jnp.int32] * 3
-
-
-@_needs("jax_dataclasses")
-def test_jax_dataclasses_column():
-    import jax_dataclasses as jdc
-
-    @jdc.pytree_dataclass
-    class J:
-        a: float
-        n: jdc.Static[object] = 0
-
-    traces = [0]
-
-    @jax.jit
-    def f(s, x):
-        traces[0] += 1
-        return s.a * x
-
-    for v in (1.0, 2.0, 3.0):
-        f(J(v), jnp.ones(()))
-    assert traces[0] == 1
-    g = jax.jit(lambda s: jnp.asarray(s.n))
-    assert [g(J(0.0, v)).dtype for v in (1, True, 1.0)] == [jnp.int32] * 3
-
-
-@_needs("flax")
-def test_nnx_column():
-    """A Python float in a plain attribute is static (3 compiles); a `jax.Array` in
-    a plain attribute is data (1 compile), without `nnx.Variable`."""
-    from flax import nnx
-
-    class M(nnx.Module):
-        def __init__(self, a):
-            self.a = a
-
-    traces = [0]
-
-    @nnx.jit
-    def f(m, x):
-        traces[0] += 1
-        return m.a * x
-
-    for v in (1.0, 2.0, 3.0):
-        f(M(v), jnp.ones(()))
-    assert traces[0] == 3
-    for v in (1.0, 2.0, 3.0):
-        f(M(jnp.asarray(v)), jnp.ones(()))
-    assert traces[0] == 4
-
-    @nnx.jit
-    def g(m):
-        return jnp.asarray(m.a)
-
-    assert [g(M(v)).dtype for v in (1, True, 1.0)] == [jnp.int32] * 3
-
-
-_MODULE_ROW = re.compile(r"^\| `(?P<name>[\w.]+\.py)` \|", re.M)
-
-
-def test_module_map_is_current():
-    """ "How it is built" lists every module of the package, and names only test
-    files that exist. (Its line counts are written by `tools/house.py`.)"""
-    section = _section("How it is built")
-    package = Path(es.__file__).parent
-    rows = {m["name"] for m in _MODULE_ROW.finditer(section)}
-    assert rows == {p.name for p in package.glob("*.py")}
-    tests = Path(__file__).parent
-    for name in set(re.findall(r"`(test_\w+\.py)`", section)):
-        assert (tests / name).exists(), name
+def test_the_readme_s_relative_links_exist():
+    links = re.findall(r"\]\((?!https?://|#)([^)#\s]+)(?:#[^)]*)?\)", README)
+    assert "docs/index.md" in links
+    for link in links:
+        assert (ROOT / link).exists(), link

@@ -1,9 +1,12 @@
-"""The shape of the package: its modules' line counts, written into the README's
-"How it is built" table, and its imports (no cycle, no import inside a function).
+"""The shape of the package: its modules' line counts, written into the module
+table of `docs/development.md` ("How it is built"), and its imports (no cycle, no
+import inside a function).
 
     python tools/house.py            # print the counts and check the imports
-    python tools/house.py --readme   # also rewrite the counts in README.md
-    python tools/house.py --check    # fail if the README's counts are stale
+    python tools/house.py --write    # also rewrite the counts in docs/development.md
+    python tools/house.py --check    # fail if the page's counts are stale
+
+(`--readme` is the old name of `--write`, from when the table was in the README.)
 
 "Code" lines are neither blank, nor comment, nor docstring."""
 
@@ -17,6 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "eqx_static"
+PAGE = ROOT / "docs" / "development.md"
 _ROW = re.compile(r"^\| `(?P<name>[\w.]+\.py)` \| [\d,]+ / [\d,]+ \|", re.M)
 _TOTAL = re.compile(r"^\| total \| [\d,]+ / [\d,]+ \|", re.M)
 
@@ -85,14 +89,14 @@ def table() -> dict[str, tuple[int, int]]:
     return {p.name: line_counts(p) for p in sorted(PACKAGE.glob("*.py"))}
 
 
-def rewrite(readme: str, counts: dict[str, tuple[int, int]]) -> str:
+def rewrite(page: str, counts: dict[str, tuple[int, int]]) -> str:
     def row(m: re.Match) -> str:
         a, c = counts[m["name"]]
         return f"| `{m['name']}` | {a:,} / {c:,} |"
 
     total = tuple(map(sum, zip(*counts.values())))
-    readme = _ROW.sub(row, readme)
-    return _TOTAL.sub(f"| total | {total[0]:,} / {total[1]:,} |", readme)
+    page = _ROW.sub(row, page)
+    return _TOTAL.sub(f"| total | {total[0]:,} / {total[1]:,} |", page)
 
 
 def main(argv: list[str]) -> int:
@@ -101,18 +105,18 @@ def main(argv: list[str]) -> int:
         print(f"{name:16} {a:6} {c:6}")
     total = tuple(map(sum, zip(*counts.values())))
     print(f"{'total':16} {total[0]:6} {total[1]:6}  ({len(counts)} modules)")
-    readme_path = ROOT / "README.md"
-    readme = readme_path.read_text()
-    listed = {m["name"] for m in _ROW.finditer(readme)}
+    page = PAGE.read_text()
+    where = PAGE.relative_to(ROOT)
+    listed = {m["name"] for m in _ROW.finditer(page)}
     status = 0
     if listed != set(counts):
-        print(f"README lists {sorted(listed)}, the package has {sorted(counts)}")
+        print(f"{where} lists {sorted(listed)}, the package has {sorted(counts)}")
         status = 1
-    new = rewrite(readme, counts)
-    if "--readme" in argv:
-        readme_path.write_text(new)
-    elif "--check" in argv and new != readme:
-        print("README.md's line counts are stale: run `python tools/house.py --readme`")
+    new = rewrite(page, counts)
+    if "--write" in argv or "--readme" in argv:
+        PAGE.write_text(new)
+    elif "--check" in argv and new != page:
+        print(f"{where}'s line counts are stale: run `python tools/house.py --write`")
         status = 1
     for problem in import_problems():
         print(problem)
