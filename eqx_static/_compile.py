@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import itertools
 import os
+import re
 import sys
 import threading
 import types
@@ -36,7 +37,14 @@ from . import _jax, _report
 from ._fields import ARRAY_TYPES, is_array_type, Sentinel
 from ._key import first_class, Key, leaf_visits, leaves_of_first, make_guard
 from ._report import Change, Compile, Seen
-from ._sharing import Fingerprint, fingerprint, same_compiled, same_program, structure
+from ._sharing import (
+    digest,
+    Fingerprint,
+    fingerprint,
+    same_compiled,
+    same_program,
+    structure,
+)
 
 
 _jax.hide_frames(__file__)
@@ -159,8 +167,8 @@ class Function:
             max_compiles,
             warn_after,
         )
-        self.qualname: str = getattr(fn, "__qualname__", repr(fn))
-        self.short: str = getattr(fn, "__name__", "fn")
+        self.qualname: str = qualname(fn)
+        self.short: str = getattr(fn, "__name__", None) or self.qualname
         self.method = argnames[:1] == ("self",)
         code = getattr(fn, "__code__", None)  # where the user's function is
         self.where = f"{code.co_filename}:{code.co_firstlineno}" if code else ""
@@ -220,6 +228,13 @@ class Function:
             self.misses += 1
             for c in changes:
                 self.reused[c.name] = self.reused.get(c.name, 0) + 1
+
+    def storm(self, key: Key) -> None:
+        """Warn once, after a miss, if one thing changed at each of the last
+        `warn_after` compiles."""
+        n = self.warn_after
+        if n and not self.warned and len(self.history) >= n:
+            self.warned = _report.storm(self.name(key), self.history, self.reused, n)
 
     def check_budget(self, changes: Sequence[Change], differ: Any) -> None:
         """Raise `RecompileError` if one more XLA compile exceeds `max_compiles`."""
@@ -285,14 +300,17 @@ class Function:
                 self._evict(min(others, key=lambda e: e.used))
 
     def make_room(self, entry: Entry, sig: tuple) -> None:
-        """Empty a key that alone holds `maxsize` signatures, JAX's caches too, for
-        a signature it does not hold. (Its dispatcher, emptied during the call,
-        drops what the call hands it: the next such call comes back here once.)"""
+        """Empty a key that alone holds `maxsize` signatures, for a signature it does
+        not hold: JAX's caches too, through the dispatcher (which, emptied during the
+        call, drops what the call hands it: the next such call comes back here
+        once). A public `jax.jit` cannot drop a signature: JAX's own cache keeps
+        it, and a call of it runs what JAX kept, a hit."""
         if self.maxsize is None or len(entry.runs) < self.maxsize or sig in entry.runs:
             return
         with self.lock:
             self._empty(entry)
-        _jax.clear(entry.dispatch)
+        if _jax.DISPATCH:
+            _jax.clear(entry.dispatch)
         entry.helper = None
 
     def _evict(self, entry: Entry) -> None:
@@ -304,7 +322,8 @@ class Function:
             (s for s in self.recent if s.key is not entry.key), maxlen=64
         )
         if entry.dispatch is not None and _jax.DISPATCH:
-            _jax.clear(entry.dispatch)  # its executables go with it
+            _jax.clear(entry.dispatch)  # its executables go with it (a public
+            # `jax.jit` goes with the entry: JAX's caches of it are weak)
         entry.helper = None
 
     def _empty(self, entry: Entry) -> None:
@@ -324,19 +343,29 @@ class Function:
                 self.programs.pop(p.fingerprint.digest, None)
 
 
-# Each function's programs are named `jit(<name>)` in JAX's compile events: a
-# dotted name no plain `jax.jit` takes (it names a program by `__name__`), made
-# unique among the live functions.
+def qualname(fn: Callable) -> str:
+    """How messages name a function: its qualified name; a partial by the function
+    it wraps; any other callable (a module, an instance) by its class's `__call__`."""
+    if isinstance(fn, functools.partial):
+        return f"partial({qualname(fn.func)})"
+    name = getattr(fn, "__qualname__", None)
+    return name if isinstance(name, str) else f"{type(fn).__qualname__}.__call__"
+
+
+# Each function's programs are named `jit(<name>)` in JAX's compile events (maybe
+# transformed: `jit(transpose(jvp(<name>)))`), by a name this package gives it: the
+# function's qualified name, with its module if it has no dot (no plain `jax.jit`
+# names a program with a dot: it takes `__name__`), no parenthesis, unique among
+# the live functions.
 _by_name: Final = weakref.WeakValueDictionary[str, Function]()
 _names_lock: Final = threading.Lock()
+_UNNAMEABLE: Final = re.compile(r"[^\w.<>]+")
 
 
 def _claim_name(f: Function, fn: Callable) -> str:
-    base = (
-        f.qualname
-        if "." in f.qualname
-        else f"{getattr(fn, '__module__', None) or 'es'}.{f.qualname}"
-    )
+    base = _UNNAMEABLE.sub("_", f.qualname.replace("(", ".").replace(")", ""))
+    if "." not in base:
+        base = f"{getattr(fn, '__module__', None) or 'es'}.{base}"
     with _names_lock:
         name, n = base, 1
         while name in _by_name:
@@ -347,12 +376,10 @@ def _claim_name(f: Function, fn: Callable) -> str:
 
 
 def _named(fun_name: Any) -> Function | None:
-    """The function whose program JAX names `jit(<name>)`, maybe transformed
-    (`jit(transpose(jvp(<name>)))`)."""
+    """The function whose program JAX names `jit(<name>)`, maybe transformed."""
     name = str(fun_name)
-    while name.endswith(")") and "(" in name:
-        name = name[name.index("(") + 1 : -1]
-    return _by_name.get(name)
+    inner = name[name.rfind("(") + 1 :]
+    return _by_name.get(inner[: inner.find(")")] if ")" in inner else inner)
 
 
 class Call(NamedTuple):
@@ -431,9 +458,10 @@ def new_entry(f: Function, key: Key, leaves: Sequence, args: tuple) -> Entry:
             )
         except Exception as e:  # a JAX whose dispatcher is built otherwise
             _jax.no_dispatcher(f"{type(e).__name__}: {e}")
-    if not _jax.DISPATCH:
-        entry.dispatch = _public(f, entry, donated)
-    entry.call = _calling(f, entry, reports=False)
+    if _jax.DISPATCH:
+        entry.call = _calling(f, entry, reports=False)
+    else:
+        entry.call = _public(f, entry, donated)
     entry.guard = make_guard(key, args)
     with f.lock:
         return f.entries.setdefault(key, entry)
@@ -461,7 +489,6 @@ def _traced(
             fn, args, kwargs = call.fn, call.args, call.kwargs
         else:
             _local.traces += 1
-            _note_trace(f, entry.key, _es_leaves)
             fn, args, kwargs = _with_leaves(call, _es_leaves)
         try:
             out = fn(*args, **kwargs)
@@ -570,10 +597,7 @@ def _top_level(f: Function, entry: Entry, leaves: tuple) -> tuple:
         f.unmark(miss.mark)  # on every path: an interrupted miss leaves no mark
         if miss.traced or miss.window.number:
             f.book_miss(miss.window.changes if miss.shared else ())
-            if f.warn_after and not f.warned and len(f.history) >= f.warn_after:
-                f.warned = _report.storm(
-                    f.name(entry.key), f.history, f.reused, f.warn_after
-                )
+            f.storm(entry.key)
 
 
 def _trace_and_lower(miss: _Miss) -> None:
@@ -634,7 +658,7 @@ def _compile(miss: _Miss, lowering: Any, fp: Fingerprint | None) -> Program:
     """Compile once the budget allows; an unshareable program is compiled by the
     call that follows (JAX's own miss), still inside the window that books it."""
     f, w = miss.f, miss.window
-    w.structure = None if lowering is None else structure(lowering)
+    w.structure = None if lowering is None else structure(lowering.stablehlo())
     w.differ = _report.differ_of(w.closest, w.changes, miss.jaxpr, w.structure)
     f.check_budget(w.changes, w.differ)
     w.planned = True
@@ -721,7 +745,11 @@ def _run(helper: Any, leaves: tuple) -> tuple:
     """`helper`'s own miss: it runs the call, and returns what a dispatcher keeps."""
     __tracebackhide__ = True
     run = functools.partial(_jax.jit_miss, helper)
-    return _report.reporting_errors(run, wait=False)(*leaves)
+    return _report.reporting_errors(run, wait=_never)(*leaves)
+
+
+def _never() -> bool:
+    return False
 
 
 def _signature(leaves: tuple, n_fn: int) -> tuple:
@@ -758,41 +786,85 @@ def lower_call(f: Function, call: Call) -> Any:
 
 
 def _public(f: Function, entry: Entry, donated: tuple) -> Callable:
-    jitted = _jax.jax_jit(_traced(f, entry), donate_argnums=donated)
+    """What a hit calls: the key's own public `jax.jit` (its dispatcher), in a
+    window that books and explains what JAX compiles."""
+    entry.dispatch = jitted = _jax.jax_jit(_traced(f, entry), donate_argnums=donated)
+    state = _PublicState()
+    run = _report.reporting_errors(jitted, wait=lambda: state.reports)
 
     def call(*leaves: Any) -> Any:
         __tracebackhide__ = True
         if _in_hand(entry) is None:  # a trace here would need it: ask for it
             return NEED_CALL
-        w, traces = _Window(f), _local.traces
-        w.fallback = not (
+        __equinox_jit_id__ = os.urandom(16)  # as in `cache_miss`
+        previous, _report.marker.current = _report.marker.current, __equinox_jit_id__
+        w, traces, refused = _Window(f), _local.traces, False
+        top = not (
             _jax.under_transformation() or any(isinstance(x, Tracer) for x in leaves)
         )
-        w.unplanned = _PGLE if w.fallback else _TRANSFORMED
+        w.public = _Public(entry, jitted, leaves, state) if top else None
+        w.unplanned = _PGLE if top else _TRANSFORMED
+        state.staged = state.staged or not top
         try:
-            with w:
-                return jitted(*leaves)
+            with w, _quiet(f):
+                return run(*leaves)
+        except _report.RecompileError:  # a compile refused: a miss
+            refused = True
+            raise
         finally:
-            if _local.traces != traces or w.number:
+            _report.marker.current = previous
+            if _local.traces != traces or w.number or refused:
                 f.book_miss()
-                if w.number and w.fallback:  # a signature compiled at the top level
-                    program = Program(entry.key, None, None, (), None, w.number)
+                if w.number and top:  # a signature compiled at the top level
+                    program = Program(
+                        entry.key, None, None, w.ops, w.structure, w.number
+                    )
                     f.add_run(entry, _signature(leaves, f.n_fn), program)
+                f.storm(entry.key)
 
     return call
 
 
-def _note_trace(f: Function, key: Key, leaves: tuple) -> None:
-    """Without the dispatcher, a trace at the top level is where a miss is
-    explained, before JAX compiles it."""
-    w = _local.window
-    if w is None or w.f is not f or not w.fallback:
-        return
-    sig = _signature(tuple(leaves), f.n_fn)
-    w.changes, w.closest = _report.explain(list(f.recent), key, sig, f.argnames, f.n_fn)
-    w.planned = True
-    f.check_budget(w.changes, None)
-    _report.log(f.name(key), "compiling", f.size, w.changes)
+class _PublicState:
+    """What a key on a public `jax.jit` learns of its programs."""
+
+    reports = False  # one holds a host callback: wait for it, as for `eqx.error_if`
+    staged = False  # it was called under a transformation
+
+
+class _Public(NamedTuple):
+    """A top-level call on a public `jax.jit`: what its compile is explained by."""
+
+    entry: Entry
+    jitted: Any
+    leaves: tuple
+    state: _PublicState
+
+
+def _explain_public(f: Function, w: "_Window", call: _Public) -> None:
+    """Without the dispatcher, JAX's own miss compiles: as it starts, explain and
+    budget it as the dispatcher's miss path does, from the trace and lowering being
+    compiled (JAX's caches give them again, for nothing)."""
+    entry, sig = call.entry, _signature(call.leaves, f.n_fn)
+    w.planned, w.known = True, f.size
+    if sig in entry.runs:  # compiled before for the same signature: JAX's own
+        w.changes = (_PGLE,)
+        return f.check_budget(w.changes, None)
+    w.changes, w.closest = _report.explain(
+        list(f.recent), entry.key, sig, f.argnames, f.n_fn
+    )
+    if call.state.staged and not entry.runs and not w.changes:
+        w.changes = [_UNTRANSFORMED]
+    traced = call.jitted.trace(*call.leaves)
+    module = traced.lower().compiler_ir("stablehlo")
+    w.structure, w.digest = structure(module), digest(module)
+    w.ops = tuple(_report.ops_of(traced.jaxpr))
+    if any("callback" in op.name for op in w.ops):
+        call.state.reports = True
+    w.differ = _report.differ_of(w.closest, w.changes, traced.jaxpr, w.structure)
+    f.make_room(entry, sig)
+    f.check_budget(w.changes, w.differ)
+    _report.log(f.name(entry.key), "compiling", w.known, w.changes, w.differ)
 
 
 # ----------------------------------------------------------------------------------
@@ -815,7 +887,8 @@ class _Window:
         self.known = 0  # signatures held when it started
         self.number = 0  # of the last compile booked
         self.unplanned = _PGLE  # what a compile it did not ask for is
-        self.fallback = False  # a top-level call on a public `jax.jit`
+        self.public: _Public | None = None  # a top-level call on a public `jax.jit`
+        self.ops: tuple = ()  # its program, operation by operation
         self.previous: _Window | None = None
 
     def __enter__(self) -> "_Window":
@@ -857,6 +930,8 @@ def _on_compile_start(event: str, value: float, **kwargs: Any) -> None:
     w = _window_of(f)
     if w is not None and w.installed:  # this JAX compiled what was installed
         _jax.stop_sharing("it compiled a program whose executable es.jit had installed")
+    elif w is not None and w.public is not None and not w.planned:
+        _explain_public(f, w, w.public)
     elif w is None or not w.planned:  # JAX's own: profile-guided, transformed
         f.check_budget(_what_changed(f, w), None)
 

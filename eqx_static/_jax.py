@@ -6,6 +6,7 @@ and `SHARING` (installing one key's executable for another). `tests/canary/`
 checks each name, so that a release that changes one reads as "JAX changed"."""
 
 import os
+import re
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, Final
@@ -264,9 +265,29 @@ def xla_executable(executable: Any) -> Any:
     return getattr(executable, "xla_executable", executable)
 
 
-def compiled_texts(executable: Any) -> list[str]:
-    """The optimized HLO of an executable, one text per module."""
-    return [m.to_string() for m in xla_executable(executable).hlo_modules()]
+try:  # `hlo` in jax >= 0.9; in older ones, the extension itself
+    from jax._src import lib as _lib
+
+    _hlo: Any = getattr(_lib, "hlo", None) or _lib.xla_client._xla  # pyright: ignore[reportAttributeAccessIssue]
+    _hlo.HloPrintOptions.canonical().print_large_constants = True
+except (ImportError, AttributeError):  # pragma: no cover
+    _hlo = None
+
+_MODULE_NAME: Final = re.compile(r"^HloModule [^,\s]+", re.M)  # the function's name
+
+
+def compiled_texts(executable: Any) -> list[str] | None:
+    """The optimized HLO of an executable, one text per module: names numbered in
+    order, no metadata, every constant in full. None where this JAX cannot print
+    it so."""
+    if _hlo is None:  # pragma: no cover
+        return None
+    # XLA's canonical printing (names numbered in order, no metadata), every
+    # constant in full (by default, a constant of over 10 elements is `{...}`).
+    options = _hlo.HloPrintOptions.canonical()
+    options.print_large_constants = True
+    modules = xla_executable(executable).hlo_modules()
+    return [_MODULE_NAME.sub("HloModule", m.to_string(options)) for m in modules]
 
 
 def stop_sharing(why: str) -> None:
@@ -286,7 +307,12 @@ def _warn(what: str) -> None:
     )
 
 
-if not DISPATCH:  # pragma: no cover
+# `EQX_STATIC_PUBLIC_JIT=1`: every key on a public `jax.jit`, as where the private
+# names are missing (what CI runs the suite under, to keep that path first-class).
+PUBLIC: Final = os.environ.get("EQX_STATIC_PUBLIC_JIT", "") not in ("", "0")
+if PUBLIC:
+    DISPATCH = SHARING = False
+elif not DISPATCH:  # pragma: no cover
     _warn(f"its dispatcher cannot be built here ({_why_not})")
 
 

@@ -64,10 +64,12 @@ def f(cls, x): ...
 
 class _Signature:
     """Binds a call with the callable's own signature (a decorator's defaults are its
-    own) and defaults, so that `f(x)`, `f(x, 2.0)`, `f(x, scale=2.0)` are one key."""
+    own) and defaults, so that `f(x)`, `f(x, 2.0)`, `f(x, scale=2.0)` are one key. A
+    default that cannot be keyed (a set, an options object Python cannot hash)
+    belongs to the function, as under `eqx.filter_jit`: left for Python to fill."""
 
     def __init__(self, fn: Callable):
-        self.n, self.names, self.tail = -1, (), ()
+        self.n, self.names, self.tail, self.defaults = -1, (), (), {}
         try:
             self.sig: inspect.Signature | None = inspect.signature(
                 fn, follow_wrapped=False
@@ -79,11 +81,18 @@ class _Signature:
         positional = [
             p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
         ]
-        if len(positional) == len(params):  # no *args, keyword-only, **kwargs
-            self.n = len(positional)
         self.names = tuple(p.name for p in positional)
+        self.defaults = {
+            p.name: p.default
+            for p in params
+            if p.default is not p.empty and _keyable(p.default)
+        }
         # The defaults of the trailing parameters (only defaults follow a default).
         self.tail = tuple(p.default for p in positional if p.default is not p.empty)
+        plain = len(positional) == len(params)  # no *args, keyword-only, **kwargs
+        defaulted = positional[len(positional) - len(self.tail) :]
+        if plain and all(p.name in self.defaults for p in defaulted):
+            self.n = len(positional)
 
     def bind(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
         n = self.n
@@ -95,8 +104,17 @@ class _Signature:
             bound = self.sig.bind(*args, **kwargs)
         except TypeError:
             return args, kwargs  # the function raises, as it would eagerly
-        bound.apply_defaults()
+        for name, default in self.defaults.items():
+            bound.arguments.setdefault(name, default)
         return bound.args, bound.kwargs
+
+
+def _keyable(v: Any) -> bool:
+    try:
+        key_and_leaves((v,), {})
+    except (UnhashableError, CyclicValue):
+        return False
+    return True
 
 
 class _Jit(functools.partial, Generic[_P, _R]):
@@ -221,22 +239,23 @@ def _hot_path(
 
     def hot(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
+        entry: Entry = None  # pyright: ignore[reportAssignmentType]
+        leaves: Any = None
+        if kwargs or len(args) != n:  # defaults, keywords: bound first
+            args, kwargs = bind(args, kwargs)
+        if len(args) == n and not kwargs:
+            entry = slots.get(type(args[0]) if args else None)  # pyright: ignore[reportAssignmentType]
+            leaves = None if entry is None else entry.guard(*args)  # pyright: ignore[reportOptionalCall]
+        if leaves is None:  # a call refused here is neither a hit nor a miss
+            entry, leaves = _general(f, args, kwargs)
         try:
-            entry = leaves = None
-            if kwargs or len(args) != n:  # defaults, keywords: bound first
-                args, kwargs = bind(args, kwargs)
-            if len(args) == n and not kwargs:
-                entry = slots.get(type(args[0]) if args else None)
-                leaves = None if entry is None else entry.guard(*args)  # pyright: ignore[reportOptionalCall]
-            if leaves is None:
-                entry, leaves = _general(f, args, kwargs)
             if fn_leaves:
                 leaves = [*fn_leaves, *leaves]
             if lru:
-                entry.used = next(clock)  # pyright: ignore[reportOptionalMemberAccess]
-            out = entry.call(*leaves)  # pyright: ignore[reportOptionalMemberAccess]
+                entry.used = next(clock)
+            out = entry.call(*leaves)
             if out is NEED_CALL:
-                out = call_in_hand(Call(entry, fn, args, kwargs, leaves))  # pyright: ignore[reportArgumentType]
+                out = call_in_hand(Call(entry, fn, args, kwargs, leaves))
         except eqx.EquinoxRuntimeError as e:
             e.__traceback__ = None  # as `eqx.filter_jit`: the user's frames only
             raise

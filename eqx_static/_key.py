@@ -459,8 +459,10 @@ class _Writer:
         t = type(tok)
         if tok is TRUE or tok is FALSE or tok is None:
             return f"({expr} is {value_of(tok)})"
-        if t is int or t is str or t is bytes:
-            return f"(type({expr}) is {t.__name__} and {expr} == {tok!r})"
+        if t is int or t is str or t is bytes:  # a literal if short, else a constant
+            short = len(tok) < 64 if t is not int else -(10**18) < tok < 10**18
+            value = repr(tok) if short else self.const(tok)
+            return f"(type({expr}) is {t.__name__} and {expr} == {value})"
         if t is type:
             return f"({expr} is {self.const(tok)})"
         same = f"SAME({expr}, {self.const(tok)})"

@@ -89,7 +89,12 @@ def _show(tok: Any) -> str:
     """A static value as a change names it: a function by its name, else `repr`."""
     v = value_of(tok)
     name = getattr(v, "__qualname__", None)
-    return name if isinstance(name, str) and not isinstance(v, type) else repr(v)
+    if isinstance(name, str) and not isinstance(v, type):
+        return name
+    if type(v) is int and v.bit_length() > 4096:  # past what `repr` prints
+        return f"<an int of {v.bit_length():,} bits>"
+    text = repr(v)
+    return text if len(text) <= 200 else f"{text[:197]}..."
 
 
 def _compare(a: Node, b: Node, v: Visit, method: bool, out: list[Change]) -> bool:
@@ -585,9 +590,12 @@ class _Marker(threading.local):
 marker: Final = _Marker()
 
 
-def reporting_errors(call: Callable, wait: bool = True) -> Callable:
+def reporting_errors(
+    call: Callable, wait: Callable[[], bool] = lambda: True
+) -> Callable:
     """`call` as `eqx.filter_jit` runs a program that may hold an `eqx.error_if`:
-    (if `wait`) synchronously, a failure raised as `EquinoxRuntimeError`."""
+    (if `wait()`, asked after the call) synchronously, a failure raised as
+    `EquinoxRuntimeError`."""
 
     def reporting(*leaves: Any) -> Any:
         __tracebackhide__ = True
@@ -595,7 +603,7 @@ def reporting_errors(call: Callable, wait: bool = True) -> Callable:
         _callback_logger.addFilter(quiet)
         try:
             out = call(*leaves)
-            for a in (out[0] if type(out) is tuple else [out]) if wait else ():
+            for a in (out[0] if type(out) is tuple else [out]) if wait() else ():
                 if isinstance(a, jax.Array) and not isinstance(a, Tracer):
                     a.block_until_ready()  # one execution: its outputs come together
                     break

@@ -7,6 +7,7 @@ accident of promotion; `pyproject.toml` turns every warning into an error.
 
 import jax
 import pytest
+from eqx_static import _jax
 
 
 jax.config.update("jax_numpy_dtype_promotion", "strict")
@@ -32,7 +33,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
     """The fast tier by default: `slow` tests run with `--slow` (or when `-m`
-    selects by marker itself, as the mutation runs do)."""
+    selects by marker itself, as the mutation runs do). On the public `jax.jit`
+    path, tests of programs shared between keys are skipped."""
+    if not _jax.SHARING:
+        skip = pytest.mark.skip(reason="keys share no program on this path")
+        for item in items:
+            if item.get_closest_marker("sharing") is not None:
+                item.add_marker(skip)
     if config.getoption("--slow") or config.getoption("markexpr"):
         return
     slow = [item for item in items if item.get_closest_marker("slow") is not None]

@@ -14,9 +14,20 @@ import equinox as eqx
 import eqx_static as es
 import jax
 import jax.numpy as jnp
+from eqx_static import _jax
 
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Whether keys share programs in this run (not on the public `jax.jit` path,
+# `EQX_STATIC_PUBLIC_JIT=1`, where each key compiles its own).
+SHARING = _jax.SHARING
+
+
+def shared(programs: int, keys: int) -> int:
+    """The compiles expected: one per distinct program where keys share programs,
+    one per key (and signature) where they cannot."""
+    return programs if SHARING else keys
 
 
 def seed() -> types.SimpleNamespace:

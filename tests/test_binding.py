@@ -3,12 +3,15 @@ not from the one `functools.wraps` left in `__wrapped__`: a decorator's own
 defaults and parameters are the ones the call uses, as in the eager call. Where the
 callable has no signature to read, what the caller passed is passed on."""
 
+import dataclasses
 import functools
 
+import equinox as eqx
 import eqx_static as es
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 
 X = jnp.array([0.5, -1.0, 2.0])
@@ -67,3 +70,46 @@ def test_a_vmapped_function_with_a_default_works():
     np.testing.assert_array_equal(f(xs), vmapped(xs))
     np.testing.assert_array_equal(f(xs), vmapped(xs))
     assert f.cache_info() == es.CacheInfo(1, 1, None, 1)
+
+
+@dataclasses.dataclass
+class _Options:
+    """A plain dataclass: Python cannot hash it."""
+
+    scale: float = 2.0
+
+
+def test_a_default_the_caller_did_not_pass_belongs_to_the_function():
+    """As under `eqx.filter_jit`, an unhashable default the caller did not pass is
+    the function's own, never refused as an argument; the keyable defaults around
+    it are still bound, so `f(x)` and `f(x, shift=1.0)` are one key. Passed by the
+    caller, the same object is refused, with the fix for it."""
+
+    def body(x, options=_Options(), tags={"a", "b"}, shift=1.0, *, power=1):  # noqa: B006, B008
+        return (x * options.scale + shift + len(tags)) ** power
+
+    f, filtered = es.jit(body), eqx.filter_jit(body)
+    for call in (lambda g: g(X), lambda g: g(X, shift=1.0), lambda g: g(X, power=1)):
+        got = call(f)
+        np.testing.assert_array_equal(got, call(body))
+        np.testing.assert_array_equal(got, call(filtered))
+    np.testing.assert_array_equal(f(X, shift=2.0), body(X, shift=2.0))
+    assert f.cache_info() == es.CacheInfo(2, 2, None, 2)
+    with pytest.raises(
+        TypeError, match=r"got options, a _Options, which is not hashable"
+    ):
+        f(X, _Options())
+
+
+def test_a_static_int_of_any_size_keys_and_guards():
+    """A static `int` past Python's 4,300-digit `repr` limit keys, hits through its
+    guard, and another such `int` is another key."""
+    big = 10**5000
+
+    @es.jit
+    def f(x, n):
+        return x * (n % 7)
+
+    for n in (big, big, big + 1, big + 1, big):
+        np.testing.assert_array_equal(f(X, n), X * (n % 7))
+    assert f.cache_info() == es.CacheInfo(3, 2, None, 2)

@@ -6,6 +6,7 @@ JAX's own monitoring events (`XlaCompiles`), counting the programs named
 `jit(<function>)`. The budget and the storm warning name what changed, from the
 records of each compile."""
 
+import functools
 import json
 import logging
 import re
@@ -236,6 +237,7 @@ def test_a_refused_key_is_refused_again_and_compiles_nothing():
     assert compiles.count == 0
 
 
+@pytest.mark.sharing
 def test_the_storm_warning_names_the_field_that_makes_programs_differ(caplog):
     """`a_tag` is never read and changes on every call; `lr` is used as a value and
     changes on every second call. Both changed at every compile, but only `lr`
@@ -334,6 +336,7 @@ def _interrupt_once_after(function: str, filename: str):
     return trace, fired
 
 
+@pytest.mark.sharing
 def test_an_interrupt_right_after_a_program_is_marked_leaves_no_mark():
     """Ctrl-C lands just after a new program is marked as being compiled (the
     marker returns): a later first call of another key with the same program must
@@ -376,3 +379,82 @@ def test_cache_clear_while_a_call_traces_keeps_the_books_exact():
     assert info.hits >= 0 and info.hits + info.misses == 1
     assert info.currsize <= info.misses
     assert f.compile_info().programs <= info.currsize
+
+
+# --- Every callable, and calls refused before they are keyed -------------------------
+
+
+def _times(a, x):
+    return a * x
+
+
+def _sine(x):
+    return jnp.sin(x)
+
+
+class _Doubler:
+    """A callable instance of a plain class."""
+
+    def __call__(self, x):
+        return 2 * x
+
+
+class _Scale(eqx.Module):
+    w: jax.Array
+
+    def __call__(self, x):
+        return self.w * x
+
+    def shifted(self, x):
+        return self.w + x
+
+
+CALLABLES = {
+    "function": lambda: _sine,
+    "lambda": lambda: lambda x: jnp.cos(x),
+    "module": lambda: _Scale(jnp.array(2.0)),
+    "bound method of a module": lambda: _Scale(jnp.array(2.0)).shifted,
+    "functools.partial": lambda: functools.partial(_times, 3.0),
+    "callable instance": lambda: _Doubler(),
+    "eqx.filter_grad": lambda: eqx.filter_grad(lambda x: jnp.sum(x**3)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CALLABLES))
+def test_every_kind_of_callable_is_booked_and_budgeted(kind):
+    """`es.jit(model)` is how Equinox users jit a model: its compiles, and those
+    of a partial, a bound method, a callable instance or a lambda, are booked as
+    JAX reports them, and the budget refuses the one past it."""
+    fn = CALLABLES[kind]()
+    f = es.jit(fn, max_compiles=1)
+    x, longer = jnp.arange(3.0), jnp.arange(4.0)
+    want = fn(x)
+    compiles = XlaCompiles()
+    np.testing.assert_allclose(f(x), want)
+    np.testing.assert_allclose(f(x), want)
+    assert f.compile_info().compiles == compiles.count == 1
+    with pytest.raises(es.RecompileError, match="compile 2 exceeds `max_compiles=1`"):
+        f(longer)
+    assert f.compile_info().compiles == compiles.count == 1
+    assert f.cache_info() == es.CacheInfo(1, 2, None, 1)
+
+
+def test_calls_refused_before_they_are_keyed_are_neither_hits_nor_misses():
+    """As `functools.lru_cache` raises on an unhashable argument before it counts:
+    a call refused for an unhashable or a cyclic argument is not booked."""
+
+    @es.jit
+    def f(x, options):
+        return x
+
+    cyclic: list = []
+    cyclic.append(cyclic)
+    for refused in ({1, 2}, [{"a": {1}}], cyclic):
+        with pytest.raises((TypeError, ValueError), match=r"\.f` got"):
+            f(X, refused)
+    f(X, (1, 2))
+    assert f.cache_info() == es.CacheInfo(0, 1, None, 1)
+    with pytest.raises(TypeError):
+        f(X, {3})
+    f(X, (1, 2))
+    assert f.cache_info() == es.CacheInfo(1, 1, None, 1)

@@ -49,6 +49,7 @@ def test_max_compiles_raises_on_the_next_compile_and_says_why():
     assert Budgeted.__call__.cache_info().misses == 3  # it traced
 
 
+@pytest.mark.sharing
 def test_a_reused_program_spends_no_budget():
     class Tagged(es.Module):
         n: int = eqx.field(static=True)
@@ -403,6 +404,7 @@ def test_a_storm_over_two_compiles():
     assert "has compiled 2 times, and 'scale' changed every time" in record.getMessage()
 
 
+@pytest.mark.sharing
 def test_the_storm_culprit_is_the_field_never_seen_changing_alone_for_free():
     """`a_tag` and `lr` change together in every compile; `a_tag` once also changed
     alone and the program was shared: it is not what makes programs differ."""

@@ -339,6 +339,7 @@ def test_traced_field_error_names_the_field_behind_the_leaf(how):
     assert isinstance(info.value, jax.errors.TracerBoolConversionError)
 
 
+@pytest.mark.sharing
 def test_a_key_that_reuses_a_program_says_so(caplog):
     class Tagged(es.Module):
         w: jax.Array
@@ -567,6 +568,7 @@ class _Wrapper(es.Module):
         return self.fn(x)
 
 
+@pytest.mark.sharing
 def test_a_module_s_wrapper_attributes_are_named(caplog):
     """`eqx.module_update_wrapper` copies the wrapped function's name and docstring
     onto the instance: keyed as Equinox flattens them, and named as the module's

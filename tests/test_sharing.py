@@ -39,6 +39,13 @@ def _lowered(f, *args, **options):
     return _jax.lowering_of(traced.lower())
 
 
+def _digest(lowering):
+    """`_sharing.digest` of a lowering's module."""
+    from eqx_static._sharing import digest
+
+    return digest(lowering.stablehlo())
+
+
 def _compiled(f, *args):
     """The executable of `jax.jit(f)` for `args` (`ones(3)` if none)."""
     lowered = jax.jit(f).trace(*(args or (jnp.ones(3),))).lower()
@@ -193,6 +200,7 @@ def test_a_callback_sees_the_sign_of_its_own_static_zero():
 # --- callbacks that must still share ------------------------------------------------
 
 
+@pytest.mark.sharing
 def test_error_if_programs_share_across_an_unread_static_field():
     """`eqx.error_if` stages one callback object per set of messages: equal
     messages are the identical callback, so keys that differ in an unread static field share one
@@ -255,6 +263,7 @@ def _scale_host(y):
     return np.asarray(y * 2.0, np.float32)
 
 
+@pytest.mark.sharing
 def test_the_identical_callback_is_shared():
     """A callback that is the same function object for every key (a function at
     module level): both keys call the same Python, so one program serves both."""
@@ -442,6 +451,7 @@ def test_a_dict_keyed_by_a_static_value_is_compared_by_type_and_value():
 # --- the nets under the rules --------------------------------------------------------
 
 
+@pytest.mark.sharing
 def test_a_jax_that_compiles_an_installed_program_turns_sharing_off(monkeypatch):
     """The self-check: if installing an executable does nothing (a JAX that no
     longer runs what is set on a lowering), JAX compiles the shared program: one
@@ -492,6 +502,7 @@ def test_an_ordered_effect_is_never_shared():
     assert f.compile_info().compiles == 2
 
 
+@pytest.mark.sharing
 def test_a_compile_argument_unknown_to_the_list_makes_a_program_unshareable(
     monkeypatch,
 ):
@@ -506,6 +517,7 @@ def test_a_compile_argument_unknown_to_the_list_makes_a_program_unshareable(
     assert fingerprint(lowering) is None
 
 
+@pytest.mark.sharing
 def test_the_fingerprint_holds_the_compile_arguments():
     """Donation is a compile argument: two lowerings that differ in it have other
     fingerprints' arguments, whatever their texts."""
@@ -597,7 +609,6 @@ def test_the_program_s_name_is_not_part_of_it():
     """A module is named after the function traced: the same body under two names
     is one program (one function's keys all have its name; the rule must not rest
     on that)."""
-    from eqx_static._sharing import digest
 
     def double(x):
         return jnp.sin(x) * 2
@@ -606,7 +617,7 @@ def test_the_program_s_name_is_not_part_of_it():
         return jnp.sin(x) * 2
 
     assert b"double" in _lowered(double).stablehlo().operation.get_asm(binary=True)
-    assert digest(_lowered(double)) == digest(_lowered(twice))
+    assert _digest(_lowered(double)) == _digest(_lowered(twice))
 
 
 def test_a_function_emitted_twice_under_two_names_is_one_program():
@@ -614,7 +625,9 @@ def test_a_function_emitted_twice_under_two_names_is_one_program():
     some trace histories): each private function is named by what it computes, so
     the two modules are one program, on every process whatever it traced before.
     A constant changed inside one of them is another program."""
-    from eqx_static._sharing import digest, module_text
+
+    def module_text(lowering):
+        return lowering.stablehlo().operation.get_asm(binary=True)
 
     def make():
         return jax.jit(lambda x: jnp.sin(x) * 2)
@@ -624,11 +637,11 @@ def test_a_function_emitted_twice_under_two_names_is_one_program():
     once = _lowered(lambda x: one(x) + one(x * 3))
     twice = _lowered(lambda x: one(x) + two(x * 3))  # the same body, a second name
     assert module_text(once) != module_text(twice)
-    assert digest(once) == digest(twice)
-    assert digest(_lowered(lambda x: one(x) + two(x * 4))) != digest(twice)
-    assert digest(_lowered(lambda x: two(x) + one(x * 3))) == digest(twice)
+    assert _digest(once) == _digest(twice)
+    assert _digest(_lowered(lambda x: one(x) + two(x * 4))) != _digest(twice)
+    assert _digest(_lowered(lambda x: two(x) + one(x * 3))) == _digest(twice)
     # every reference is renamed, not only the last one in a function
-    assert digest(_lowered(lambda x: one(x) + two(x * 3) + two(x * 5))) == digest(
+    assert _digest(_lowered(lambda x: one(x) + two(x * 3) + two(x * 5))) == _digest(
         _lowered(lambda x: one(x) + one(x * 3) + two(x * 5))
     )
 
@@ -670,23 +683,19 @@ def test_functions_that_call_each_other_are_never_shared():
     """XLA runs no recursion, so JAX emits none: a module whose functions call each
     other in a cycle is of a form this library does not know, and its program is
     not shared. The same module without the cycle is."""
-    from eqx_static._sharing import digest
-
     text = "module {" + _CALLS.format(a_calls="b", b_calls="a") + "}"
-    assert digest(_Parsed(text)) is None
+    assert _digest(_Parsed(text)) is None
     acyclic = "module {" + _CALLS.format(a_calls="b", b_calls="c") + "}"
-    assert digest(_Parsed(acyclic)) is not None
+    assert _digest(_Parsed(acyclic)) is not None
 
 
 def test_a_top_level_operation_without_a_name_is_never_shared():
     """Every top-level operation JAX emits has a symbol name; one without is
     unknown, and its program is not shared."""
-    from eqx_static._sharing import digest
-
     acyclic = _CALLS.format(a_calls="b", b_calls="c")
-    assert digest(_Parsed("module {" + acyclic + "}")) is not None
+    assert _digest(_Parsed("module {" + acyclic + "}")) is not None
     unnamed = '"unknown.op"() : () -> ()'
-    assert digest(_Parsed("module {" + acyclic + unnamed + "}")) is None
+    assert _digest(_Parsed("module {" + acyclic + unnamed + "}")) is None
 
 
 # --- checking the sharing (EQX_STATIC_CHECK_SHARING) ------------------------------
@@ -716,6 +725,7 @@ def test_checking_the_sharing_compiles_each_shared_key_and_agrees():
     assert _Unread.f.cache_info().misses == 2
 
 
+@pytest.mark.sharing
 def test_checking_the_sharing_raises_naming_both_keys_when_the_code_differs():
     """Should a shared program compile to other code for the key that reuses it,
     the check raises and names what differs between the two keys."""
@@ -761,6 +771,48 @@ def test_the_check_compares_code_not_names_or_source_lines():
 
     assert same_compiled(_compiled(first), _compiled(second))
     assert not same_compiled(_compiled(first), _compiled(lambda x: jnp.cos(x) * 2 + x))
+
+
+def test_the_check_sees_every_constant_of_any_size():
+    """XLA prints a constant of more than 10 elements as `{...}` by default: the
+    check prints each in full, so a difference in one element of 64 is other code."""
+    from eqx_static._sharing import same_compiled
+
+    a = np.random.RandomState(0).randn(64).astype(np.float32)
+    b = a.copy()
+    b[40] += 1.0
+    x = jnp.ones(64)
+    assert same_compiled(_compiled(lambda y: y * a, x), _compiled(lambda y: y * a, x))
+    assert not same_compiled(
+        _compiled(lambda y: y * a, x), _compiled(lambda y: y * b, x)
+    )
+
+
+@pytest.mark.sharing
+def test_a_forced_mis_share_in_a_large_constant_is_caught_by_the_check():
+    """Were two keys whose programs differ only in a 64-element constant taken for
+    one program, the check compiles the second for itself and raises."""
+    table = {
+        t: np.random.RandomState(seed).randn(64).astype(np.float32)
+        for seed, t in enumerate("ab")
+    }
+
+    class M(es.Module):
+        tag: str = eqx.field(static=True)
+
+        @es.jit
+        def f(self, x):
+            return x * table[self.tag]
+
+    x = jnp.ones(64)
+    digest = lambda lowering: b"one digest for every program"  # noqa: E731
+    with unittest.mock.patch("eqx_static._sharing.digest", digest):
+        M("a").f(x)
+        with (
+            unittest.mock.patch.dict(os.environ, {"EQX_STATIC_CHECK_SHARING": "1"}),
+            pytest.raises(RuntimeError, match=r"EQX_STATIC_CHECK_SHARING.*'tag'"),
+        ):
+            M("b").f(x)
 
 
 def test_the_check_tells_operands_apart_by_position():

@@ -141,6 +141,7 @@ def test_the_same_location_in_recompile_error_and_storm_warning(caplog):
     )
 
 
+@pytest.mark.sharing
 def test_no_line_for_a_shared_program_or_a_shape_change(caplog):
     class Tagged(es.Module):
         w: jax.Array
