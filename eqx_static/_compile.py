@@ -29,7 +29,9 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, NamedTuple
 
+import equinox as eqx
 import jax
+import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax.core import Tracer
 
@@ -474,6 +476,110 @@ def _calling(f: Function, entry: Entry, reports: bool) -> Callable:
     return _quiet(f)(call) if f.quiet else call
 
 
+# A traced value where Python needs a concrete one: which of the call's numbers (0-d
+# arrays, such as an `int` field stored as an array) must be Python values? Found by
+# tracing the call in hand again with numbers in their place: all of them first,
+# then each put back while the trace still succeeds. Only when a trace failed, and
+# so that a port meets every such field in one error.
+_MAX_DIAGNOSED: Final = 64
+
+
+def _numbers(call: Call) -> list[int]:
+    """The leaves of the call that hold one concrete number."""
+    return [
+        i
+        for i, x in enumerate(call.leaves)
+        if not isinstance(x, Tracer)
+        and getattr(x, "ndim", None) == 0
+        and _is_number(x.dtype)
+    ]
+
+
+def _is_number(dtype: Any) -> bool:  # not a PRNG key, whose dtype is JAX's own
+    return jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_)
+
+
+def _needs_concrete(call: Call, reverse: bool) -> list[int]:
+    """The numbers of the call that must be Python values for its trace (if
+    `reverse`: its reverse-mode derivative) to succeed; none if that is not enough."""
+    numbers = _numbers(call)
+    if not numbers or len(numbers) > _MAX_DIAGNOSED:
+        return []
+    concrete = set(numbers)
+    if _replay(call, concrete, reverse) is not None:
+        return []
+    for i in numbers:
+        if _replay(call, concrete - {i}, reverse) is None:
+            concrete.discard(i)
+    return sorted(concrete)
+
+
+def _replay(call: Call, concrete: set[int], reverse: bool) -> Exception | None:
+    """Trace the call in hand abstractly with the leaves in `concrete` as Python
+    numbers (if `reverse`, its reverse-mode derivative too); the error, if any."""
+    free = [i for i in range(len(call.leaves)) if i not in concrete]
+
+    def replayed(*xs: Any) -> Any:
+        leaves = list(call.leaves)
+        for i in concrete:
+            leaves[i] = leaves[i].item()
+        for i, x in zip(free, xs):
+            leaves[i] = x
+        fn, args, kwargs = _with_leaves(call, leaves)
+        return fn(*args, **kwargs)
+
+    avals = [jax.ShapeDtypeStruct(*_shape_dtype(call.leaves[i])) for i in free]
+    try:
+        jax.eval_shape(_backward(replayed) if reverse else replayed, *avals)
+    except Exception as e:
+        return e
+    return None
+
+
+def _shape_dtype(x: Any) -> tuple:
+    a = jax.typeof(x)
+    return a.shape, a.dtype
+
+
+def _backward(g: Callable) -> Callable:
+    """`g`, then its reverse-mode derivative with respect to its inexact inputs."""
+
+    def backward(*xs: Any) -> Any:
+        def of_inexact(*inexact: Any) -> Any:
+            it = iter(inexact)
+            return g(*[next(it) if eqx.is_inexact_array(x) else x for x in xs])
+
+        out, pullback = eqx.filter_vjp(of_inexact, *filter(eqx.is_inexact_array, xs))
+        return pullback(jtu.tree_map(_zero_cotangent, out))
+
+    return backward
+
+
+def _zero_cotangent(x: Any) -> Any:
+    return jnp.zeros_like(x) if eqx.is_inexact_array(x) else None
+
+
+def _check_reverse_mode(f: Function, entry: Entry, helper: Any, leaves: tuple) -> None:
+    """Under reverse-mode differentiation, a program whose loop bound is a traced
+    number (`lax.fori_loop(0, self.n, ...)`) fails in the backward pass, outside
+    this package: find that now, and name the fields."""
+    call = _in_hand(entry)
+    if call is None or not _numbers(call):
+        return
+    ops = _report.ops_of(helper.trace(*leaves).jaxpr)
+    if not any(op.name == "while" for op in ops):
+        return
+    e = _replay(call, set(), reverse=True)
+    if e is None or "Reverse-mode differentiation does not work" not in str(e):
+        return
+    visits = leaf_visits(entry.key, f.argnames)
+    error = _report.traced_field_error(
+        f.name(entry.key), e, visits, f.n_fn, f.where, _needs_concrete(call, True)
+    )
+    if error is not None:
+        raise error from None
+
+
 def _traced(
     f: Function, entry: Entry, eager: bool = False, name: str | None = None
 ) -> Callable:
@@ -493,12 +599,16 @@ def _traced(
         try:
             out = fn(*args, **kwargs)
         except Exception as e:
+            if isinstance(e, _report.RecompileError | _report.TracedFieldError):
+                raise
+            found = () if eager else _needs_concrete(call, reverse=False)
             error = _report.traced_field_error(
                 f.name(entry.key),
                 e,
                 leaf_visits(entry.key, f.argnames),
                 f.n_fn,
                 f.where,
+                found,
             )
             if error is None:
                 raise
@@ -721,7 +831,10 @@ def _staged(f: Function, entry: Entry, leaves: tuple) -> Any:
     w.unplanned = _TRANSFORMED
     try:
         with w:
-            return _report.reporting_errors(helper)(*leaves)
+            out = _report.reporting_errors(helper)(*leaves)
+        if _local.traces != traces and _jax.reverse_mode():
+            _check_reverse_mode(f, entry, helper, leaves)
+        return out
     except _report.RecompileError:  # a compile refused: a miss, as at the top level
         refused = True
         raise
@@ -807,7 +920,10 @@ def _public(f: Function, entry: Entry, donated: tuple) -> Callable:
         state.staged = state.staged or not top
         try:
             with w, _quiet(f):
-                return run(*leaves)
+                out = run(*leaves)
+            if not top and _local.traces != traces and _jax.reverse_mode():
+                _check_reverse_mode(f, entry, jitted, leaves)
+            return out
         except _report.RecompileError:  # a compile refused: a miss
             refused = True
             raise

@@ -110,10 +110,17 @@ try:
         `jit`), concrete arguments or not: it may close over that trace's values."""
         return type(_trace_ctx.trace) is not _EvalTrace
 
+    def reverse_mode() -> bool:
+        """Whether a call here is being linearized for reverse mode (`jax.grad`)."""
+        return type(_trace_ctx.trace).__name__ == "LinearizeTrace"
+
 except (ImportError, AttributeError):  # pragma: no cover
 
     def under_transformation() -> bool:
         return False  # tracer arguments are still seen; closures over them are not
+
+    def reverse_mode() -> bool:
+        return False  # a traced loop bound is then named by JAX's own error
 
 
 try:

@@ -5,6 +5,7 @@ at run time, as `eqx.filter_jit` reports it). All of it reads structured records
 a key's nodes (`_key.walk`), the `Change`s between two keys, and each program's
 per-operation summary (`ops_of`)."""
 
+import collections
 import dataclasses
 import functools
 import hashlib
@@ -44,6 +45,10 @@ class Change(NamedTuple):
     name: str  # what it is about: "sp", "encoder.act", "x", "y[1]"
     kind: str  # "static field", "leaf", "argument", "array", "structure", "context",
     # or a change no value names: "signature", "jax" (JAX's own), "transformed"
+    detail: str = ""  # the change itself, without where: "changed 8 -> 16"
+    path: str = ""  # where, in full: "self.layers[0].weight", "opt_state[0].mu.w"
+    new: Any = None  # what it changed to (a token, an aval), for counting values
+    old: Any = None  # and from
 
 
 def unhashable_message(name: str, where: str, value: object) -> str:
@@ -110,28 +115,33 @@ def _compare(a: Node, b: Node, v: Visit, method: bool, out: list[Change]) -> boo
         names = module_info(a.head).static_names
         for field, x, y in zip(names, a.statics, b.statics):
             if x != y:
+                full = f"{path}.{field}"
                 field = field if is_self else f"{name}.{field}"
-                change = f"{field!r} changed {_show(x)} -> {_show(y)}"
-                out.append(Change(f"static field {change}", field, "static field"))
+                detail = f"changed {_show(x)} -> {_show(y)}"
+                phrase = f"static field {field!r} {detail}"
+                out.append(Change(phrase, field, "static field", detail, full, y, x))
         if a.head != b.head:
-            out.append(Change(f"{what} extra attributes changed", name, "structure"))
+            detail = "extra attributes changed"
+            out.append(Change(f"{what} {detail}", name, "structure", detail, path))
         return False
     if ka == kb == "static":
-        change = f"{what} changed {_show(a.head)} -> {_show(b.head)}"
+        detail = f"changed {_show(a.head)} -> {_show(b.head)}"
         plain = v.cls is not None and not field_info(v.cls).stores_arrays
         kind = "argument" if argument else "plain leaf" if plain else "leaf"
-        out.append(Change(change, name, kind))
+        change = Change(f"{what} {detail}", name, kind, detail, path, b.head, a.head)
+        out.append(change)
         return True
     if ka != kb:
-        change = f"{what} changed kind: {ka} -> {kb}"
+        detail = f"changed kind: {ka} -> {kb}"
     elif ka == "module":
-        who = "class" if is_self else f"{what} class"
-        change = f"{who} {module_info(a.head).cls.__qualname__} -> {module_info(b.head).cls.__qualname__}"
+        old, new = (module_info(n.head).cls.__qualname__ for n in (a, b))
+        detail = f"class {old} -> {new}"
     elif a.head != b.head or a[2:5] != b[2:5]:
-        change = f"{what} structure changed"
+        detail = "structure changed"
     else:
         return False
-    out.append(Change(change, name, "structure"))
+    phrase = detail if is_self and ka == kb else f"{what} {detail}"
+    out.append(Change(phrase, name, "structure", detail, path))
     return True
 
 
@@ -164,9 +174,43 @@ def explain(
             changes += [_leaf_change(o, a, b) for o, a, b in pairs if a != b]
         if not changes and seen.context != context:
             changes = [Change("JAX's configuration changed", "context", "context")]
+        changes = merge_copies(changes)
         if best[1] is None or len(changes) < len(best[0]):
             best = (changes, seen)
     return best
+
+
+def merge_copies(changes: Sequence[Change]) -> list[Change]:
+    """One change reached through several paths (a model, and its copies in an
+    optimiser's state: `opt_state[0].mu.<the model's path>`) named once, at its
+    shortest path, "and 2 copies": the same change, at paths that end alike."""
+    groups: list[list[Change]] = []
+    for c in changes:
+        group = next((g for g in groups if c.detail and _copies(g[0], c)), None)
+        if group is None:
+            groups.append([c])
+        else:
+            group.append(c)
+    out = []
+    for group in groups:
+        first = min(group, key=lambda c: len(c.path))
+        n = len(group) - 1
+        if n:
+            first = first._replace(
+                phrase=f"{first.phrase} (and {n} cop{'y' if n == 1 else 'ies'})"
+            )
+        out.append(first)
+    return out
+
+
+def _copies(a: Change, b: Change) -> bool:
+    """The same change at paths whose ends, past the shorter one's root, agree."""
+    if a.kind != b.kind or a.detail != b.detail:
+        return False
+    short, long = sorted((a.path, b.path), key=len)
+    root = len(re.match(r"\w*", short)[0])  # pyright: ignore[reportOptionalSubscript]
+    tail = short[root:]
+    return bool(tail) and long.endswith(tail) and long != short
 
 
 def _leaf_change(o: Visit, a: tuple, b: tuple) -> Change:
@@ -176,7 +220,8 @@ def _leaf_change(o: Visit, a: tuple, b: tuple) -> Change:
     i = next((i for i in range(3) if a[i] != b[i]), 3)
     x, y = (a[i], b[i]) if i < 3 else map(_sharding, (a[3], b[3]))
     what = ("shape", "dtype", "weak type", "sharding")[i]
-    return Change(f"{where} {what} {x} -> {y}", name, "array")
+    detail = f"{what} {x} -> {y}"
+    return Change(f"{where} {detail}", name, "array", detail, o.path, b, a)
 
 
 def _sharding(s: Any) -> str:
@@ -235,15 +280,18 @@ _CALLS: Final = frozenset(
 )
 
 
-def ops_of(jaxpr: Any, depth: int = 0) -> Iterator[Op]:
-    """A traced program, one record per operation, nested bodies in place."""
+def ops_of(jaxpr: Any, depth: int = 0, outer: Frame | None = None) -> Iterator[Op]:
+    """A traced program, one record per operation, nested bodies in place. An
+    operation a library traced away from the user's call (a loop body diffrax
+    traces itself) is placed at the user's line of the operation holding it."""
     inner = _jax.open_jaxpr(jaxpr)
     consts = dict(zip(inner.constvars, getattr(jaxpr, "consts", ())))
     # Inputs by where they come from: the n-th input of the program or output of an
     # operation; so `dc * x` and `dp * x` are different operations.
     numbers = {v: i for i, v in enumerate([*inner.constvars, *inner.invars])}
     for eqn in inner.eqns:
-        if (name := eqn.primitive.name) not in _CALLS:
+        name, where = eqn.primitive.name, _user_frame(eqn.source_info, outer)
+        if name not in _CALLS:
             params = [
                 (k, _stable(v))
                 for k, v in sorted(eqn.params.items())
@@ -251,10 +299,11 @@ def ops_of(jaxpr: Any, depth: int = 0) -> Iterator[Op]:
             ]
             inputs = [_input(v, consts, numbers) for v in eqn.invars]
             what = hashlib.sha1(repr((name, params, inputs)).encode()).digest()[:8]
-            yield Op(what, name, _user_frame(eqn.source_info))
+            yield Op(what, name, where)
         numbers.update((v, len(numbers)) for v in eqn.outvars)
+        user = where[0] if where and not where[0][0].startswith(_LIBRARIES) else outer
         for sub in _jax.nested_jaxprs(eqn.params) if depth < 8 else ():
-            yield from ops_of(sub, depth + 1)
+            yield from ops_of(sub, depth + 1, user)
 
 
 def _input(v: Any, consts: dict, numbers: dict) -> Any:
@@ -273,13 +322,17 @@ _LIBRARIES: Final = tuple(
 )
 
 
-def _user_frame(source_info: Any) -> tuple[Frame, Frame | None] | None:
-    """The innermost frame of the user's own code that traced an equation, and the
-    innermost library frame inside it (diffrax's, optimistix's), if any."""
+def _user_frame(
+    source_info: Any, outer: Frame | None = None
+) -> tuple[Frame, Frame | None] | None:
+    """The innermost frame of the user's own code that traced an equation (else
+    `outer`, that of the operation holding it), and the innermost library frame
+    inside it (diffrax's, optimistix's), if any."""
     frames = _jax.user_frames(source_info)
     if not frames:
-        return None
-    user = next((f for f in frames if not f[0].startswith(_LIBRARIES)), frames[-1])
+        return None if outer is None else (outer, None)
+    user = next((f for f in frames if not f[0].startswith(_LIBRARIES)), None)
+    user = user or outer or frames[-1]
     return user, (frames[0] if frames[0] is not user else None)
 
 
@@ -390,9 +443,11 @@ def _names_on(line: Frame) -> set[str]:
 def storm(
     name: str, history: Sequence[Compile], reused: dict[str, int], n: int
 ) -> bool:
-    """Warn once something changed in each of the last `n` compiles; of several,
+    """Warn once something changed at each of the last `n` compiles; of several,
     name the one whose name is on the line where the last programs differ, or else
-    the one least often changed in a miss that shared a program."""
+    the one least often changed in a miss that shared a program. Say only what is
+    true: "every time" if it changed at every compile, and, if it took few values,
+    that the compiles come from their combinations with other changes."""
     recent = history[-n:]
     per_compile = [{c.name: c for c in h.changes} for h in recent[1:]]
     common = set(per_compile[0]).intersection(*per_compile) if per_compile else ()
@@ -405,6 +460,12 @@ def storm(
         key=lambda k: (k.rsplit(".", 1)[-1] not in read, reused.get(k, 0), k),
     )
     change = per_compile[-1][culprit]
+    changed = [c for h in history for c in h.changes if c.name == culprit]
+    when = (
+        "every time"
+        if len(changed) == len(history) - 1
+        else f"at each of the last {len(per_compile)} compiles"
+    )
     structures = [h.structure for h in recent]
     constant = None not in structures and len(set(structures)) == 1
     at = f" (at {differ.place})" if differ else ""
@@ -413,12 +474,35 @@ def storm(
         else f"The programs differ only in their constants{at}: {culprit!r} is only used as a value. " if constant
         else f"The programs differ in their structure, not only in constants{at}. "
     )  # fmt: skip
+    values = {c.new for c in changed} | {changed[0].old}
+    if change.new is not None and None not in values and len(values) <= len(changed):
+        fix = _combinations(culprit, len(values), history)
+    else:
+        fix = _fix(change, constant)
     logger.warning(
-        "%s has compiled %d times, and %r changed every time (%.2f s spent compiling). %s%s",
-        name, len(history), culprit, sum(h.seconds for h in history), verdict,
-        _fix(change, constant),
+        "%s has compiled %d times, and %r changed %s (%.2f s spent compiling). %s%s",
+        name, len(history), culprit, when, sum(h.seconds for h in history), verdict,
+        fix,
     )  # fmt: skip
     return True
+
+
+def _combinations(culprit: str, values: int, history: Sequence[Compile]) -> str:
+    """What to say of a field that took few values but changed at many compiles."""
+    others = collections.Counter(
+        c.name for h in history for c in h.changes if c.name != culprit
+    )
+    top = [f"{k!r} at {n}" for k, n in others.most_common(3)]
+    said = ", ".join(top) + (f", and {len(others) - 3} more" if len(others) > 3 else "")
+    if said:
+        return (
+            f"{culprit!r} took only {values} values: the compiles come from their "
+            f"combinations with other changes ({said}), each a program of its own."
+        )
+    return (
+        f"{culprit!r} took only {values} values, each compiled more than once: are "
+        "its entries evicted (`maxsize`), or the function wrapped anew?"
+    )
 
 
 # The fix for a change that no value of the call names.
@@ -517,39 +601,82 @@ _OURS: Final = re.compile(r"function \w+ at \S*eqx_static\S*?:\d+")
 
 
 def traced_field_error(
-    name: str, e: Exception, origins: Sequence[Visit], n_fn: int, where: str
+    name: str,
+    e: Exception,
+    origins: Sequence[Visit],
+    n_fn: int,
+    where: str,
+    found: Sequence[int] = (),
 ) -> TracedFieldError | None:
-    """`TracedFieldError` for the field or argument of the leaf `e` names (None if
-    none, or `e` is one already); `n_fn` leaves of the function come first; JAX's
-    message with our names for the leaf and `where` for the traced function."""
+    """`TracedFieldError` for the fields and arguments that had to be concrete: the
+    leaves in `found` (found by tracing again with numbers in their place) and the
+    one `e` names; None if none, or if `e` is one already. `n_fn` leaves of the
+    function come first. JAX's message follows, with our names for the leaves and
+    `where` for the traced function."""
     if isinstance(e, TracedFieldError):
         return None
-    o = _origin(str(e), origins, n_fn)
-    if o is None:
+    named = _origin(str(e), origins, n_fn)
+    seen = [origins[i - n_fn] for i in found if 0 <= i - n_fn < len(origins)]
+    culprits = list({o.path: o for o in [*seen, *([named] if named else [])]}.values())
+    if not culprits:
         return None
-    need = "where Python needs a concrete value (`if`, `bool()`, `int()`, a shape, ...)"
-    if o.cls is None:  # an argument (a field has its class)
-        what = (
-            f"{name} used the traced argument {o.path} {need}. An array argument is "
-            "traced, its value unknown while compiling: pass a Python value instead "
-            "(static: one compile per value), or keep the array and use `jnp.where` "
-            "or `jax.lax.cond`."
-        )
-    else:
-        assert o.field is not None, "a field's visit names it"
-        number = field_info(o.cls).annotations.get(o.field) in (int, float, complex)
-        kind = "a number stored as an array" if number else "an array"
-        what = (
-            f"{name} used the traced field {o.field!r} of `{o.cls.__qualname__}` (at "
-            f"{o.path}) {need}. It is a dynamic field holding {kind}, traced, its "
-            f"value unknown while compiling. If {o.field!r} selects program "
-            f"structure, declare it static: `{o.field}: ... = eqx.field(static=True)` "
-            "(each new value then compiles once). Otherwise keep it dynamic and use "
-            "`jnp.where` or `jax.lax.cond`."
+    need = "where Python needs a concrete value (`if`, `int()`, a shape, a length, an index, a loop bound, ...)"
+    fields = [o for o in culprits if o.cls is not None]
+    arguments = [o for o in culprits if o.cls is None]
+    parts = []
+    if fields:
+        parts.append(_fields_message(name, fields, need))
+    if arguments:
+        paths = ", ".join(o.path for o in arguments)
+        parts.append(
+            f"{name} used the traced argument{'s' if len(arguments) > 1 else ''} "
+            f"{paths} {need}. An array argument is traced, its value unknown while "
+            "compiling: pass a Python value instead (static: one compile per value), "
+            "or keep the array and use `jnp.where` or `jax.lax.cond`."
         )
     said = _LEAF_INDEX.sub(lambda m: _leaf_path(m, origins, n_fn), str(e))
     said = _OURS.sub(f"function {name}" + (f" at {where}" if where else ""), said)
-    return _traced_field_error_type(type(e))(f"{what}\n\nJAX said: {said}")
+    return _traced_field_error_type(type(e))("\n".join(parts) + f"\n\nJAX said: {said}")
+
+
+def _annotation(o: Visit) -> str:
+    """The field's annotation if it is a Python number type, else `...`."""
+    ann = field_info(o.cls).annotations.get(o.field)  # pyright: ignore[reportArgumentType]
+    return ann.__name__ if ann in (bool, int, float, complex) else "..."
+
+
+def _fields_message(name: str, fields: Sequence[Visit], need: str) -> str:
+    """What to do about dynamic fields used as concrete values: each named, with
+    its class and path, and the one line that makes each static."""
+    described = []
+    for o in fields:
+        assert o.field is not None and o.cls is not None, "a field's visit names it"
+        described.append(f"{o.field!r} of `{o.cls.__qualname__}` (at {o.path})")
+    numbers = all(
+        field_info(o.cls).annotations.get(o.field) in (int, float, complex)  # pyright: ignore[reportArgumentType]
+        for o in fields
+    )
+    kind = "numbers stored as arrays" if numbers else "arrays"
+    fixes = " and ".join(
+        f"`{o.field}: {_annotation(o)} = eqx.field(static=True)`" for o in fields
+    )
+    if len(fields) == 1:
+        o = fields[0]
+        kind = "a number stored as an array" if numbers else "an array"
+        return (
+            f"{name} used the traced field {described[0]} {need}. It is a dynamic "
+            f"field holding {kind}, traced, its value unknown while compiling. If "
+            f"{o.field!r} selects program structure, declare it static: {fixes} "
+            "(each new value then compiles once). Otherwise keep it dynamic and use "
+            "`jnp.where` or `jax.lax.cond`."
+        )
+    return (
+        f"{name} used {len(fields)} traced fields {need}: {', '.join(described)}. "
+        f"They are dynamic fields holding {kind}, traced, their values unknown "
+        f"while compiling. If they select program structure, declare them static: "
+        f"{fixes} (each new value then compiles once). Otherwise keep them dynamic "
+        "and use `jnp.where` or `jax.lax.cond`."
+    )
 
 
 def _origin(message: str, origins: Sequence[Visit], n_fn: int) -> Visit | None:

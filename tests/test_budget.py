@@ -604,3 +604,53 @@ def test_fresh_wraps_that_compile_other_programs_are_not_a_loop(caplog):
             step(X, n=1)
             step(X, n=2)  # the same wrap compiles again
     assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_a_sweep_is_told_it_is_a_sweep_not_that_one_value_keeps_changing(caplog):
+    """An activation x depth x width sweep compiles once per configuration. The
+    warning says only what is true: the activation changed at each of the last
+    compiles (not "every time": the 2nd and 3rd compiles changed depth and width),
+    it took 3 values, and the compiles are their combinations with the others:
+    no advice to reduce its values."""
+
+    @es.jit
+    def run(model, x):
+        return model(x)
+
+    key = jax.random.key(0)
+    acts = [jax.nn.relu, jnp.tanh, jax.nn.gelu]
+    with caplog.at_level(logging.WARNING, logger="eqx_static"):
+        for act in acts:
+            for depth in (1, 2):
+                for width in (2, 3):
+                    run(eqx.nn.MLP(2, 1, width, depth, act, key=key), X[:2])
+    message = _storm(caplog)
+    assert message.startswith(
+        f"{_qualname(test_a_sweep_is_told_it_is_a_sweep_not_that_one_value_keeps_changing)}"
+        ".<locals>.run has compiled 11 times, and 'model.activation' changed at each "
+        "of the last 7 compiles (… s spent compiling)."
+    )
+    assert (
+        "'model.activation' took only 3 values: the compiles come from their "
+        in message
+    )
+    assert "reduce the number of distinct values" not in message
+
+
+def _qualname(f: Any) -> str:
+    return f.__qualname__
+
+
+def test_every_time_is_said_only_of_a_change_at_every_compile(caplog):
+    """Three compiles in a row each with a new `scale`, after one of `bias`: not
+    every time."""
+    cls = _stormy(warn_after=4)
+    with caplog_at_warning() as records:
+        for scale, bias in [(0, 0), (0, 1), (1, 1), (2, 1), (3, 1)]:
+            cls(w=jnp.ones(3), scale=float(scale), bias=float(bias))(X)
+    (record,) = records
+    assert (
+        "has compiled 5 times, and 'scale' changed at each of the last 3 compiles"
+        in (record.getMessage())
+    )
+    assert "Make 'scale' dynamic" in record.getMessage()

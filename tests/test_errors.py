@@ -13,6 +13,7 @@ import equinox as eqx
 import eqx_static as es
 import jax
 import jax.numpy as jnp
+import jax.random as jr
 import numpy as np
 import pytest
 from helpers import run_python
@@ -337,16 +338,20 @@ def test_traced_self_keeps_the_field_order_and_ignores_cached_properties():
     assert seen[0][0] == "x" and seen[0][-1] == "flag" and "mask" not in seen[0]
 
 
-_NEED = "where Python needs a concrete value (`if`, `bool()`, `int()`, a shape, ...)"
+_NEED = (
+    "where Python needs a concrete value (`if`, `int()`, a shape, a length, an "
+    "index, a loop bound, ...)"
+)
 
 
-def _field_fix(name: str, cls: str, kind: str) -> str:
+def _field_fix(name: str, cls: str, kind: str, annotation: str = "...") -> str:
     return (
         f"{cls}.__call__ used the traced field {name!r} of `{cls}` (at self.{name}) "
         f"{_NEED}. It is a dynamic field holding {kind}, traced, its value unknown "
         f"while compiling. If {name!r} selects program structure, declare it static: "
-        f"`{name}: ... = eqx.field(static=True)` (each new value then compiles "
-        "once). Otherwise keep it dynamic and use `jnp.where` or `jax.lax.cond`."
+        f"`{name}: {annotation} = eqx.field(static=True)` (each new value then "
+        "compiles once). Otherwise keep it dynamic and use `jnp.where` or "
+        "`jax.lax.cond`."
     )
 
 
@@ -376,7 +381,7 @@ def _argument(x, n):
     [
         (
             lambda: _Number(1.0)(jnp.ones(2)),
-            _field_fix("s", "_Number", "a number stored as an array"),
+            _field_fix("s", "_Number", "a number stored as an array", "float"),
         ),
         (
             lambda: _Array(jnp.ones(2))(jnp.ones(2)),
@@ -412,7 +417,7 @@ def test_a_traced_field_error_in_a_nested_call_is_the_inner_one():
     with pytest.raises(es.TracedFieldError) as info:
         outer(_Number(1.0), jnp.ones(2))
     ours = str(info.value).split("\n\nJAX said: ")[0]
-    assert ours == _field_fix("s", "_Number", "a number stored as an array")
+    assert ours == _field_fix("s", "_Number", "a number stored as an array", "float")
 
 
 def test_a_traced_leaf_of_the_function_itself_raises_jax_s_error():
@@ -481,4 +486,88 @@ def test_a_traced_field_used_as_a_shape_inside_diffrax_is_named():
     message = str(info.value)
     assert ".CDE.__call__ used the traced field 'hidden_size' of `" in message
     assert ".Func` (at self.func.hidden_size)" in message
-    assert "`hidden_size: ... = eqx.field(static=True)`" in message
+    assert "`hidden_size: int = eqx.field(static=True)`" in message
+
+
+# --- every concrete use of a traced number, all of a call's at once ------------------
+
+
+X = jnp.arange(1.0, 5.0)
+
+
+class _Port(es.Module):
+    """An Equinox model ported as written: `n` is no longer static."""
+
+    n: int
+    w: jax.Array
+
+    def split(self, key):
+        return jr.split(key, self.n)
+
+    def tile(self, x):
+        return jnp.tile(x, self.n)
+
+    def head(self, x):
+        return x[: self.n]
+
+    def loop(self, x):
+        return jax.lax.fori_loop(0, self.n, lambda i, c: c * self.w, x)
+
+
+_EVERYDAY = {
+    "jr.split(key, self.n)": lambda m: es.jit(_Port.split)(m, jr.key(0)),
+    "jnp.tile(x, self.n)": lambda m: es.jit(_Port.tile)(m, X),
+    "x[: self.n]": lambda m: es.jit(_Port.head)(m, X),
+    "lax.fori_loop(0, self.n, ...) under eqx.filter_grad": lambda m: eqx.filter_grad(
+        lambda m, x: es.jit(_Port.loop)(m, x).sum()
+    )(m, X),
+}
+
+
+@pytest.mark.parametrize("use", sorted(_EVERYDAY))
+def test_every_concrete_use_of_a_traced_int_field_names_it(use):
+    """Where JAX raises its own error (a parameter that must be hashable, a slice
+    bound, the reverse mode of a loop with a traced bound), the port meets
+    `TracedFieldError`, naming the field and the line that makes it static."""
+    with pytest.raises(es.TracedFieldError) as info:
+        _EVERYDAY[use](_Port(3, jnp.array(2.0)))
+    message = str(info.value)
+    assert "the traced field 'n' of `_Port` (at self.n)" in message
+    assert "`n: int = eqx.field(static=True)`" in message
+    assert "'w'" not in message.split("JAX said")[0]
+
+
+class _Block(es.Module):
+    depth: int
+    width: int
+
+
+class _Ported(es.Module):
+    n: int
+    block: _Block
+    scale: jax.Array
+
+    @es.jit
+    def __call__(self, key, x):
+        keys = jr.split(key, self.n)
+        y = jnp.tile(x, self.block.width)[: self.block.depth]
+        return y * self.scale, keys
+
+
+def test_every_field_a_call_needs_concrete_is_named_in_one_error():
+    """A port meets all its ints at once, not one per run: `n`, then `width` and
+    `depth` of a nested module, each with its path and fix; the float `scale`,
+    used only as a value, is not named."""
+    with pytest.raises(es.TracedFieldError) as info:
+        _Ported(3, _Block(2, 2), jnp.array(0.5))(jr.key(0), X)
+    ours = str(info.value).split("\n\nJAX said: ")[0]
+    assert ours == (
+        f"_Ported.__call__ used 3 traced fields {_NEED}: 'n' of `_Ported` (at "
+        "self.n), 'depth' of `_Block` (at self.block.depth), 'width' of `_Block` (at "
+        "self.block.width). They are dynamic fields holding numbers stored as "
+        "arrays, traced, their values unknown while compiling. If they select "
+        "program structure, declare them static: `n: int = eqx.field(static=True)` "
+        "and `depth: int = eqx.field(static=True)` and `width: int = "
+        "eqx.field(static=True)` (each new value then compiles once). Otherwise "
+        "keep them dynamic and use `jnp.where` or `jax.lax.cond`."
+    )

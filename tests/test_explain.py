@@ -636,3 +636,32 @@ def test_a_module_as_the_function_pairs_its_arguments_by_name(caplog):
         f(jnp.ones(5), jnp.ones(3))
     (line,) = [r.getMessage() for r in caplog.records if r.name == "eqx_static"]
     assert line.endswith("(1 cached): argument x shape (3,) -> (5,)")
+
+
+def test_one_change_seen_through_an_optimiser_s_copies_is_named_once(caplog):
+    """In the usual `make_step(model, opt_state, ...)` with adam, one width change
+    shows in the model and in both moment copies of it: each difference is named
+    once, at the model's path, "and 2 copies"."""
+    optax = pytest.importorskip("optax")
+    opt = optax.adam(1e-3)
+
+    @es.jit
+    def make_step(model, opt_state, x):
+        grads = eqx.filter_grad(lambda m: jnp.sum(jax.vmap(m)(x)))(model)
+        updates, opt_state = opt.update(grads, opt_state)
+        return eqx.apply_updates(model, updates), opt_state
+
+    x = jnp.ones((3, 2))
+    with (
+        caplog.at_level(logging.INFO, logger="eqx_static"),
+        jax.numpy_dtype_promotion("standard"),  # optax's own arithmetic
+    ):
+        for width in (4, 6):
+            model = eqx.nn.MLP(2, 1, width, 1, key=jax.random.key(0))
+            make_step(model, opt.init(eqx.filter(model, eqx.is_array)), x)
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "eqx_static"]
+    assert line.count("(and 2 copies)") == line.count(";") + 1 == 6
+    assert (
+        "field 'model.layers[0].weight' shape (4, 2) -> (6, 2) (and 2 copies)" in line
+    )
+    assert "opt_state" not in line

@@ -323,3 +323,45 @@ def test_the_storm_advice_for_a_float_in_a_plain_module_works_for_it(caplog):
     assert "a field of a plain `eqx.Module`" in warning
     assert "`eqx.tree_at(lambda m: m.rtol, m, jnp.asarray(v))`" in warning
     assert "with_dynamic`), and" not in warning
+
+
+def test_the_vision_transformer_s_patch_embedding_ports_with_one_line():
+    """Equinox's vision transformer example: its `PatchEmbedding` uses `patch_size`
+    as a size. Ported as written, the first call names it; with it declared static,
+    the port gives the results of the upstream class under `eqx.filter_jit`."""
+
+    def patches(self, x):
+        c, h, w = x.shape
+        p = self.patch_size
+        x = x.reshape(c, h // p, p, w // p, p).transpose(1, 3, 0, 2, 4)
+        return jax.vmap(self.linear)(x.reshape(-1, c * p * p))
+
+    def init(self, input_channels, output_shape, patch_size, key):
+        self.patch_size = patch_size
+        self.linear = eqx.nn.Linear(
+            patch_size**2 * input_channels, output_shape, key=key
+        )
+
+    class Upstream(eqx.Module):
+        linear: eqx.nn.Linear
+        patch_size: int
+        __init__ = init
+        __call__ = patches
+
+    class AsWritten(es.Module):
+        linear: eqx.nn.Linear
+        patch_size: int
+        __init__ = init
+        __call__ = es.jit(patches)
+
+    class Ported(es.Module):
+        linear: eqx.nn.Linear
+        patch_size: int = eqx.field(static=True)
+        __init__ = init
+        __call__ = es.jit(patches)
+
+    key, x = jax.random.key(0), jax.random.normal(jax.random.key(1), (3, 8, 8))
+    with pytest.raises(es.TracedFieldError, match="`patch_size: int = eqx.field"):
+        AsWritten(3, 8, 4, key)(x)
+    want = eqx.filter_jit(Upstream.__call__)(Upstream(3, 8, 4, key), x)
+    np.testing.assert_array_equal(Ported(3, 8, 4, key)(x), want)

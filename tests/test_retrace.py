@@ -106,7 +106,7 @@ numbers = st.lists(st.integers(-4, 4).map(float), min_size=2, max_size=3)
 @pytest.mark.parametrize("where", ["dispatcher", "public"])
 @pytest.mark.parametrize("route", sorted(ROUTES))
 @pytest.mark.parametrize("kind", sorted(MAKERS))
-@hypothesis.settings(max_examples=12, deadline=None)
+@hypothesis.settings(max_examples=3, deadline=None)
 @hypothesis.given(first=numbers, changed=numbers)
 def test_a_static_changed_in_place_after_keying_never_reaches_another_call(
     where, route, kind, first, changed

@@ -275,6 +275,31 @@ def test_a_library_s_line_follows_the_user_s(caplog):
     ), line
 
 
+def test_a_library_that_traces_a_body_itself_still_names_the_user_s_line(caplog):
+    """diffrax traces its solver's steps inside its own loop, from its own frames:
+    the operations that differ are placed at the user's `diffeqsolve(...)` line,
+    then diffrax's."""
+    diffrax = pytest.importorskip("diffrax")
+
+    class ODE(es.Module):
+        rate: jax.Array
+        solver: Any = eqx.field(static=True)
+
+        @es.jit
+        def __call__(self, y0):
+            term = diffrax.ODETerm(lambda t, y, args: -self.rate * y)
+            return diffrax.diffeqsolve(term, self.solver, 0.0, 1.0, 0.1, y0).ys  # solve
+
+    with caplog.at_level(logging.INFO, logger="eqx_static"):
+        ODE(jnp.float32(1.0), diffrax.Tsit5())(jnp.ones(2))
+        ODE(jnp.float32(1.0), diffrax.Euler())(jnp.ones(2))
+    (line,) = _compile_lines(caplog)
+    user = f"{HERE}:{_line(ODE.__call__.fn, '# solve')} in __call__"
+    assert re.search(
+        rf"first differ at {re.escape(user)}, inside diffrax \w+\.py:\d+ \(", line
+    ), line
+
+
 @es.jit
 def _table(x, k):
     y = x * 2
