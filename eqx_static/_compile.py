@@ -601,7 +601,10 @@ def _traced(
         except Exception as e:
             if isinstance(e, _report.RecompileError | _report.TracedFieldError):
                 raise
-            found = () if eager else _needs_concrete(call, reverse=False)
+            about_a_tracer = isinstance(e, jax.errors.ConcretizationTypeError) or (
+                "Tracer" in str(e)  # JAX's reprs of one: `JitTracer(int32[])`, ...
+            )
+            found = _needs_concrete(call, False) if about_a_tracer and not eager else ()
             error = _report.traced_field_error(
                 f.name(entry.key),
                 e,
@@ -661,16 +664,10 @@ def cache_miss(f: Function, entry: Entry, *leaves: Any) -> tuple:
     # `eqx.error_if` records the frames of its trace up to this marker (the name is
     # Equinox's): a new one per miss, as `eqx.filter_jit` makes one per call.
     __equinox_jit_id__ = os.urandom(16)
-    previous, _report.marker.current = _report.marker.current, __equinox_jit_id__
-    try:
-        with _quiet(f):
-            if _jax.under_transformation() or any(
-                isinstance(x, Tracer) for x in leaves
-            ):
-                return (_staged(f, entry, leaves), None, False)
-            return _top_level(f, entry, leaves)
-    finally:
-        _report.marker.current = previous
+    with _report.marked(__equinox_jit_id__), _quiet(f):
+        if _jax.under_transformation() or any(isinstance(x, Tracer) for x in leaves):
+            return (_staged(f, entry, leaves), None, False)
+        return _top_level(f, entry, leaves)
 
 
 class _Miss:
@@ -910,7 +907,6 @@ def _public(f: Function, entry: Entry, donated: tuple) -> Callable:
         if _in_hand(entry) is None:  # a trace here would need it: ask for it
             return NEED_CALL
         __equinox_jit_id__ = os.urandom(16)  # as in `cache_miss`
-        previous, _report.marker.current = _report.marker.current, __equinox_jit_id__
         w, traces, refused = _Window(f), _local.traces, False
         top = not (
             _jax.under_transformation() or any(isinstance(x, Tracer) for x in leaves)
@@ -919,7 +915,7 @@ def _public(f: Function, entry: Entry, donated: tuple) -> Callable:
         w.unplanned = _PGLE if top else _TRANSFORMED
         state.staged = state.staged or not top
         try:
-            with w, _quiet(f):
+            with w, _quiet(f), _report.marked(__equinox_jit_id__):
                 out = run(*leaves)
             if not top and _local.traces != traces and _jax.reverse_mode():
                 _check_reverse_mode(f, entry, jitted, leaves)
@@ -928,7 +924,6 @@ def _public(f: Function, entry: Entry, donated: tuple) -> Callable:
             refused = True
             raise
         finally:
-            _report.marker.current = previous
             if _local.traces != traces or w.number or refused:
                 f.book_miss()
                 if w.number and top:  # a signature compiled at the top level

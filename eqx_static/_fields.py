@@ -5,6 +5,7 @@ three tokens, and so are `0.0` and `-0.0`."""
 import copy
 import dataclasses
 import enum
+import functools
 import operator
 import struct
 import sys
@@ -383,3 +384,111 @@ def is_array_type(t: type) -> bool:
         array_types.add(t)
         return True
     return False
+
+
+# ----------------------------------------------------------------------------------
+# Values as JAX's flatten walks them: the kind of each type (read by the key walk and
+# by the guards it makes), and the search for a value inside itself.
+
+# How values of a type are walked, decided once per type.
+IS_ARRAY, IS_MODULE, IS_LIST, IS_DICT, IS_NONE, IS_NAMED, IS_OTHER = range(7)
+kinds: Final[dict[type, int]] = {}
+
+
+def kind_of(t: type, v: Any) -> int:
+    """How a value of type `t` is walked (`v` is one): decided once per type."""
+    if is_module_type(t):
+        k = IS_MODULE
+    elif is_array_type(t):
+        k = IS_ARRAY
+    elif t is tuple or t is list:
+        k = IS_LIST
+    elif t is dict:
+        k = IS_DICT
+    elif t is type(None):
+        k = IS_NONE
+    elif (
+        issubclass(t, tuple)
+        and _items_as_stored(t)
+        and one_level(v)[1].node_data() == (t, None)
+    ):
+        k = IS_NAMED  # a named tuple, which JAX flattens as its items
+    else:
+        k = IS_OTHER
+    kinds[t] = k
+    return k
+
+
+def _items_as_stored(t: type) -> bool:
+    """Whether indexing a `t` reads its items as JAX's flatten does (not a class
+    of its own `__getitem__`, `__iter__`, `__len__` or `__reversed__`)."""
+    reads = ("__getitem__", "__iter__", "__len__", "__reversed__")
+    return all(getattr(t, r, None) is getattr(tuple, r, None) for r in reads)
+
+
+def one_level(v: Any) -> tuple[list, Any]:
+    """The children of the pytree node `v`, and its one-level treedef."""
+    return jtu.tree_flatten(v, is_leaf=functools.partial(operator.is_not, v))
+
+
+def cycle_in(root: Any) -> str | None:
+    """The path to the first value found inside itself (`[i]`, `['k']`, `.field`
+    segments from `root`), or None."""
+    on_path: set[int] = set()
+    done: set[int] = set()
+    stack: list[tuple[Any, str, bool]] = [(root, "", False)]
+    while stack:
+        v, path, leaving = stack.pop()
+        if leaving:
+            on_path.discard(id(v))
+            done.add(id(v))
+        elif id(v) in on_path:
+            return path
+        elif id(v) not in done and (inside := children(v)):
+            on_path.add(id(v))
+            stack.append((v, path, True))
+            stack += [(c, f"{path}{seg}", False) for seg, c in reversed(inside)]
+    return None
+
+
+# Values that hold no other: a cycle search does not look inside them.
+_ATOMS: Final = SIMPLE | {bool, float, complex}
+
+
+def children(v: Any) -> list[tuple[str, Any]]:
+    """The values `v` holds, each with its path segment (`[i]`, `['k']`, `.f`)."""
+    t = type(v)
+    if t is dict:
+        return [(f"[{k!r}]", x) for k, x in v.items() if type(x) not in _ATOMS]
+    if is_module_type(t):
+        return [(f".{k}", x) for k, x in instance_dict(v).items()]
+    k = kinds.get(t)
+    if k is None:
+        k = kind_of(t, v)
+    if k == IS_LIST or k == IS_NAMED:
+        return [(f"[{i}]", x) for i, x in enumerate(v) if type(x) not in _ATOMS]
+    if k != IS_OTHER:
+        return []
+    try:
+        flat = one_level(v)[0]
+    except Exception:  # not a pytree JAX can open one level of
+        return []
+    return (
+        []
+        if len(flat) == 1 and flat[0] is v
+        else [(f"[{i}]", x) for i, x in enumerate(flat)]
+    )
+
+
+def path_to(values: tuple, target: object) -> str | None:
+    """The path (`[i]`, `['k']`, `.field` segments) of `target` among `values`."""
+    stack: list[tuple[Any, str]] = [(v, f"[{i}]") for i, v in enumerate(values)][::-1]
+    seen: set[int] = set()
+    while stack:
+        v, path = stack.pop()
+        if v is target:
+            return path
+        if id(v) not in seen:
+            seen.add(id(v))
+            stack += [(c, f"{path}{seg}") for seg, c in reversed(children(v))]
+    return None

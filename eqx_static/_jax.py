@@ -57,6 +57,15 @@ BOUND_METHOD_FIELDS: Final = tuple(
 )
 
 
+def allow_assignments(module: Any) -> None:
+    """Let `module` assign its fields, as Equinox lets one in its `__init__`."""
+    currently_initialising.add(module)
+
+
+def forbid_assignments(module: Any) -> None:
+    currently_initialising.remove(module)
+
+
 def equinox_error_info() -> tuple[str, list] | None:
     """The message and trace-time stack the last failing `eqx.error_if` left."""
     return _eqx_jit.last_error_info

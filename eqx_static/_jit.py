@@ -27,9 +27,9 @@ from ._compile import (
     NEED_CALL,
     new_entry,
 )
-from ._fields import UnhashableError
+from ._fields import path_to, UnhashableError
 from ._jax import hide_frames
-from ._key import argname, CyclicValue, Key, key_and_leaves, path_to
+from ._key import argname, CyclicValue, Key, key_and_leaves
 from ._report import unhashable_message
 
 
@@ -153,6 +153,8 @@ class _Jit(functools.partial, Generic[_P, _R]):
         self._is_static, self._options, self._signature = is_static, options, signature
         self._fn_leaves, self._owner, self._name = tuple(fn_leaves), None, None
         hot.es_jit = self  # pyright: ignore[reportFunctionMemberAccess]
+        # What an `es.Module` makes of `module.f` (it reads `es_bind` of a method).
+        hot.es_bind = functools.partial(BoundJit, hot)  # pyright: ignore[reportFunctionMemberAccess]
         for attr in ("cache_info", "cache_clear", "compile_info"):
             setattr(hot, attr, getattr(self, attr))
         return self
@@ -417,13 +419,6 @@ class BoundJit(functools.partial):
 
 def _rebind(wrapper: _Jit, obj: Any) -> BoundJit:
     return BoundJit(wrapper.func, obj)
-
-
-def bound(method: types.MethodType) -> Any:
-    """`module.f` for an `es.Module`: a `BoundJit` if `f` is an `es.jit` method."""
-    if hasattr(method.__func__, "es_jit"):
-        return BoundJit(method.__func__, method.__self__)
-    return method
 
 
 jtu.register_pytree_with_keys(

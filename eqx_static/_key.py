@@ -16,22 +16,28 @@ value). A node is self-delimiting:
 
 Flat, the key hashes and compares without recursion, however deep the nesting."""
 
-import functools
 import operator
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Final, NamedTuple
 
-import jax.tree_util as jtu
-
 from ._fields import (
     array_types,
+    cycle_in,
     FALSE,
     field_info,
     field_token,
     FieldInfo,
     instance_dict,
+    IS_ARRAY,
     is_array_type,
-    is_module_type,
+    IS_DICT,
+    IS_LIST,
+    IS_MODULE,
+    IS_NAMED,
+    IS_NONE,
+    kind_of,
+    kinds,
+    one_level,
     Sentinel,
     SIMPLE,
     token,
@@ -49,45 +55,6 @@ ODD, ARRAYS, SEQ, NAMED, DICT, TREE = map(
 )
 
 Key = tuple  # ((number of positional arguments, keyword names), *tokens)
-
-# How values of a type are walked, decided once per type.
-_ARRAY, _MODULE, _LIST, _DICT, _NONE, _NAMED, _OTHER = range(7)
-_kinds: Final[dict[type, int]] = {}
-
-
-def _kind(t: type, v: Any) -> int:
-    if is_module_type(t):
-        k = _MODULE
-    elif is_array_type(t):
-        k = _ARRAY
-    elif t is tuple or t is list:
-        k = _LIST
-    elif t is dict:
-        k = _DICT
-    elif t is type(None):
-        k = _NONE
-    elif (
-        issubclass(t, tuple)
-        and _items_as_stored(t)
-        and one_level(v)[1].node_data() == (t, None)
-    ):
-        k = _NAMED  # a named tuple, which JAX flattens as its items
-    else:
-        k = _OTHER
-    _kinds[t] = k
-    return k
-
-
-def _items_as_stored(t: type) -> bool:
-    """Whether indexing a `t` reads its items as JAX's flatten does (not a class
-    of its own `__getitem__`, `__iter__`, `__len__` or `__reversed__`)."""
-    reads = ("__getitem__", "__iter__", "__len__", "__reversed__")
-    return all(getattr(t, r, None) is getattr(tuple, r, None) for r in reads)
-
-
-def one_level(v: Any) -> tuple[list, Any]:
-    """The children of the pytree node `v`, and its one-level treedef."""
-    return jtu.tree_flatten(v, is_leaf=functools.partial(operator.is_not, v))
 
 
 class CyclicValue(ValueError):  # noqa: N818  (reworded by the caller, never shown)
@@ -109,24 +76,24 @@ def walk(values: Iterable[Any], tokens: list, leaves: list) -> None:
     while stack:
         v = stack.pop()
         t = type(v)
-        k = _kinds.get(t)
+        k = kinds.get(t)
         if k is None:
-            k = _kind(t, v)
-        if k == _ARRAY:
+            k = kind_of(t, v)
+        if k == IS_ARRAY:
             tokens.append(LEAF)
             leaves.append(v)
-        elif k == _MODULE:
+        elif k == IS_MODULE:
             _module(v, field_info(t), tokens, leaves, stack)
-        elif k == _LIST:
+        elif k == IS_LIST:
             if all_arrays(v):
                 tokens.append((ARRAYS, t, len(v)))
                 leaves += v
             else:
                 tokens.append((SEQ, t, len(v)))
                 stack += reversed(v)
-        elif k == _NONE:
+        elif k == IS_NONE:
             tokens.append(None)
-        elif k == _DICT:
+        elif k == IS_DICT:
             try:
                 keys = sorted(v)  # as JAX flattens a dict
             except TypeError:  # keys that do not sort: as JAX's flatten says
@@ -134,7 +101,7 @@ def walk(values: Iterable[Any], tokens: list, leaves: list) -> None:
                 continue
             tokens.append((DICT, tuple(map(token, keys)), len(keys)))
             stack += [v[key] for key in reversed(keys)]
-        elif k == _NAMED:
+        elif k == IS_NAMED:
             tokens.append((NAMED, t, len(v)))
             stack += reversed(v)
         else:
@@ -155,54 +122,6 @@ def _raise_if_cyclic(values: Iterable[Any]) -> None:
     path = cycle_in(list(values))
     if path is not None:
         raise CyclicValue(path)
-
-
-def cycle_in(root: Any) -> str | None:
-    """The path to the first value found inside itself (`[i]`, `['k']`, `.field`
-    segments from `root`), or None."""
-    on_path: set[int] = set()
-    done: set[int] = set()
-    stack: list[tuple[Any, str, bool]] = [(root, "", False)]
-    while stack:
-        v, path, leaving = stack.pop()
-        if leaving:
-            on_path.discard(id(v))
-            done.add(id(v))
-        elif id(v) in on_path:
-            return path
-        elif id(v) not in done and (children := _children(v)):
-            on_path.add(id(v))
-            stack.append((v, path, True))
-            stack += [(c, f"{path}{seg}", False) for seg, c in reversed(children)]
-    return None
-
-
-# Values that hold no other: a cycle search does not look inside them.
-_ATOMS: Final = SIMPLE | {bool, float, complex}
-
-
-def _children(v: Any) -> list[tuple[str, Any]]:
-    t = type(v)
-    if t is dict:
-        return [(f"[{k!r}]", x) for k, x in v.items() if type(x) not in _ATOMS]
-    if is_module_type(t):
-        return [(f".{k}", x) for k, x in instance_dict(v).items()]
-    k = _kinds.get(t)
-    if k is None:
-        k = _kind(t, v)
-    if k == _LIST or k == _NAMED:
-        return [(f"[{i}]", x) for i, x in enumerate(v) if type(x) not in _ATOMS]
-    if k != _OTHER:
-        return []
-    try:
-        flat = one_level(v)[0]
-    except Exception:  # not a pytree JAX can open one level of
-        return []
-    return (
-        []
-        if len(flat) == 1 and flat[0] is v
-        else [(f"[{i}]", x) for i, x in enumerate(flat)]
-    )
 
 
 def _module(v: Any, info: FieldInfo, tokens: list, leaves: list, stack: list) -> None:
@@ -608,17 +527,3 @@ def leaves_of_first(key: Key) -> int:
         count += n.leaves
         i = n.next
     return count
-
-
-def path_to(values: tuple, target: object) -> str | None:
-    """The path (`[i]`, `['k']`, `.field` segments) of `target` among `values`."""
-    stack: list[tuple[Any, str]] = [(v, f"[{i}]") for i, v in enumerate(values)][::-1]
-    seen: set[int] = set()
-    while stack:
-        v, path = stack.pop()
-        if v is target:
-            return path
-        if id(v) not in seen:
-            seen.add(id(v))
-            stack += [(c, f"{path}{seg}") for seg, c in reversed(_children(v))]
-    return None

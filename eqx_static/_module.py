@@ -5,6 +5,7 @@ fields."""
 
 import dataclasses
 import difflib
+import functools
 import inspect
 import logging
 import operator
@@ -29,6 +30,7 @@ except ImportError:  # pragma: no cover
     beartype = None
 
 from ._fields import (
+    cycle_in,
     field_info,
     FieldInfo,
     instance_dict,
@@ -37,8 +39,6 @@ from ._fields import (
     UNIONS,
 )
 from ._jax import BOUND_METHOD_FIELDS, BoundMethod, is_named_dim, jaxtyped_class
-from ._jit import bound
-from ._key import cycle_in
 
 
 def unknown_field_error(
@@ -402,8 +402,18 @@ def _named_sizes(ann: Any, value: Any) -> dict[str, int]:
 # ----------------------------------------------------------------------------------
 
 # `es.edit`'s copies of `es.Module`s, by id, each with what to call before a read of
-# one of its fields (copy on write). Filled and emptied by `_update.edit`.
-editing: Final[dict[int, Callable[[Any, str], None]]] = {}
+# one of its fields (copy on write): `watch_reads` and `unwatch`, from `es.edit`.
+_editing: Final[dict[int, Callable[[Any, str], None]]] = {}
+
+
+def watch_reads(module: Any, before_read: Callable[[Any, str], None]) -> None:
+    """Call `before_read(module, name)` before each read of an attribute."""
+    _editing[id(module)] = before_read
+
+
+def unwatch(module: Any) -> None:
+    _editing.pop(id(module), None)
+
 
 _Self = TypeVar("_Self", bound="Module")
 
@@ -510,14 +520,15 @@ class Module(eqx.Module):
             d = instance_dict(self)
             if type(d) is not dict:  # a failed edit's copy: raises, saying why
                 d.on_read(name)
-            if editing and id(self) in editing:
-                editing[id(self)](self, name)
+            if _editing and id(self) in _editing:
+                _editing[id(self)](self, name)
             if name == "__dict__":  # Equinox's flatten, on every `jax.tree.map`
                 return d
             out = object.__getattribute__(self, name)
             if type(out) is types.MethodType and out.__self__ is self:
-                if hasattr(out.__func__, "es_jit"):
-                    return bound(out)
+                bind = getattr(out.__func__, "es_bind", None)  # an `es.jit` method's
+                if bind is not None:
+                    return bind(self)
                 if not (name.startswith("__") and name.endswith("__")):
                     if name != "_abc_impl":
                         return _bound_method(out.__func__, self)
@@ -542,6 +553,25 @@ class Module(eqx.Module):
         def with_dynamic(self: _Self, **changes: Any) -> _Self:
             """Return a copy with dynamic fields replaced; see `es.with_dynamic`."""
             ...
+
+
+class _Method:
+    """`module.with_static`: the update function bound with `functools.partial`,
+    where a plain method read off an `eqx.Module` would become an Equinox
+    `BoundMethod`, made by walking every leaf of the module."""
+
+    def __init__(self, fn: Any):
+        self.fn = fn
+        functools.update_wrapper(self, fn)  # pyright: ignore[reportArgumentType]
+
+    def __get__(self, obj: object, owner: type | None = None) -> Any:
+        return self.fn if obj is None else functools.partial(self.fn, obj)
+
+
+def provide_updates(with_static: Callable, with_dynamic: Callable) -> None:
+    """Give `es.Module` its update methods (the functions of `_update`)."""
+    Module.with_static = _Method(with_static)  # pyright: ignore[reportAttributeAccessIssue]
+    Module.with_dynamic = _Method(with_dynamic)  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def _bound_method(func: Any, obj: Any) -> Any:

@@ -6,6 +6,7 @@ a key's nodes (`_key.walk`), the `Change`s between two keys, and each program's
 per-operation summary (`ops_of`)."""
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -714,7 +715,18 @@ class _Marker(threading.local):
     current: bytes | None = None
 
 
-marker: Final = _Marker()
+_marker: Final = _Marker()
+
+
+@contextlib.contextmanager
+def marked(jit_id: bytes) -> Iterator[None]:
+    """Within, an `eqx.error_if` failure shows the stack up to `jit_id` (the value of
+    a local `__equinox_jit_id__` of the caller, where Equinox looks for it)."""
+    previous, _marker.current = _marker.current, jit_id
+    try:
+        yield
+    finally:
+        _marker.current = previous
 
 
 def reporting_errors(
@@ -739,7 +751,7 @@ def reporting_errors(
             if info is None or "_EquinoxRuntimeError: " not in str(e):
                 raise
             msg, frames = info
-            mine = itertools.takewhile(lambda f: f != marker.current, frames)
+            mine = itertools.takewhile(lambda f: f != _marker.current, frames)
             stack = "".join(reversed([f for f in mine if type(f) is str]))
             error = _jax.on_error_message.format(msg=msg, stack=stack)
             raise eqx.EquinoxRuntimeError(error) from None

@@ -12,15 +12,16 @@ import equinox as eqx
 import jax.tree_util as jtu
 
 from ._fields import field_info, FieldInfo, instance_dict, is_module, is_module_type
-from ._jax import currently_initialising
+from ._jax import allow_assignments, forbid_assignments
 from ._module import (
     CONTAINERS,
     convert_and_check,
     drop_cached,
-    editing,
-    Module,
+    provide_updates,
     run_check_inits,
     unknown_field_error,
+    unwatch,
+    watch_reads,
 )
 
 
@@ -314,7 +315,7 @@ def materialise(record: _Copy, copy: Any, name: str) -> None:
             record.pending.discard(k)
             d[k] = record.start[k] = _copy_child(d[k], record)
     if not record.pending:
-        editing.pop(id(copy), None)
+        unwatch(copy)
 
 
 class Defunct(dict):
@@ -397,8 +398,8 @@ class edit(Generic[_M]):  # noqa: N801  (used like a function: `with es.edit(m)`
                 ok = True
         finally:
             for c in self._copies:
-                currently_initialising.remove(c.copy)
-                editing.pop(id(c.copy), None)
+                forbid_assignments(c.copy)
+                unwatch(c.copy)
                 if not ok:  # nothing is produced: make any use of the copy fail
                     _DICT.__set__(c.copy, Defunct(type(c.copy).__qualname__))
 
@@ -415,11 +416,11 @@ def _copy_module(obj: Any, copies: list[_Copy]) -> Any:
             k for k, v in od.items() if type(v) in CONTAINERS or is_module_type(type(v))
         }
         if record.pending:
-            editing[id(copy)] = functools.partial(materialise, record)
+            watch_reads(copy, functools.partial(materialise, record))
     else:
         d.update({k: _copy_child(v, record) for k, v in od.items()})
     record.start = dict(d)
-    currently_initialising.add(copy)
+    allow_assignments(copy)
     return copy
 
 
@@ -574,18 +575,4 @@ def _restore(value: Any, originals: dict[int, Any], original: Any) -> Any:
 _DICT: Final = eqx.Module.__dict__["__dict__"]
 
 
-class _Method:
-    """`module.with_static`: the update function bound with `functools.partial`,
-    where a plain method read off an `eqx.Module` would become an Equinox
-    `BoundMethod`, made by walking every leaf of the module."""
-
-    def __init__(self, fn: Any):
-        self.fn = fn
-        functools.update_wrapper(self, fn)  # pyright: ignore[reportArgumentType]
-
-    def __get__(self, obj: object, owner: type | None = None) -> Any:
-        return self.fn if obj is None else functools.partial(self.fn, obj)
-
-
-Module.with_static = _Method(with_static)  # pyright: ignore[reportAttributeAccessIssue]
-Module.with_dynamic = _Method(with_dynamic)  # pyright: ignore[reportAttributeAccessIssue]
+provide_updates(with_static, with_dynamic)

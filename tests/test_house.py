@@ -59,3 +59,30 @@ def test_the_counts_are_rewritten_in_place():
     )
     new = house.rewrite(page, {"_a.py": (1200, 800)})
     assert new == page.replace("1 / 1", "1,200 / 800").replace("9 / 9", "1,200 / 800")
+
+
+def test_the_data_layer_imports_nothing_of_the_jit_and_no_module_writes_another_s():
+    house = _house()
+    assert house.layer_problems() == []
+    assert house.write_problems() == []
+
+
+def test_the_layer_and_write_checks_can_fail(tmp_path, monkeypatch):
+    """`_module` importing `_jit`; writes into another module's state, each kind."""
+    house = _house()
+    (tmp_path / "_module.py").write_text("from . import _jit\n")
+    (tmp_path / "_jit.py").write_text(
+        "from . import _jax\nfrom ._report import table, marker\n\n"
+        "def f():\n"
+        "    _jax.DISPATCH = False\n"  # 5: an attribute of another module
+        "    table['k'] = 1\n"  # 6: an item of another module's dict
+        "    del table['k']\n"  # 7
+        "    table.pop('k', None)\n"  # 8: a mutating method
+        "    marker.current = 1\n"  # 9: an attribute of another module's object
+        "    own = {}\n    own['k'] = table.get('k')\n"  # 10-11: no
+    )
+    monkeypatch.setattr(house, "PACKAGE", tmp_path)
+    assert house.layer_problems() == ["the data layer imports the jit: _module -> _jit"]
+    assert house.write_problems() == [
+        f"writes another module's global: _jit.py:{n}" for n in (5, 6, 7, 8, 9)
+    ]

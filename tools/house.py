@@ -1,6 +1,7 @@
 """The shape of the package: its modules' line counts, written into the module
-table of `docs/development.md` ("How it is built"), and its imports (no cycle, no
-import inside a function).
+table of `docs/development.md` ("How it is built"); its imports (no cycle, no
+import inside a function, the data layer importing nothing of the jit); and no
+module writing another's globals (a module owns its state and exposes functions).
 
     python tools/house.py            # print the counts and check the imports
     python tools/house.py --write    # also rewrite the counts in docs/development.md
@@ -85,6 +86,75 @@ def import_problems() -> list[str]:
     return problems
 
 
+# The data layer: `es.Module`, its field facts and updates, and the private names
+# they use. It imports nothing of the jit, the key or the cache.
+DATA_LAYER = {"_fields", "_module", "_update", "_jax"}
+_MUTATORS = {
+    "append", "extend", "insert", "pop", "popitem", "remove", "clear", "update",
+    "setdefault", "add", "discard", "sort", "reverse",
+}  # fmt: skip
+
+
+def layer_problems() -> list[str]:
+    """A module of the data layer that imports one outside it."""
+    problems = []
+    for name in sorted(DATA_LAYER):
+        path = PACKAGE / f"{name}.py"
+        if path.exists():
+            for other in sorted(imports(path)[0] - DATA_LAYER):
+                problems.append(f"the data layer imports the jit: {name} -> {other}")
+    return problems
+
+
+def global_writes(path: Path) -> list[str]:
+    """Where `path` writes a global of another module of the package: assigns an
+    attribute of one or of an object imported from one (`_jax.X = ...`,
+    `marker.current = ...`), an item of such an object (`table[k] = v`, `del
+    table[k]`), or calls a mutating method on one (`table.pop(k)`)."""
+    tree = ast.parse(path.read_text())
+    modules, names = set(), set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            bound = {a.asname or a.name for a in node.names}
+            (names if node.module else modules).update(bound)
+    foreign = modules | names
+
+    def base(node: ast.AST) -> str | None:
+        while isinstance(node, ast.Attribute | ast.Subscript):
+            node = node.value
+        return node.id if isinstance(node, ast.Name) else None
+
+    found: list[int] = []
+    for node in ast.walk(tree):
+        targets: list[ast.AST] = []
+        if isinstance(node, ast.Assign | ast.Delete):
+            targets = list(node.targets)
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        for t in targets:
+            if isinstance(t, ast.Attribute | ast.Subscript) and base(t) in foreign:
+                found.append(node.lineno)
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in _MUTATORS
+        ):
+            receiver = node.func.value
+            of_name = isinstance(receiver, ast.Name) and receiver.id in names
+            in_module = not isinstance(receiver, ast.Name) and base(receiver) in modules
+            if of_name or in_module:
+                found.append(node.lineno)
+    return [f"{path.name}:{n}" for n in sorted(set(found))]
+
+
+def write_problems() -> list[str]:
+    return [
+        f"writes another module's global: {where}"
+        for path in sorted(PACKAGE.glob("*.py"))
+        for where in global_writes(path)
+    ]
+
+
 def table() -> dict[str, tuple[int, int]]:
     return {p.name: line_counts(p) for p in sorted(PACKAGE.glob("*.py"))}
 
@@ -118,7 +188,7 @@ def main(argv: list[str]) -> int:
     elif "--check" in argv and new != page:
         print(f"{where}'s line counts are stale: run `python tools/house.py --write`")
         status = 1
-    for problem in import_problems():
+    for problem in import_problems() + layer_problems() + write_problems():
         print(problem)
         status = 1
     return status
