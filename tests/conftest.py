@@ -7,7 +7,6 @@ accident of promotion; `pyproject.toml` turns every warning into an error.
 
 import jax
 import pytest
-from eqx_static import _jax
 
 
 jax.config.update("jax_numpy_dtype_promotion", "strict")
@@ -35,6 +34,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
     """The fast tier by default: `slow` tests run with `--slow` (or when `-m`
     selects by marker itself, as the mutation runs do). On the public `jax.jit`
     path, tests of programs shared between keys are skipped."""
+    from eqx_static import _jax  # here: jaxtyping's plugin must see it unimported
+
     if not _jax.SHARING:
         skip = pytest.mark.skip(reason="keys share no program on this path")
         for item in items:
