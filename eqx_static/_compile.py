@@ -37,7 +37,7 @@ from jax.core import Tracer
 
 from . import _jax, _report
 from ._fields import ARRAY_TYPES, is_array_type, Sentinel
-from ._key import first_class, Key, leaf_visits, leaves_of_first, make_guard
+from ._key import first_class, Key, Layout, leaf_visits, leaves_of_first
 from ._report import Change, Compile, Seen
 from ._sharing import (
     digest,
@@ -136,7 +136,7 @@ class Entry:
         self.key, self.used = key, 0  # `used`: when last called, for `maxsize`
         self.call: Callable = _unset  # what a hit calls: the dispatcher, maybe wrapped
         self.dispatch: Any = None
-        self.guard: Callable | None = None  # `_key.make_guard`
+        self.guard: Callable | None = None  # made at its second call (`_guard`)
         self.helper: Any = None  # its `jax.jit`, for the miss path only
         self.runs: dict[tuple, Program] = {}
 
@@ -154,14 +154,14 @@ class Function:
     books. Shared by every wrapper of the same function with the same options; the
     lock guards bookkeeping only."""
 
-    def __init__(self, fn: Callable, fn_key: Key | None, n_fn: int, argnames: tuple,
+    def __init__(self, fn: Callable, fn_key: Key | None, n_fn: int, layout: Layout,
                  donate: str, maxsize: int | None, max_compiles: int | None,
                  warn_after: int | None):  # fmt: skip
         # The function itself is not kept: a trace calls the one in the call's hand.
-        self.fn_key, self.n_fn, self.argnames, self.donate = (
+        self.layout, self.argnames = layout, layout.names
+        self.fn_key, self.n_fn, self.donate = (
             fn_key,
             n_fn,
-            argnames,
             donate,
         )
         self.maxsize, self.max_compiles, self.warn_after = (
@@ -171,7 +171,7 @@ class Function:
         )
         self.qualname: str = qualname(fn)
         self.short: str = getattr(fn, "__name__", None) or self.qualname
-        self.method = argnames[:1] == ("self",)
+        self.method = layout.names[:1] == ("self",)
         code = getattr(fn, "__code__", None)  # where the user's function is
         self.where = f"{code.co_filename}:{code.co_firstlineno}" if code else ""
         # A plain function made again and again (a lambda in a loop): its code, and
@@ -181,7 +181,8 @@ class Function:
         self.quiet = donate in ("all", "all-except-first")
         self.lock = threading.Lock()
         self.entries: dict[Key, Entry] = {}
-        self.slots: dict[type | None, Entry] = {}  # the last entry per first class
+        self.guard_sets = weakref.WeakSet[dict]()  # each wrapper's guards, by class
+        self.general = 0  # calls no guard served
         self.calls = itertools.count()  # counted in C at the end of every call
         self.clock = itertools.count(1)  # for `Entry.used`
         self.misses = self.at_clear = self.size = 0  # size: signatures held
@@ -210,11 +211,18 @@ class Function:
         with self.lock:
             for e in self.entries.values():
                 e.runs.clear()
-            for d in (self.entries, self.slots, self.programs, self.held, self.reused):
+            for d in (
+                self.entries,
+                self.programs,
+                self.held,
+                self.reused,
+                *self.guard_sets,
+            ):
                 d.clear()
             self.history.clear()
             self.recent.clear()
             self.at_clear, self.misses, self.size = _read(self.calls), 0, 0
+            self.general = 0
             self.warned = False
 
     def name(self, key: Key) -> str:
@@ -317,8 +325,9 @@ class Function:
 
     def _evict(self, entry: Entry) -> None:
         del self.entries[entry.key]
-        for cls in [c for c, e in self.slots.items() if e is entry]:
-            del self.slots[cls]
+        for guards in self.guard_sets:  # the entry's own guard is gone too
+            for cls, held in list(guards.items()):
+                guards[cls] = tuple(g for g in held if g.es_entry is not entry)
         self._empty(entry)
         self.recent = collections.deque(
             (s for s in self.recent if s.key is not entry.key), maxlen=64
@@ -390,8 +399,7 @@ class Call(NamedTuple):
 
     entry: Entry
     fn: Callable
-    args: tuple
-    kwargs: dict[str, Any]
+    values: tuple  # the call's arguments, as its function's `Layout` lays them out
     leaves: Sequence  # what the dispatcher is called with: the traced leaves
 
 
@@ -427,10 +435,10 @@ def _in_hand(entry: Entry) -> Call | None:
     return call if call is not None and call.entry is entry else None
 
 
-def _with_leaves(call: Call, leaves: Sequence) -> tuple[Callable, tuple, dict]:
-    """The call's own function and arguments, with `leaves` (tracers) in place of
-    its arrays: flattened and rebuilt by JAX, as `eqx.filter_jit` does."""
-    flat, treedef = jtu.tree_flatten((call.fn, call.args, call.kwargs))
+def _with_leaves(call: Call, leaves: Sequence) -> tuple[Callable, tuple]:
+    """The call's own function and values, with `leaves` (tracers) in place of its
+    arrays: flattened and rebuilt by JAX, as `eqx.filter_jit` does."""
+    flat, treedef = jtu.tree_flatten((call.fn, call.values))
     at = [i for i, x in enumerate(flat) if is_array_type(type(x))]
     if len(at) != len(leaves) or any(flat[i] is not x for i, x in zip(at, call.leaves)):
         raise RuntimeError(
@@ -447,7 +455,7 @@ def _with_leaves(call: Call, leaves: Sequence) -> tuple[Callable, tuple, dict]:
 # A key's dispatcher and entry.
 
 
-def new_entry(f: Function, key: Key, leaves: Sequence, args: tuple) -> Entry:
+def new_entry(f: Function, key: Key, leaves: Sequence) -> Entry:
     """A key's entry, in the cache at once: a call from another thread during its
     first miss finds it, and JAX's dispatcher makes it wait instead of tracing."""
     entry = Entry(key)
@@ -464,7 +472,6 @@ def new_entry(f: Function, key: Key, leaves: Sequence, args: tuple) -> Entry:
         entry.call = _calling(f, entry, reports=False)
     else:
         entry.call = _public(f, entry, donated)
-    entry.guard = make_guard(key, args)
     with f.lock:
         return f.entries.setdefault(key, entry)
 
@@ -499,22 +506,24 @@ def _is_number(dtype: Any) -> bool:  # not a PRNG key, whose dtype is JAX's own
     return jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_)
 
 
-def _needs_concrete(call: Call, reverse: bool) -> list[int]:
+def _needs_concrete(f: Function, call: Call, reverse: bool) -> list[int]:
     """The numbers of the call that must be Python values for its trace (if
     `reverse`: its reverse-mode derivative) to succeed; none if that is not enough."""
     numbers = _numbers(call)
     if not numbers or len(numbers) > _MAX_DIAGNOSED:
         return []
     concrete = set(numbers)
-    if _replay(call, concrete, reverse) is not None:
+    if _replay(f, call, concrete, reverse) is not None:
         return []
     for i in numbers:
-        if _replay(call, concrete - {i}, reverse) is None:
+        if _replay(f, call, concrete - {i}, reverse) is None:
             concrete.discard(i)
     return sorted(concrete)
 
 
-def _replay(call: Call, concrete: set[int], reverse: bool) -> Exception | None:
+def _replay(
+    f: Function, call: Call, concrete: set[int], reverse: bool
+) -> Exception | None:
     """Trace the call in hand abstractly with the leaves in `concrete` as Python
     numbers (if `reverse`, its reverse-mode derivative too); the error, if any."""
     free = [i for i in range(len(call.leaves)) if i not in concrete]
@@ -525,8 +534,7 @@ def _replay(call: Call, concrete: set[int], reverse: bool) -> Exception | None:
             leaves[i] = leaves[i].item()
         for i, x in zip(free, xs):
             leaves[i] = x
-        fn, args, kwargs = _with_leaves(call, leaves)
-        return fn(*args, **kwargs)
+        return f.layout.call(*_with_leaves(call, leaves))
 
     avals = [jax.ShapeDtypeStruct(*_shape_dtype(call.leaves[i])) for i in free]
     try:
@@ -569,12 +577,12 @@ def _check_reverse_mode(f: Function, entry: Entry, helper: Any, leaves: tuple) -
     ops = _report.ops_of(helper.trace(*leaves).jaxpr)
     if not any(op.name == "while" for op in ops):
         return
-    e = _replay(call, set(), reverse=True)
+    e = _replay(f, call, set(), reverse=True)
     if e is None or "Reverse-mode differentiation does not work" not in str(e):
         return
     visits = leaf_visits(entry.key, f.argnames)
     error = _report.traced_field_error(
-        f.name(entry.key), e, visits, f.n_fn, f.where, _needs_concrete(call, True)
+        f.name(entry.key), e, visits, f.n_fn, f.where, _needs_concrete(f, call, True)
     )
     if error is not None:
         raise error from None
@@ -592,19 +600,21 @@ def _traced(
             return NEED_CALL
         if eager or _jax.jit_disabled():  # it runs, as under `eqx.filter_jit`
             f.book_miss()
-            fn, args, kwargs = call.fn, call.args, call.kwargs
+            fn, values = call.fn, call.values
         else:
             _local.traces += 1
-            fn, args, kwargs = _with_leaves(call, _es_leaves)
+            fn, values = _with_leaves(call, _es_leaves)
         try:
-            out = fn(*args, **kwargs)
+            out = f.layout.call(fn, values)
         except Exception as e:
             if isinstance(e, _report.RecompileError | _report.TracedFieldError):
                 raise
             about_a_tracer = isinstance(e, jax.errors.ConcretizationTypeError) or (
                 "Tracer" in str(e)  # JAX's reprs of one: `JitTracer(int32[])`, ...
             )
-            found = _needs_concrete(call, False) if about_a_tracer and not eager else ()
+            found = (
+                _needs_concrete(f, call, False) if about_a_tracer and not eager else ()
+            )
             error = _report.traced_field_error(
                 f.name(entry.key),
                 e,

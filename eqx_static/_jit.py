@@ -1,11 +1,14 @@
 """`es.jit`: the wrapper, its options, the hit path, bound methods and AOT.
 
-A call is keyed (`_key.py`) and looked up in its function's cache; a hit calls the
-entry's own `jax.jit`, whose C++ dispatch checks the avals. Anything else goes to
-the miss path (`_compile.py`)."""
+Every call runs a function made for the wrapped function's signature: it tries the
+guards (`_guard.py`) of the keys of its first value's class, each of which checks
+the call against its key and calls the key's own `jax.jit` dispatcher, whose C++
+checks the avals. A call no guard serves is keyed (`_key.py`) and looked up; a new
+key, or a miss at its dispatcher, goes to the miss path (`_compile.py`)."""
 
 import functools
 import inspect
+import logging
 import threading
 import types
 import weakref
@@ -15,6 +18,7 @@ from typing import Any, Final, Generic, get_args, Literal, overload, ParamSpec, 
 import equinox as eqx
 import jax.tree_util as jtu
 
+from . import _guard
 from ._compile import (
     CacheInfo,
     Call,
@@ -29,7 +33,7 @@ from ._compile import (
 )
 from ._fields import path_to, UnhashableError
 from ._jax import hide_frames
-from ._key import argname, CyclicValue, Key, key_and_leaves
+from ._key import CyclicValue, GENERIC, Key, key_and_leaves, Layout, OWN
 from ._report import unhashable_message
 
 
@@ -62,42 +66,93 @@ def f(cls, x): ...
 """
 
 
-class _Signature:
-    """Binds a call with the callable's own signature (a decorator's defaults are its
-    own) and defaults, so that `f(x)`, `f(x, 2.0)`, `f(x, scale=2.0)` are one key. A
-    default that cannot be keyed (a set, an options object Python cannot hash)
-    belongs to the function, as under `eqx.filter_jit`: left for Python to fill."""
+# ----------------------------------------------------------------------------------
+# A call's values: the function's parameters in order (`_key.Layout`), bound by a
+# generated function of the same signature, so that Python binds keywords and
+# defaults in C and `f(x)`, `f(x, 2.0)`, `f(x, scale=2.0)` are one key.
+
+
+def _layout(fn: Callable) -> tuple[Layout, str]:
+    """The layout of `fn`'s calls, and the parameter list of a function that takes
+    what `fn` takes (its own names; defaults `_es_d<i>`, from `_defaults(fn)`, and
+    `_es_own` for one that cannot be keyed: the function's own, as under
+    `eqx.filter_jit`). Without a signature: what the caller passed."""
+    params = _parameters(fn)
+    if params is None or not _ownable(params):
+        return GENERIC, "*args, **kwargs"
+    source, star, star_star, positional = [], None, None, 0
+    for i, p in enumerate(params):
+        name = p.name
+        if p.default is not p.empty:
+            name += f"=_es_d{i}" if _keyable(p.default) else "=_es_own"
+        if p.kind is p.VAR_POSITIONAL:
+            star, name = i, f"*{p.name}"
+        elif p.kind is p.VAR_KEYWORD:
+            star_star, name = i, f"**{p.name}"
+        elif p.kind is p.KEYWORD_ONLY:
+            if star is None and "*" not in source:
+                source.append("*")
+        else:
+            positional += 1
+        source.append(name)
+        if p.kind is p.POSITIONAL_ONLY and (
+            i + 1 == len(params) or params[i + 1].kind is not p.POSITIONAL_ONLY
+        ):
+            source.append("/")
+    names = tuple(p.name for p in params)
+    return Layout(names, positional, star, star_star), ", ".join(source)
+
+
+def _ownable(params: list[inspect.Parameter]) -> bool:
+    """Whether each default that cannot be keyed can be left out of a call: a
+    positional one must not be followed by `*args` or a positional-only one."""
+    for i, p in enumerate(params):
+        if p.default is p.empty or p.kind is p.KEYWORD_ONLY or _keyable(p.default):
+            continue
+        rest = [q.kind for q in params[i + 1 :]]
+        if p.VAR_POSITIONAL in rest or p.POSITIONAL_ONLY in rest:
+            return False
+    return True
+
+
+def _parameters(fn: Callable) -> list[inspect.Parameter] | None:
+    try:  # the callable's own (a decorator's defaults are its own)
+        return list(inspect.signature(fn, follow_wrapped=False).parameters.values())
+    except (TypeError, ValueError):
+        return None
+
+
+def _defaults(fn: Callable) -> dict[str, Any]:
+    params = _parameters(fn) or []
+    return {
+        f"_es_d{i}": p.default
+        for i, p in enumerate(params)
+        if p.default is not p.empty and _keyable(p.default)
+    }
+
+
+def _keyable(v: Any) -> bool:
+    try:
+        key_and_leaves((v,))
+    except (UnhashableError, CyclicValue):
+        return False
+    return True
+
+
+class _Binding:
+    """For a callable whose layout is `(args, kwargs)` but which has a signature:
+    its keyable defaults bound, as `eqx.filter_jit` binds them."""
 
     def __init__(self, fn: Callable):
-        self.n, self.names, self.tail, self.defaults = -1, (), (), {}
-        try:
-            self.sig: inspect.Signature | None = inspect.signature(
-                fn, follow_wrapped=False
-            )
-        except (TypeError, ValueError):
-            self.sig = None
-            return
-        params = list(self.sig.parameters.values())
-        positional = [
-            p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
-        self.names = tuple(p.name for p in positional)
+        params = _parameters(fn)
+        self.sig = None if params is None else inspect.Signature(params)
         self.defaults = {
             p.name: p.default
-            for p in params
+            for p in params or ()
             if p.default is not p.empty and _keyable(p.default)
         }
-        # The defaults of the trailing parameters (only defaults follow a default).
-        self.tail = tuple(p.default for p in positional if p.default is not p.empty)
-        plain = len(positional) == len(params)  # no *args, keyword-only, **kwargs
-        defaulted = positional[len(positional) - len(self.tail) :]
-        if plain and all(p.name in self.defaults for p in defaulted):
-            self.n = len(positional)
 
-    def bind(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
-        n = self.n
-        if not kwargs and n >= 0 and n - len(self.tail) <= len(args) < n:
-            return args + self.tail[len(args) - n :], kwargs
+    def __call__(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
         if self.sig is None:
             return args, kwargs
         try:
@@ -109,25 +164,40 @@ class _Signature:
         return bound.args, bound.kwargs
 
 
-def _keyable(v: Any) -> bool:
-    try:
-        key_and_leaves((v,), {})
-    except (UnhashableError, CyclicValue):
-        return False
-    return True
+# ----------------------------------------------------------------------------------
+# The wrapper.
+
+_MAX_GUARDS: Final = 8  # per class of the first value: keys of one class in turn
+
+
+class _Slots(dict):
+    """A wrapper's guards, by the class of the first value of a call (a `dict` that
+    can be weakly referred to: its function drops the guards of evicted keys)."""
+
+    __hash__ = object.__hash__  # pyright: ignore[reportAssignmentType]  (in a `WeakSet`)
+    __eq__ = object.__eq__  # pyright: ignore[reportAssignmentType]  (by identity)
+
+    def __reduce__(self) -> Any:  # a copy of the wrapper starts with none
+        return (_Slots, ())
 
 
 class _Jit(functools.partial, Generic[_P, _R]):
-    """The wrapper returned by [`eqx_static.jit`][]: calling it calls its hot path
-    (`functools.partial` calls it in C); read off an instance, it binds it."""
+    """The wrapper returned by [`eqx_static.jit`][]. Calling it calls a function
+    made for the wrapped function's signature (`functools.partial` calls it in C);
+    defined in a class body, that function itself becomes the method, so that
+    `m(x)` binds nothing."""
 
     fn: Callable[_P, _R]
     qualname: str
     f: Function
+    hot: Callable
     _is_static: bool
     _options: tuple
-    _signature: _Signature
+    _layout: Layout
     _fn_leaves: tuple
+    _bind: Callable
+    _lru: bool
+    _slots: _Slots
     _owner: type | None
     _name: str | None
 
@@ -143,19 +213,28 @@ class _Jit(functools.partial, Generic[_P, _R]):
                 f"`es.jit` takes a function or method, got {type(fn).__name__}."
             )
         _check_options(donate, maxsize, max_compiles, warn_after)
-        signature = _Signature(fn)
+        layout, params = _layout(fn)
         options = (donate, maxsize, max_compiles, warn_after)
-        f, fn_leaves = _function(fn, signature.names, options)
-        hot = _hot_path(f, fn, signature, tuple(fn_leaves))
+        f, fn_leaves = _function(fn, layout, options)
+        hot, bind = _hot(f, layout, params, fn)
         self = super().__new__(cls, hot)
         functools.update_wrapper(self, fn)  # pyright: ignore[reportArgumentType]
-        self.fn, self.qualname, self.f = fn, f.qualname, f  # pyright: ignore[reportAttributeAccessIssue]
-        self._is_static, self._options, self._signature = is_static, options, signature
-        self._fn_leaves, self._owner, self._name = tuple(fn_leaves), None, None
-        hot.es_jit = self  # pyright: ignore[reportFunctionMemberAccess]
+        self.fn, self.qualname, self.f, self.hot = fn, f.qualname, f, hot  # pyright: ignore[reportAttributeAccessIssue]
+        self._is_static, self._options, self._layout = is_static, options, layout
+        self._fn_leaves, self._bind = tuple(fn_leaves), bind
+        self._slots, self._owner, self._name = _Slots(), None, None
+        f.guard_sets.add(self._slots)
+        self._lru = f.maxsize is not None
+        hot.__globals__.update(
+            _es_slots=self._slots,
+            _es_general=self._general,
+            _es_runtime=eqx.EquinoxRuntimeError,
+        )
+        functools.update_wrapper(hot, fn)  # pyright: ignore[reportArgumentType]
+        hot.es_jit, hot.fn = self, fn  # pyright: ignore[reportFunctionMemberAccess]
         # What an `es.Module` makes of `module.f` (it reads `es_bind` of a method).
         hot.es_bind = functools.partial(BoundJit, hot)  # pyright: ignore[reportFunctionMemberAccess]
-        for attr in ("cache_info", "cache_clear", "compile_info"):
+        for attr in ("cache_info", "cache_clear", "compile_info", "lower"):
             setattr(hot, attr, getattr(self, attr))
         return self
 
@@ -165,14 +244,16 @@ class _Jit(functools.partial, Generic[_P, _R]):
         raise AttributeError(_MSG_DECORATOR_ORDER)
 
     def __set_name__(self, owner: type, name: str) -> None:
+        # In the class, the method is the function made for the signature: `m(x)`
+        # then calls it with `m` as a plain function is called, binding nothing.
         self._owner, self._name = owner, name
+        setattr(owner, name, staticmethod(self.hot) if self._is_static else self.hot)
 
     def __get__(self, obj: object, owner: type | None = None) -> Any:
-        # A bound method made in C: `m(x)` reads `__call__` this way. Read as an
-        # attribute of an `es.Module`, it becomes a `BoundJit`, a pytree.
+        # Only where the wrapper was set on a class after its body ran.
         if obj is None or self._is_static:
             return self
-        return types.MethodType(self.func, obj)
+        return types.MethodType(self.hot, obj)
 
     def __reduce__(self) -> Any:
         # By reference, as functions pickle. A wrapper that cannot be found by name
@@ -192,11 +273,85 @@ class _Jit(functools.partial, Generic[_P, _R]):
     def __repr__(self) -> str:
         return f"<es.jit {self.qualname}>"
 
+    # The general path, and the guards it leaves for the next calls.
+
+    def _general(self, values: tuple) -> Any:
+        """A call no guard served: build its key (a call refused here is neither a
+        hit nor a miss), find or make its entry, and dispatch. The second call of a
+        key makes its guard."""
+        __tracebackhide__ = True
+        f = self.f
+        key, leaves = _key_and_leaves(f, values)
+        entry = f.entries.get(key)
+        if entry is None:
+            entry = new_entry(f, key, leaves)
+        if guard_logger.isEnabledFor(logging.DEBUG):
+            self._log_fall_through(values)
+        if entry.guard is None and entry.runs:  # its second call: worth a guard
+            self._add_guard(entry, values)
+        f.general += 1
+        if self._lru:
+            entry.used = next(f.clock)
+        leaves = [*self._fn_leaves, *leaves]
+        try:
+            out = entry.call(*leaves)
+            if out is NEED_CALL:
+                out = self._retry(entry, values, leaves)
+        finally:
+            next(f.calls)  # booked once done: as a hit, or a miss
+        return combine(*out) if type(out) is tuple else out
+
+    def _retry(self, entry: Entry, values: tuple, leaves: list) -> Any:
+        """A miss at the dispatcher: the same call again, with the call in hand."""
+        __tracebackhide__ = True
+        return call_in_hand(Call(entry, self.fn, values, leaves))
+
+    def _add_guard(self, entry: Entry, values: tuple) -> None:
+        first = type(values[0]) if values else None
+        params = [f"p_{n}" for n in self._layout.names]  # called positionally
+        lru = ["ENTRY.used = CLOCK()"] if self._lru else []
+        fn = ["*FN"] if self._fn_leaves else []
+
+        def dispatch(leaves: list[str]) -> list[str]:
+            called = ", ".join([*fn, *leaves])
+            again = ", ".join(params) + ("," if len(params) == 1 else "")
+            return [
+                *lru, "try:", f"    out = ENTRY.call({called})",
+                f"    if out is NEED: out = RETRY(ENTRY, ({again}), [{called}])",
+                "finally:", "    NEXT()",  # booked once done: as a hit, or a miss
+                "return COMBINE(*out) if type(out) is tuple else out",
+            ]  # fmt: skip
+
+        f = self.f
+        ns = {
+            "NEXT": f.calls.__next__, "CLOCK": f.clock.__next__, "ENTRY": entry,
+            "FN": self._fn_leaves, "RETRY": self._retry, "COMBINE": combine,
+            "NEED": NEED_CALL,
+        }  # fmt: skip
+        name = f.name(entry.key)
+        entry.guard = made = _guard.guard(entry.key, values, params, name, dispatch, ns)
+        made.es_entry = entry  # pyright: ignore[reportFunctionMemberAccess]
+        self._slots[first] = (*self._slots.get(first, ()), made)[-_MAX_GUARDS:]
+
+    def _log_fall_through(self, values: tuple) -> None:
+        guards = self._slots.get(type(values[0]) if values else None, ())
+        failed = "; ".join(
+            filter(None, (_guard.first_failure(g, values) for g in guards))
+        )
+        info = self.f.info()
+        guard_logger.debug(
+            "%s: the general path (%d of %d calls so far)%s",
+            self.qualname, self.f.general + 1, info.hits + info.misses + 1,
+            f"; the guards of the class failed at {failed}" if failed else "",
+        )  # fmt: skip
+
+    # What users read.
+
     def leaves_of(self, args: tuple, kwargs: dict[str, Any]) -> Call:
         """The call (key and traced leaves), as the general path makes it."""
-        args, kwargs = self._signature.bind(args, kwargs)
-        key, leaves = _key_and_leaves(self.f, args, kwargs)
-        return Call(Entry(key), self.fn, args, kwargs, [*self._fn_leaves, *leaves])
+        values = self._bind(*args, **kwargs)
+        key, leaves = _key_and_leaves(self.f, values)
+        return Call(Entry(key), self.fn, values, [*self._fn_leaves, *leaves])
 
     def lower(self, *args: Any, **kwargs: Any) -> "Lowered":
         """Lower the call for these arguments ahead of time: JAX's `as_text()` and
@@ -223,95 +378,74 @@ class _Jit(functools.partial, Generic[_P, _R]):
         self.f.clear()
 
 
-def _hot_path(
-    f: Function, fn: Callable, signature: _Signature, fn_leaves: tuple
-) -> Callable:
-    """Every call: the guard of the entry that last served this first argument's
-    class, or the general path (build the key, look it up); then the entry's
-    dispatcher, whose C++ checks the avals. A miss there asks for the call in hand
-    (`NEED_CALL`), and the call is made again with it."""
-    n, bind, slots, calls, clock = (
-        signature.n,
-        signature.bind,
-        f.slots,
-        f.calls,
-        f.clock,
-    )
-    lru = f.maxsize is not None
-
-    def hot(*args: Any, **kwargs: Any) -> Any:
-        __tracebackhide__ = True
-        entry: Entry = None  # pyright: ignore[reportAssignmentType]
-        leaves: Any = None
-        if kwargs or len(args) != n:  # defaults, keywords: bound first
-            args, kwargs = bind(args, kwargs)
-        if len(args) == n and not kwargs:
-            entry = slots.get(type(args[0]) if args else None)  # pyright: ignore[reportAssignmentType]
-            leaves = None if entry is None else entry.guard(*args)  # pyright: ignore[reportOptionalCall]
-        if leaves is None:  # a call refused here is neither a hit nor a miss
-            entry, leaves = _general(f, args, kwargs)
-        try:
-            if fn_leaves:
-                leaves = [*fn_leaves, *leaves]
-            if lru:
-                entry.used = next(clock)
-            out = entry.call(*leaves)
-            if out is NEED_CALL:
-                out = call_in_hand(Call(entry, fn, args, kwargs, leaves))
-        except eqx.EquinoxRuntimeError as e:
-            e.__traceback__ = None  # as `eqx.filter_jit`: the user's frames only
-            raise
-        finally:
-            next(calls)
-        return combine(*out) if type(out) is tuple else out
-
-    return hot
+guard_logger: Final = _guard.logger
 
 
-def _general(f: Function, args: tuple, kwargs: dict[str, Any]) -> tuple[Entry, list]:
-    """The key of a call, its entry (made if new) and its leaves."""
-    key, leaves = _key_and_leaves(f, args, kwargs)
-    entry = f.entries.get(key)
-    if entry is None:
-        entry = new_entry(f, key, leaves, args)
-    if entry.guard is not None:
-        f.slots[type(args[0]) if args else None] = entry
-    return entry, leaves
+def _hot(
+    f: Function, layout: Layout, params: str, fn: Callable
+) -> tuple[Callable, Callable]:
+    """The function every call runs (the guards of the first value's class, else the
+    general path), and one that binds a call's arguments to its values: both with
+    `fn`'s signature, made once per wrapper (their own names start `_es_`)."""
+    values = ", ".join(layout.names) + ("," if len(layout.names) == 1 else "")
+    first = f"type({layout.names[0]})" if layout.names else "None"
+    binding = _Binding(fn) if layout is GENERIC else None
+    bound = "    args, kwargs = _es_binding(args, kwargs)\n" if binding else ""
+    source = f"""
+def _es_hot({params}):
+{bound}    try:
+        for _es_guard in _es_slots.get({first}, ()):
+            _es_out = _es_guard({values})
+            if _es_out is not _es_miss:
+                return _es_out
+        return _es_general(({values}))
+    except _es_runtime as _es_e:
+        _es_e.__traceback__ = None  # as `eqx.filter_jit`: the user's frames only
+        raise
 
 
-def _key_and_leaves(
-    f: Function, args: tuple, kwargs: dict[str, Any]
-) -> tuple[Key, list]:
+def _es_bind({params}):
+{bound}    return ({values})
+"""
+    ns: dict[str, Any] = {
+        "_es_miss": _guard.MISS,
+        "_es_binding": binding,
+        "_es_own": OWN,
+    }
+    ns.update(_defaults(fn))
+    exec(compile(source, f"<es.jit {f.qualname}>", "exec"), ns)
+    hot, bind = ns["_es_hot"], ns["_es_bind"]
+    for made in (hot, bind):  # named as `fn` in tracebacks and in binding errors
+        made.__code__ = made.__code__.replace(co_name=f.short)
+        made.__qualname__ = f.qualname
+    return hot, bind
+
+
+def _key_and_leaves(f: Function, values: tuple) -> tuple[Key, list]:
     try:
-        return key_and_leaves(args, kwargs)
+        return key_and_leaves(values)
     except UnhashableError as e:
-        where = _where(f, args, kwargs, path_to((*args, *_by_name(kwargs)), e.value))
+        where = _where(f, path_to(values, e.value))
         raise TypeError(unhashable_message(f.qualname, where, e.value)) from None
     except CyclicValue as e:
-        raise _cyclic_error(f, args, kwargs, e.path) from None
+        raise _cyclic_error(f, _where(f, e.path)) from None
 
 
-def _by_name(kwargs: dict[str, Any]) -> list:
-    return [kwargs[k] for k in sorted(kwargs)]
-
-
-def _where(f: Function, args: tuple, kwargs: dict, path: str | None) -> str:
-    """An argument path `[i]...` (the i-th positional, then the keywords by name)
-    as the user wrote it: `y['a']`, `self.layers[0]`."""
+def _where(f: Function, path: str | None) -> str:
+    """A path `[i]...` (the i-th value of the call) as the user wrote it: `y['a']`,
+    `self.layers[0]`, `kwargs['scale']`."""
     if path is None:
         return "an argument"
     head, _, rest = path[1:].partition("]")
-    i = int(head)
-    name = argname(f.argnames, i) if i < len(args) else sorted(kwargs)[i - len(args)]
-    return f"{name}{rest}"
+    return f"{f.argnames[int(head)]}{rest}"
 
 
-def _cyclic_error(f: Function, args: tuple, kwargs: dict, path: str) -> ValueError:
+def _cyclic_error(f: Function, where: str) -> ValueError:
     return ValueError(
-        f"`{f.qualname}` got an argument that contains itself: "
-        f"{_where(f, args, kwargs, path)} is the argument again. `es.jit` keys a call "
-        "by the structure of its arguments, as `eqx.filter_jit` does, so that "
-        "structure must be finite: break the cycle before the call."
+        f"`{f.qualname}` got an argument that contains itself: {where} is the "
+        "argument again. `es.jit` keys a call by the structure of its arguments, as "
+        "`eqx.filter_jit` does, so that structure must be finite: break the cycle "
+        "before the call."
     )
 
 
@@ -338,21 +472,21 @@ _by_key: Final[dict[tuple, Function]] = {}
 _functions_lock: Final = threading.Lock()
 
 
-def _function(fn: Callable, argnames: tuple, options: tuple) -> tuple[Function, list]:
+def _function(fn: Callable, layout: Layout, options: tuple) -> tuple[Function, list]:
     """The `Function` of `fn` with these options, shared; and `fn`'s own leaves."""
     fn_key, fn_leaves = None, []
     if type(fn) is not types.FunctionType:
         try:
-            fn_key, fn_leaves = key_and_leaves((fn,), {})
+            fn_key, fn_leaves = key_and_leaves((fn,))
         except (UnhashableError, CyclicValue):  # its own, unshared
-            return Function(fn, None, 0, argnames, *options), []
+            return Function(fn, None, 0, layout, *options), []
     with _functions_lock:
         caches = _by_key if fn_key is not None else _by_function.setdefault(fn, {})
         identity = options if fn_key is None else (fn_key, options)
         f = caches.get(identity)
         if f is None:
             f = caches[identity] = Function(
-                fn, fn_key, len(fn_leaves), argnames, *options
+                fn, fn_key, len(fn_leaves), layout, *options
             )
     return f, fn_leaves
 
@@ -417,8 +551,10 @@ class BoundJit(functools.partial):
         return f"<bound es.jit {name} of {type(self.__self__).__qualname__}>"
 
 
-def _rebind(wrapper: _Jit, obj: Any) -> BoundJit:
-    return BoundJit(wrapper.func, obj)
+def _rebind(wrapper: Any, obj: Any) -> BoundJit:
+    """`m.f` again: `wrapper` is the wrapper, or the function made for it that a
+    class holds (found by name when unpickled)."""
+    return BoundJit(getattr(wrapper, "hot", wrapper), obj)
 
 
 jtu.register_pytree_with_keys(

@@ -16,14 +16,12 @@ value). A node is self-delimiting:
 
 Flat, the key hashes and compares without recursion, however deep the nesting."""
 
-import operator
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Final, NamedTuple
 
 from ._fields import (
     array_types,
     cycle_in,
-    FALSE,
     field_info,
     field_token,
     FieldInfo,
@@ -39,10 +37,7 @@ from ._fields import (
     kinds,
     one_level,
     Sentinel,
-    SIMPLE,
     token,
-    TRUE,
-    Typed,
     UNSET,
     value_of,
 )
@@ -54,7 +49,7 @@ ODD, ARRAYS, SEQ, NAMED, DICT, TREE = map(
     Sentinel, ("module", "arrays", "sequence", "named tuple", "dict", "pytree")
 )
 
-Key = tuple  # ((number of positional arguments, keyword names), *tokens)
+Key = tuple  # the tokens of a call's values, in preorder
 
 
 class CyclicValue(ValueError):  # noqa: N818  (reworded by the caller, never shown)
@@ -165,12 +160,48 @@ def _other(v: Any, tokens: list, stack: list) -> None:
     stack += reversed(flat)
 
 
-def key_and_leaves(args: tuple, kwargs: dict[str, Any]) -> tuple[Key, list]:
-    """The key of a call and its traced leaves (`UnhashableError`, `CyclicValue`)."""
-    names = tuple(sorted(kwargs)) if kwargs else ()
-    tokens: list[Any] = [(len(args), names)]
+# The value of a parameter the caller left to a default that cannot be keyed: the
+# default belongs to the function, as under `eqx.filter_jit`, and Python fills it.
+OWN: Final = Sentinel("the function's own default")
+
+
+class Layout(NamedTuple):
+    """How a call's arguments become the values its key is made of: the function's
+    parameters in order, with `*args` as one tuple and `**kwargs` as one dict (`OWN`
+    for one left to a default that cannot be keyed). A callable whose signature
+    cannot be read has the layout `(args, kwargs)`: what the caller passed."""
+
+    names: tuple[str, ...]  # one per value
+    positional: int  # the parameters before `*args` or the keyword-only ones
+    star: int | None = None  # the index of `*args`
+    star_star: int | None = None  # the index of `**kwargs`
+
+    def call(self, fn: Callable, values: Sequence) -> Any:
+        """`fn` called with `values`, as the caller passed them."""
+        n, star, star_star = self.positional, self.star, self.star_star
+        named = range(n if star is None else n + 1, len(values))
+        if OWN in values[:n]:  # those after a default left out, by keyword
+            named, n = range(values.index(OWN), len(values)), values.index(OWN)
+        args = (*values[:n], *values[star]) if star is not None else values[:n]
+        keywords = {
+            self.names[i]: values[i]
+            for i in named
+            if i != star_star and values[i] is not OWN
+        }
+        if star_star is not None:
+            keywords.update(values[star_star])
+        return fn(*args, **keywords)
+
+
+GENERIC: Final = Layout(("args", "kwargs"), 0, 0, 1)
+
+
+def key_and_leaves(values: tuple) -> tuple[Key, list]:
+    """The key of a call's values (its parameters in order: `Layout`) and its
+    traced leaves (`UnhashableError`, `CyclicValue`)."""
+    tokens: list[Any] = []
     leaves: list[Any] = []
-    walk((*args, *[kwargs[k] for k in names]), tokens, leaves)
+    walk(values, tokens, leaves)
     return tuple(tokens), leaves
 
 
@@ -235,16 +266,11 @@ class Visit(NamedTuple):
     parent: str | None  # the path of the node above (None for an argument)
 
 
-def argname(argnames: Sequence[str], i: int) -> str:
-    return argnames[i] if i < len(argnames) else f"args[{i}]"
-
-
-def visits(key: Key, argnames: Sequence[str]) -> Iterator[Visit]:
-    """Every node of `key`, parents first, traced leaves in the order of the call's."""
-    n, names = key[0]
-    labels = [argname(argnames, i) for i in range(n)] + list(names)
-    slots = [(p, None, None, None) for p in reversed(labels)]  # the nodes to come
-    i = 1
+def visits(key: Key, names: Sequence[str]) -> Iterator[Visit]:
+    """Every node of `key` (of values named `names`), parents first, traced leaves
+    in the order of the call's."""
+    slots = [(p, None, None, None) for p in reversed(names)]  # the nodes to come
+    i = 0
     while i < len(key):
         path, cls, field, parent = slots.pop()
         node = node_at(key, i)
@@ -273,255 +299,19 @@ def leaf_visits(key: Key, argnames: Sequence[str]) -> list[Visit]:
     return [v for v in visits(key, argnames) if v.node.kind == "traced"]
 
 
-# ----------------------------------------------------------------------------------
-# Guards: code made once per key and argument layout that checks a new call against
-# the key (classes, field sets, static tokens, leaf kinds, structure) and returns the
-# call's traced leaves, or None. The hit path builds and hashes no key.
-
-_MAX_GUARD_LINES: Final = 20_000
-_MAX_GUARD_DEPTH: Final = 100  # deeper, the general path checks the call
-_WIDE: Final = 24  # a module with more fields is read with `operator.itemgetter`
-_STR: Final = frozenset([str])  # the key types of a dict checked key by key
-
-
-def same_token(v: Any, tok: Any) -> bool:
-    try:
-        return field_token(v) == tok
-    except Exception:  # a hash or an `__eq__` that raises: not the same
-        return False
-
-
-def same_tokens(values: tuple, toks: tuple) -> bool:
-    return all(map(same_token, values, toks))
-
-
-def subtree(v: Any) -> tuple[tuple, list]:
-    """The tokens and leaves of one value, for a part a guard checks whole; no
-    tokens if it cannot be keyed, so that the general path says why."""
-    tokens: list[Any] = []
-    leaves: list[Any] = []
-    try:
-        walk((v,), tokens, leaves)
-    except Exception:  # unhashable, cyclic, keys that do not sort
-        return (), []
-    return tuple(tokens), leaves
-
-
-class _Writer:
-    def __init__(self):
-        self.lines: list[str] = []
-        self.leaves: list[str] = []
-        self.ns: dict[str, Any] = {
-            "AT": array_types, "DICT": instance_dict, "SAME": same_token,
-            "SAMES": same_tokens, "SUB": subtree, "is_": operator.is_,
-            "STR": _STR,
-        }  # fmt: skip
-        self.count = 0
-
-    def name(self) -> str:
-        """A new name in the guard's code, for a local variable or a constant."""
-        self.count += 1
-        return f"_{self.count}"
-
-    def const(self, value: Any) -> str:
-        name = self.name()
-        self.ns[name] = value
-        return name
-
-    def fail_if(self, condition: str) -> None:
-        self.lines.append(f"if {condition}: return None")
-
-    def node(self, expr: str, value: Any, key: Key, i: int, depth: int = 0) -> int:
-        if len(self.lines) > _MAX_GUARD_LINES or depth > _MAX_GUARD_DEPTH:
-            raise OverflowError
-        n = node_at(key, i)
-        tok = n.head
-        if n.kind == "traced":
-            self.fail_if(f"type({expr}) not in AT")
-            self.leaves.append(expr)
-        elif n.kind == "None":
-            self.fail_if(f"{expr} is not None")
-        elif n.kind == "static":
-            self.fail_if(f"not {self.static(expr, tok, value)}")
-        elif n.kind == "module" and type(tok) is FieldInfo:
-            return self.module(expr, value, n, key, depth)
-        elif n.kind == ARRAYS.name:
-            t = self.const(tok[1])
-            self.fail_if(
-                f"type({expr}) is not {t} or len({expr}) != {tok[2]} "
-                f"or not AT.issuperset(map(type, {expr}))"
-            )
-            self.leaves.append(f"*{expr}")
-        elif n.kind == SEQ.name or n.kind == NAMED.name:  # item by item
-            j = end_of(key, i)
-            if tok[1] is tuple and _frozen(key, i, j):  # the same tuple: the same key
-                whole = self.const(key[i:j])
-                self.fail_if(
-                    f"{expr} is not {self.const(value)} and SUB({expr})[0] != {whole}"
-                )
-                return j
-            t = self.const(tok[1])
-            self.fail_if(f"type({expr}) is not {t} or len({expr}) != {tok[2]}")
-            return self.items(expr, enumerate(value), key, n.next, depth)
-        elif n.kind == DICT.name and all(type(k) is str for k in tok[1]):
-            return self.str_dict(expr, value, n, key, depth)
-        else:  # other dicts, other pytrees, odd modules: compared whole
-            j = end_of(key, i)
-            sub, whole = self.name(), self.const(key[i:j])
-            self.lines.append(f"{sub} = SUB({expr})")
-            self.fail_if(f"{sub}[0] != {whole}")
-            self.leaves.append(f"*{sub}[1]")
-            return j
-        return n.next
-
-    def static(self, expr: str, tok: Any, value: Any) -> str:
-        t = type(tok)
-        if tok is TRUE or tok is FALSE or tok is None:
-            return f"({expr} is {value_of(tok)})"
-        if t is int or t is str or t is bytes:  # a literal if short, else a constant
-            short = len(tok) < 64 if t is not int else -(10**18) < tok < 10**18
-            value = repr(tok) if short else self.const(tok)
-            return f"(type({expr}) is {t.__name__} and {expr} == {value})"
-        if t is type:
-            return f"({expr} is {self.const(tok)})"
-        same = f"SAME({expr}, {self.const(tok)})"
-        if t is Typed and tok.fixed:  # the same object, which cannot change
-            return f"({expr} is {self.const(value)} or {same})"
-        return same
-
-    def str_dict(self, expr: str, value: Any, n: Node, key: Key, depth: int) -> int:
-        """A dict of string keys, key by key: its key types before its keys (a
-        key of another type may hash or compare as it likes), its values in the
-        sorted order of the key."""
-        keys: tuple[str, ...] = n.head[1]
-        self.fail_if(
-            f"type({expr}) is not dict or not STR.issuperset(map(type, {expr})) "
-            f"or {expr}.keys() != {self.const(frozenset(keys))}"
-        )
-        i = n.next
-        if len(keys) > 1 and all(key[j] is LEAF for j in range(i, i + len(keys))):
-            items = self.name()
-            self.lines.append(
-                f"{items} = {self.const(operator.itemgetter(*keys))}({expr})"
-            )
-            self.fail_if(f"not AT.issuperset(map(type, {items}))")
-            self.leaves.append(f"*{items}")
-            return i + len(keys)
-        return self.items(expr, [(k, value[k]) for k in keys], key, i, depth)
-
-    def items(self, expr: str, pairs: Iterable, key: Key, i: int, depth: int) -> int:
-        """The item `expr[k]` of each `(k, value)`, checked as the next node."""
-        for k, item in pairs:
-            local = self.name()
-            self.lines.append(f"{local} = {expr}[{k!r}]")
-            i = self.node(local, item, key, i, depth + 1)
-        return i
-
-    def module(self, expr: str, value: Any, n: Node, key: Key, depth: int) -> int:
-        info: FieldInfo = n.head
-        d = self.name()
-        self.fail_if(f"type({expr}) is not {self.const(info.cls)}")
-        self.lines.append(f"{d} = DICT({expr})")
-        self.fail_if(f"len({d}) != {len(info.names)}")
-        vd = instance_dict(value)
-        if len(info.names) > _WIDE:
-            ss, ds = self.name(), self.name()
-            gs, gd = self.const(info.get_static), self.const(info.get_dynamic)
-            self.lines += ["try:", f"    {ss}, {ds} = {gs}({d}), {gd}({d})", "except KeyError: return None"]  # fmt: skip
-            check = f"not SAMES({ss}, {self.const(tuple(n.statics))})"
-            if all(map(_fixed, n.statics)):  # the same objects: the same tokens
-                check = f"not all(map(is_, {ss}, {self.const(info.get_static(vd))})) and {check}"
-            self.fail_if(check)
-            dynamic = [f"{ds}[{k}]" for k in range(len(info.dynamic_names))]
-            if n.children == -1:
-                self.fail_if(f"not AT.issuperset(map(type, {ds}))")
-                self.leaves.append(f"*{ds}")
-                return n.next
-        else:
-            statics = [self.name() for _ in info.static_names]
-            dynamic = [self.name() for _ in info.dynamic_names]
-            fetched = [*statics, *dynamic]
-            if fetched:
-                reads = ", ".join(
-                    f"{d}[{k!r}]" for k in (*info.static_names, *info.dynamic_names)
-                )
-                self.lines += ["try:", f"    {', '.join(fetched)}, = {reads},", "except KeyError: return None"]  # fmt: skip
-            checks = [
-                self.static(s, tok, vd[k])
-                for s, tok, k in zip(statics, n.statics, info.static_names)
-            ]
-            if n.children == -1:
-                checks += [f"type({f}) in AT" for f in dynamic]
-                self.leaves += dynamic
-            if checks:
-                self.fail_if(f"not ({' and '.join(checks)})")
-            if n.children == -1:
-                return n.next
-        i = n.next
-        for expr_k, k in zip(dynamic, info.dynamic_names):
-            if not expr_k.isidentifier():
-                local = self.name()
-                self.lines.append(f"{local} = {expr_k}")
-                expr_k = local
-            i = self.node(expr_k, vd[k], key, i, depth + 1)
-        return i
-
-
-def _frozen(key: Key, i: int, j: int) -> bool:
-    """Whether `key[i:j]` holds only tuples and static values that cannot change: a
-    subtree that is the same as long as the tuple object is."""
-    for tok in key[i:j]:
-        if type(tok) is tuple:
-            if tok[0] is not SEQ or tok[1] is not tuple:
-                return False
-        elif not _fixed(tok):
-            return False  # a traced leaf, a module, or a value that can change
-    return True
-
-
-def _fixed(tok: Any) -> bool:
-    """Whether a static token is the same for as long as its value is the same object."""
-    return (
-        type(tok) in SIMPLE
-        or tok is TRUE
-        or tok is FALSE
-        or (type(tok) is Typed and tok.fixed)
-    )
-
-
-def make_guard(key: Key, args: tuple) -> Callable[..., list | None] | None:
-    """The guard of `key` for calls with these positional arguments and no keyword
-    arguments; None if the key is too large to check faster than it is built."""
-    (n, names) = key[0]
-    if names or n != len(args):
-        return None
-    w = _Writer()
-    params = [w.name() for _ in args]
-    i = 1
-    try:
-        for p, a in zip(params, args):
-            i = w.node(p, a, key, i)
-    except OverflowError:
-        return None
-    body = "\n    ".join([*w.lines, f"return [{', '.join(w.leaves)}]"])
-    source = f"def guard({', '.join(params)}):\n    {body}\n"
-    exec(compile(source, "<es.jit guard>", "exec"), w.ns)
-    return w.ns["guard"]
-
-
 def first_class(key: Key) -> type | None:
-    """The class of the first positional argument, if it is a module."""
-    if not key[0][0]:
+    """The class of the first value of the call, if it is a module."""
+    if not key:
         return None
-    n = node_at(key, 1)
+    n = node_at(key, 0)
     return module_info(n.head).cls if n.kind == "module" else None
 
 
 def leaves_of_first(key: Key) -> int:
-    """The number of traced leaves of the first positional argument."""
-    if not key[0][0]:
+    """The number of traced leaves of the first value of the call."""
+    if not key:
         return 0
-    i, end, count = 1, end_of(key, 1), 0
+    i, end, count = 0, end_of(key, 0), 0
     while i < end:
         n = node_at(key, i)
         count += n.leaves

@@ -45,7 +45,7 @@ class Change(NamedTuple):
     phrase: str  # "static field 'sp' changed False -> True"
     name: str  # what it is about: "sp", "encoder.act", "x", "y[1]"
     kind: str  # "static field", "leaf", "argument", "array", "structure", "context",
-    # or a change no value names: "signature", "jax" (JAX's own), "transformed"
+    # or a change no value names: "jax" (JAX's own), "transformed"
     detail: str = ""  # the change itself, without where: "changed 8 -> 16"
     path: str = ""  # where, in full: "self.layers[0].weight", "opt_state[0].mu.w"
     new: Any = None  # what it changed to (a token, an aval), for counting values
@@ -74,10 +74,6 @@ _ANY_HASHABLE: Final = "a hashable value instead, or an array if it is data"
 def diff(old: Key, new: Key, argnames: Sequence[str]) -> list[Change]:
     """What differs from `old` to `new`: a node that changed kind, class or
     structure and nothing below it; a module's static fields one by one."""
-    if old[0] != new[0]:
-        (n, names), (m, new_names) = old[0], new[0]
-        what = f"{n} -> {m} positional, keywords {list(names)} -> {list(new_names)}"
-        return [Change(f"call signature changed: {what}", "arguments", "signature")]
     method = argnames[:1] == ("self",)
     before = {v.path: v.node for v in visits(old, argnames)}
     out: list[Change] = []
@@ -508,7 +504,6 @@ def _combinations(culprit: str, values: int, history: Sequence[Compile]) -> str:
 
 # The fix for a change that no value of the call names.
 _FIXED: Final = {
-    "signature": "Pass the same arguments, positionally or by keyword, each call.",
     "jax": "JAX's profile-guided optimisation (`jax_enable_pgle`) compiles each "
     "program again once it has profiled it.",
     "transformed": "An eager `jax.grad`, `jax.vmap` or `jax.checkpoint` compiles "

@@ -38,7 +38,9 @@ def test_lower_from_a_bound_method():
     assert (lowered.compile()(x) == 2.0).all()  # `m` is bound, as in `m.predict`
     assert (M.predict.lower(m, x).compile()(m, x) == 2.0).all()
     with pytest.raises(TypeError, match="lowered for other static values"):
-        lowered.compile()(x, x)
+        lowered.compile()((x, x))  # another tree structure
+    with pytest.raises(TypeError, match=r"predict\(\) takes 2 positional arguments"):
+        lowered.compile()(x, x)  # as the method itself says
 
 
 def test_lower_books_no_call_and_erases_no_hits():

@@ -461,9 +461,9 @@ def test_the_budget_error_for_a_new_call_signature():
     where = f"test_budget.py:{_line_of(total.fn, '# xs as a tuple')} in total"
     assert str(info.value) == _second_compile(
         "test_the_budget_error_for_a_new_call_signature.<locals>.total",
-        "call signature changed: 1 -> 2 positional, keywords [] -> []; the programs "
-        f"first differ at {where} (add, new)",
-        "Pass the same arguments, positionally or by keyword, each call.",
+        f"argument xs structure changed; the programs first differ at {where} (add, "
+        "new)",
+        "Keep the structure of 'xs' the same from call to call.",
     )
 
 

@@ -186,8 +186,7 @@ CASES = {
     "number of positional arguments": (
         ((X, 1), {}),
         ((X, 1, 2), {}),
-        "compiling (1 cached): call signature changed: 2 -> 3 positional, "
-        "keywords ['z'] -> ['z']",
+        "compiling (1 cached): argument rest structure changed",  # `*rest`
     ),
 }
 

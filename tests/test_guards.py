@@ -1,7 +1,8 @@
-"""Guards against the general path. A cache hit runs the guard of the entry that
-last served the call's first argument's class: code made from a key that checks a
-new call against it and returns its traced leaves, without building or hashing a
-key. Here, for fresh instances of every model of the benchmarks and random changes
+"""Guards against the general path. A cache hit runs the guards of the keys of the
+call's first argument's class: code made from a key that checks a new call against
+it and dispatches its traced leaves, without building or hashing a key. Here a
+guard's checks alone (`_guard.checker`, the same code up to the dispatch) must
+agree with the general path: Here, for fresh instances of every model of the benchmarks and random changes
 to them (an attribute added to an instance, a field retyped, a static flipped, a
 leaf made a non-array, a submodule swapped for a subclass), the guard must agree
 with the general path: it passes exactly when the key is the same, and then
@@ -22,7 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from eqx_static._key import key_and_leaves, make_guard
+from eqx_static._guard import checker, MISS
+from eqx_static._key import key_and_leaves
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -69,17 +71,21 @@ def _wide_mixed(n: int) -> Any:
 
 def _general(args: tuple) -> tuple[Any, list] | None:
     try:
-        return key_and_leaves(args, {})
+        return key_and_leaves(args)
     except TypeError:  # an unhashable static value: the general path refuses it
         return None
 
 
+def make_guard(key: Any, args: tuple) -> Callable:
+    """The checks of `key`'s guard, as a function that returns the leaves, or None."""
+    check = checker(key, args, [f"p{i}" for i in range(len(args))])
+    return lambda *a: None if (got := check(*a)) is MISS else got
+
+
 def _guard_of(args: tuple) -> tuple[Any, Callable]:
     """The key of a call with these positional arguments, and its guard."""
-    key, _ = key_and_leaves(args, {})
-    guard = make_guard(key, args)
-    assert guard is not None
-    return key, guard
+    key, _ = key_and_leaves(args)
+    return key, make_guard(key, args)
 
 
 def _agree(guard: Callable, key: Any, args: tuple) -> bool:
@@ -163,21 +169,31 @@ def test_a_hit_on_a_changed_module_gives_the_eager_result():
         np.testing.assert_allclose(changed(x), want)
 
 
-def test_a_guard_is_made_for_every_benchmark_key_but_the_largest():
-    """Keys too large to check faster than they are built get no guard."""
-    m, x = models.wide(100)[0], models.x_input()
-    assert make_guard(key_and_leaves((m, x), {})[0], (m, x)) is not None
-    deep = models.chain(150)[0]
-    assert make_guard(key_and_leaves((deep, x), {})[0], (deep, x)) is None
-    for depth, guarded in ((60, True), (150, False)):  # dicts too, each a level
+@pytest.mark.parametrize("depth", [150, 1_000])
+def test_a_guard_is_made_for_keys_of_any_depth(depth):
+    """No depth cliff: a chain of modules, and dicts nested as deep, get a guard
+    that agrees with the general path (the writer does not recurse)."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10 * depth))  # to build and flatten the chain
+    try:
+        chain, x = models.chain(depth)[0], models.x_input()
+        key, guard = _guard_of((chain, x))
+        assert _agree(guard, key, (chain, x))
+        assert _agree(guard, key, (jax.tree.map(lambda a: a, chain), x))
         d: Any = {"x": x}
         for _ in range(depth):
             d = {"inner": d, "x": x}
-        assert (make_guard(key_and_leaves((d,), {})[0], (d,)) is not None) is guarded
+        key, guard = _guard_of((d,))
+        assert _agree(guard, key, (d,)) and guard(d) is not None
+        d["inner"]["inner"]["x"] = 1.0
+        assert _agree(guard, key, (d,)) and guard(d) is None
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 def test_es_jit_serves_fresh_instances_from_the_guard():
-    """A training loop's fresh instances are hits (the guard passes)."""
+    """A training loop's fresh instances are hits, served by the guard made at the
+    key's second call: the general path serves only the first two calls."""
     m, x = models.seed_pair()[0], models.x_input()
     type(m).__call__.cache_clear()
     m(x)
@@ -185,6 +201,7 @@ def test_es_jit_serves_fresh_instances_from_the_guard():
         m = jax.tree.map(lambda a: a + 0, m)
         m(x)
     assert type(m).__call__.cache_info() == es.CacheInfo(5, 1, None, 1)
+    assert type(m).__call__.es_jit.f.general == 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -384,7 +401,7 @@ def test_the_guard_of_a_dict_reads_no_key_of_another_type():
     assert guard(*changed) is None
     errors = []
     for flatten in (
-        lambda: key_and_leaves(changed, {}),
+        lambda: key_and_leaves(changed),
         lambda: jax.tree.flatten(changed),
     ):
         with pytest.raises(Exception) as info:

@@ -1,0 +1,338 @@
+"""Guards: the code a hit runs instead of building a key. A guard is written from a
+key, node by node (the key is the description; nothing here looks at a type to
+decide how to walk it): it checks a new call's values against exactly what the key
+holds (classes, field sets, static values by type and value, which leaves are
+arrays, structure) and, if they pass, calls the key's dispatcher with the call's
+arrays; else it returns `MISS`, and the call takes the general path.
+
+A guard's source is kept: registered with `linecache` (so tracebacks and
+`inspect.getsource` show it) for as long as the guard lives, and logged at DEBUG on
+the logger `"eqx_static.guards"` when made, with the check that failed when a call
+fell through every guard of its class."""
+
+import itertools
+import linecache
+import logging
+import operator
+import sys
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+from ._fields import (
+    array_types,
+    FALSE,
+    field_token,
+    FieldInfo,
+    instance_dict,
+    Sentinel,
+    SIMPLE,
+    TRUE,
+    Typed,
+    value_of,
+)
+from ._key import ARRAYS, DICT, end_of, Key, LEAF, NAMED, node_at, SEQ, walk
+
+
+logger: Final = logging.getLogger("eqx_static.guards")
+
+MISS: Final = Sentinel("the guard does not hold")
+_WIDE: Final = 24  # a module with more fields is read with `operator.itemgetter`
+_STR: Final = frozenset([str])  # the key types of a dict checked key by key
+
+
+def same_token(v: Any, tok: Any) -> bool:
+    try:
+        return field_token(v) == tok
+    except Exception:  # a hash or an `__eq__` that raises: not the same
+        return False
+
+
+def same_tokens(values: tuple, toks: tuple) -> bool:
+    return all(map(same_token, values, toks))
+
+
+def subtree(v: Any) -> tuple[tuple, list]:
+    """The tokens and leaves of one value, for a part a guard checks whole; no
+    tokens if it cannot be keyed, so that the general path says why."""
+    tokens: list[Any] = []
+    leaves: list[Any] = []
+    try:
+        walk((v,), tokens, leaves)
+    except Exception:  # unhashable, cyclic, keys that do not sort
+        return (), []
+    return tuple(tokens), leaves
+
+
+class _Writer:
+    """Writes a guard's checks in preorder, one node of the key after another."""
+
+    def __init__(self, key: Key):
+        self.key, self.i = key, 0
+        self.lines: list[str] = []
+        self.leaves: list[str] = []
+        self.ns: dict[str, Any] = {
+            "AT": array_types, "DICT": instance_dict, "SAME": same_token,
+            "SAMES": same_tokens, "SUB": subtree, "is_": operator.is_,
+            "STR": _STR, "MISS": MISS,
+        }  # fmt: skip
+        self.count = 0
+
+    def name(self) -> str:
+        """A new name in the guard's code, for a local variable or a constant."""
+        self.count += 1
+        return f"_{self.count}"
+
+    def const(self, value: Any) -> str:
+        name = self.name()
+        self.ns[name] = value
+        return name
+
+    def fail_if(self, condition: str) -> None:
+        self.lines.append(f"if {condition}: return MISS")
+
+    def write(self, roots: Sequence[tuple[str, Any]]) -> None:
+        """The checks of the values named `roots`, each with the value the key was
+        made from (read for the objects a check may compare by identity)."""
+        stack = list(reversed(roots))
+        while stack:
+            expr, value = stack.pop()
+            stack += reversed(self.node(expr, value))
+
+    def node(self, expr: str, value: Any) -> list[tuple[str, Any]]:
+        """Check the node at `self.i`; the children to check next."""
+        key, i = self.key, self.i
+        n = node_at(key, i)
+        self.i, tok = n.next, n.head
+        if n.kind == "traced":
+            self.fail_if(f"type({expr}) not in AT")
+            self.leaves.append(expr)
+        elif n.kind == "None":
+            self.fail_if(f"{expr} is not None")
+        elif n.kind == "static":
+            self.fail_if(f"not {self.static(expr, tok, value)}")
+        elif n.kind == "module" and type(tok) is FieldInfo:
+            return self.module(expr, value, n)
+        elif n.kind == ARRAYS.name:
+            t = self.const(tok[1])
+            self.fail_if(
+                f"type({expr}) is not {t} or len({expr}) != {tok[2]} "
+                f"or not AT.issuperset(map(type, {expr}))"
+            )
+            self.leaves.append(f"*{expr}")
+        elif n.kind == SEQ.name or n.kind == NAMED.name:  # item by item
+            self.i = j = end_of(key, i)
+            if tok[1] is tuple and _frozen(key, i, j):  # the same tuple: the same key
+                whole = self.const(key[i:j])
+                self.fail_if(
+                    f"{expr} is not {self.const(value)} and SUB({expr})[0] != {whole}"
+                )
+                return []
+            self.i = n.next
+            t = self.const(tok[1])
+            self.fail_if(f"type({expr}) is not {t} or len({expr}) != {tok[2]}")
+            return self.items(expr, enumerate(value))
+        elif n.kind == DICT.name and all(type(k) is str for k in tok[1]):
+            return self.str_dict(expr, value, tok[1])
+        else:  # other dicts, other pytrees, odd modules: compared whole
+            self.i = end_of(key, i)
+            sub, whole = self.name(), self.const(key[i : self.i])
+            self.lines.append(f"{sub} = SUB({expr})")
+            self.fail_if(f"{sub}[0] != {whole}")
+            self.leaves.append(f"*{sub}[1]")
+        return []
+
+    def static(self, expr: str, tok: Any, value: Any) -> str:
+        t = type(tok)
+        if tok is TRUE or tok is FALSE or tok is None:
+            return f"({expr} is {value_of(tok)})"
+        if t is int or t is str or t is bytes:  # a literal if short, else a constant
+            short = len(tok) < 64 if t is not int else -(10**18) < tok < 10**18
+            value = repr(tok) if short else self.const(tok)
+            return f"(type({expr}) is {t.__name__} and {expr} == {value})"
+        if t is type:
+            return f"({expr} is {self.const(tok)})"
+        same = f"SAME({expr}, {self.const(tok)})"
+        if t is Typed and tok.fixed:  # the same object, which cannot change
+            return f"({expr} is {self.const(value)} or {same})"
+        return same
+
+    def str_dict(self, expr: str, value: Any, keys: tuple) -> list[tuple[str, Any]]:
+        """A dict of string keys, key by key: its key types before its keys (a
+        key of another type may hash or compare as it likes), its values in the
+        sorted order of the key."""
+        self.fail_if(
+            f"type({expr}) is not dict or not STR.issuperset(map(type, {expr})) "
+            f"or {expr}.keys() != {self.const(frozenset(keys))}"
+        )
+        i = self.i
+        if len(keys) > 1 and all(self.key[j] is LEAF for j in range(i, i + len(keys))):
+            items = self.name()
+            self.lines.append(
+                f"{items} = {self.const(operator.itemgetter(*keys))}({expr})"
+            )
+            self.fail_if(f"not AT.issuperset(map(type, {items}))")
+            self.leaves.append(f"*{items}")
+            self.i = i + len(keys)
+            return []
+        return self.items(expr, [(k, value[k]) for k in keys])
+
+    def items(self, expr: str, pairs: Any) -> list[tuple[str, Any]]:
+        """The item `expr[k]` of each `(k, value)`, a node each, to check next."""
+        out = []
+        for k, item in pairs:
+            local = self.name()
+            self.lines.append(f"{local} = {expr}[{k!r}]")
+            out.append((local, item))
+        return out
+
+    def module(self, expr: str, value: Any, n: Any) -> list[tuple[str, Any]]:
+        info: FieldInfo = n.head
+        d = self.name()
+        self.fail_if(f"type({expr}) is not {self.const(info.cls)}")
+        self.lines.append(f"{d} = DICT({expr})")
+        self.fail_if(f"len({d}) != {len(info.names)}")
+        vd = instance_dict(value)
+        if len(info.names) > _WIDE:
+            ss, ds = self.name(), self.name()
+            gs, gd = self.const(info.get_static), self.const(info.get_dynamic)
+            self.lines += ["try:", f"    {ss}, {ds} = {gs}({d}), {gd}({d})", "except KeyError: return MISS"]  # fmt: skip
+            check = f"not SAMES({ss}, {self.const(tuple(n.statics))})"
+            if all(map(_fixed, n.statics)):  # the same objects: the same tokens
+                check = f"not all(map(is_, {ss}, {self.const(info.get_static(vd))})) and {check}"
+            self.fail_if(check)
+            if n.children == -1:
+                self.fail_if(f"not AT.issuperset(map(type, {ds}))")
+                self.leaves.append(f"*{ds}")
+                return []
+            dynamic = []
+            for k in range(len(info.dynamic_names)):
+                local = self.name()
+                self.lines.append(f"{local} = {ds}[{k}]")
+                dynamic.append(local)
+        else:
+            statics = [self.name() for _ in info.static_names]
+            dynamic = [self.name() for _ in info.dynamic_names]
+            fetched = [*statics, *dynamic]
+            if fetched:
+                reads = ", ".join(
+                    f"{d}[{k!r}]" for k in (*info.static_names, *info.dynamic_names)
+                )
+                self.lines += ["try:", f"    {', '.join(fetched)}, = {reads},", "except KeyError: return MISS"]  # fmt: skip
+            checks = [
+                self.static(s, tok, vd[k])
+                for s, tok, k in zip(statics, n.statics, info.static_names)
+            ]
+            if n.children == -1:
+                checks += [f"type({f}) in AT" for f in dynamic]
+                self.leaves += dynamic
+            if checks:
+                self.fail_if(f"not ({' and '.join(checks)})")
+            if n.children == -1:
+                return []
+        return [(e, vd[k]) for e, k in zip(dynamic, info.dynamic_names)]
+
+
+def _frozen(key: Key, i: int, j: int) -> bool:
+    """Whether `key[i:j]` holds only tuples and static values that cannot change: a
+    subtree that is the same as long as the tuple object is."""
+    for tok in key[i:j]:
+        if type(tok) is tuple:
+            if tok[0] is not SEQ or tok[1] is not tuple:
+                return False
+        elif not _fixed(tok):
+            return False  # a traced leaf, a module, or a value that can change
+    return True
+
+
+def _fixed(tok: Any) -> bool:
+    """Whether a static token is the same for as long as its value is the same object."""
+    return (
+        type(tok) in SIMPLE
+        or tok is TRUE
+        or tok is FALSE
+        or (type(tok) is Typed and tok.fixed)
+    )
+
+
+# ----------------------------------------------------------------------------------
+# Making one.
+
+_numbers: Final = itertools.count(1)
+
+
+def checks(key: Key, values: tuple, params: Sequence[str]) -> _Writer:
+    """The checks of `key` on values named `params` (those of the call it was made
+    from: `values`)."""
+    w = _Writer(key)
+    w.write(list(zip(params, values)))
+    return w
+
+
+def checker(key: Key, values: tuple, params: Sequence[str]) -> Callable:
+    """The checks alone, as a function that returns the call's traced leaves, or
+    `MISS` (what a hit's guard runs before it dispatches, to compare with the key)."""
+    w = checks(key, values, params)
+    return _compiled(
+        "check", params, [*w.lines, f"return [{', '.join(w.leaves)}]"], w.ns, ""
+    )
+
+
+def guard(key: Key, values: tuple, params: Sequence[str], name: str,
+          dispatch: Callable[[list[str]], list[str]], ns: dict[str, Any]) -> Callable:  # fmt: skip
+    """The guard of `key`: its checks, then the lines `dispatch(leaves)` writes
+    (that call the key's dispatcher with the leaves' expressions), with the names
+    in `ns`."""
+    w = checks(key, values, params)
+    w.ns.update(ns)
+    made = _compiled("guard", params, [*w.lines, *dispatch(w.leaves)], w.ns, name)
+    made.es_dispatch_at = len(w.lines) + 2  # pyright: ignore[reportFunctionMemberAccess]
+    return made
+
+
+def _compiled(kind: str, params: Sequence[str], lines: list[str],
+              ns: dict[str, Any], name: str) -> Callable:  # fmt: skip
+    body = "\n    ".join(lines)
+    source = f"def {kind}({', '.join(params)}):\n    {body}\n"
+    filename = f"<es.jit {kind} {next(_numbers)}: {name}>"
+    exec(compile(source, filename, "exec"), ns)
+    fn = ns[kind]
+    # Kept while the guard lives, for tracebacks and `inspect.getsource`.
+    lines_of = source.splitlines(keepends=True)
+    linecache.cache[filename] = (len(source), None, lines_of, filename)
+    weakref.finalize(fn, linecache.cache.pop, filename, None)
+    if kind == "guard" and logger.isEnabledFor(logging.DEBUG):
+        logger.debug("%s: a new guard, %s:\n%s", name, filename, source)
+    return fn
+
+
+class _Passed(Exception):  # noqa: N818  (stops a guard's run, never shown)
+    pass
+
+
+def first_failure(guard: Callable, values: tuple) -> str | None:
+    """The check of `guard` that turns `values` away: its line, as the guard's
+    source numbers it, and the line itself; None if it passes. (For the DEBUG log
+    only: it traces the guard's run, and stops it before it would dispatch.)"""
+    code, seen = guard.__code__, [0]
+    dispatch_at = guard.es_dispatch_at  # pyright: ignore[reportFunctionMemberAccess]
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code is not code:
+            return None
+        if event == "line":
+            if frame.f_lineno >= dispatch_at:
+                raise _Passed
+            seen[0] = frame.f_lineno
+        return trace
+
+    previous = sys.gettrace()
+    sys.settrace(trace)
+    try:
+        guard(*values)
+    except _Passed:
+        return None
+    finally:
+        sys.settrace(previous)
+    text = linecache.getline(code.co_filename, seen[0]).strip()
+    return f"{code.co_filename}:{seen[0]}: {text}"
