@@ -5,8 +5,11 @@ that needs it is off and `es.jit` keeps working on public `jax.jit` (one warning
 and `SHARING` (installing one key's executable for another). `tests/canary/`
 checks each name, so that a release that changes one reads as "JAX changed"."""
 
+import importlib
+import logging
 import os
 import re
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, Final
@@ -15,34 +18,49 @@ import equinox as eqx
 import jax
 import jax.extend.core as jex
 import jaxtyping
+import numpy as np
 
 
 SUPPORTED: Final = "equinox >=0.13.3,<0.14"
+_lost: list[str] = []  # the private names this process runs without
 
-try:  # equinox 0.13.3
-    import equinox._jit as _eqx_jit
-    from equinox._module import _flatten, _module, _prebuilt
 
-    # `eqx.filter_jit` turns a failed `eqx.error_if` callback into an
-    # `EquinoxRuntimeError` with this message, from what the callback left
-    # (`equinox_error_info`), and hides JAX's log of the failure with this filter.
-    on_error_message: Final[str] = _eqx_jit._on_error_msg
-    FilterCallback: Final = _eqx_jit._FilterCallback
-    # Equinox's flatten: a module whose instance dictionary holds more or fewer
-    # entries than it has fields carries these in its structure, `MISSING` where
-    # absent; unflatten sets them all.
-    EQX_MISSING: Final = _flatten.MISSING
-    WRAPPER_FIELD_NAMES: Final = _flatten.WRAPPER_FIELD_NAMES
-    # A module may assign its own fields while it is in this set (`__init__`, and
-    # the copies `es.edit` makes).
-    currently_initialising: Final = _module._currently_initialising
-    BoundMethod: Final = _prebuilt.BoundMethod  # what `module.method` is
-except (ImportError, AttributeError) as e:  # pragma: no cover
-    raise ImportError(
-        f"eqx_static supports {SUPPORTED}; equinox {eqx.__version__} is installed, "
-        f"which lacks a name it needs ({e}). Install a supported equinox: "
-        f'`pip install "{SUPPORTED.replace(" ", "")}"`.'
-    ) from None
+def _private(module: str, name: str, fallback: Any = None) -> Any:
+    """A private name of Equinox or jaxtyping, or `fallback` where it is gone."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):  # pragma: no cover
+        _lost.append(f"{module}.{name}")
+        return fallback
+
+
+# `eqx.filter_jit` turns a failed `eqx.error_if` callback into an
+# `EquinoxRuntimeError` with this message, from what the callback left
+# (`equinox_error_info`), and hides JAX's log of the failure with this filter.
+# Without them: the same message; the log shown; JAX's own error raised.
+on_error_message: Final[str] = _private(
+    "equinox._jit", "_on_error_msg", "{msg}\n\nThe stack inside the program:\n{stack}"
+)
+FilterCallback: Final = _private("equinox._jit", "_FilterCallback", logging.Filter)
+
+
+def equinox_error_info() -> tuple[str, list] | None:
+    """The message and trace-time stack the last failing `eqx.error_if` left."""
+    return getattr(sys.modules.get("equinox._jit"), "last_error_info", None)
+
+
+# Equinox's flatten: a module whose instance dictionary holds more or fewer entries
+# than it has fields carries these in its structure, `MISSING` where absent;
+# unflatten sets them all. Without them, such a module is keyed as JAX flattens it.
+EQX_MISSING: Final = _private("equinox._module._flatten", "MISSING")
+WRAPPER_FIELD_NAMES: Final[tuple[str, ...] | None] = _private(
+    "equinox._module._flatten", "WRAPPER_FIELD_NAMES"
+)
+# A module may assign its fields while it is in this set (`__init__`, and the copies
+# `es.edit` makes). Without it, an `es.edit` copy of a module refuses assignments.
+_initialising: Final = _private("equinox._module._module", "_currently_initialising")
+# What `module.method` is. Without it, an `es.Module` makes it as Equinox does.
+BoundMethod: Final = _private("equinox._module._prebuilt", "BoundMethod")
 
 
 class _Probe(eqx.Module):
@@ -53,22 +71,19 @@ class _Probe(eqx.Module):
 # The wrapper attributes Equinox's `BoundMethod` keeps in its instance dictionary
 # (and so in its tree structure): all of them in 0.13, none on its main branch.
 BOUND_METHOD_FIELDS: Final = tuple(
-    k for k in WRAPPER_FIELD_NAMES if k in _Probe().method.__dict__
+    k for k in WRAPPER_FIELD_NAMES or () if k in _Probe().method.__dict__
 )
 
 
 def allow_assignments(module: Any) -> None:
     """Let `module` assign its fields, as Equinox lets one in its `__init__`."""
-    currently_initialising.add(module)
+    if _initialising is not None:
+        _initialising.add(module)
 
 
 def forbid_assignments(module: Any) -> None:
-    currently_initialising.remove(module)
-
-
-def equinox_error_info() -> tuple[str, list] | None:
-    """The message and trace-time stack the last failing `eqx.error_if` left."""
-    return _eqx_jit.last_error_info
+    if _initialising is not None:
+        _initialising.remove(module)
 
 
 # ----------------------------------------------------------------------------------
@@ -216,6 +231,38 @@ def clear(dispatch: Any) -> None:
     dispatch._clear_cache()
 
 
+def probe() -> str | None:
+    """What JAX's dispatcher does not do that the per-key dispatchers need, seen on
+    a probe call (None: it does all): it serves a hit in C++; it calls its miss for
+    anything else and returns what that returns first; after a miss that returned
+    no fastpath data with "rebuild" set it keeps nothing and asks again; the
+    outputs and fastpath data of `jit_miss` serve the next call."""
+    misses: list[int] = []
+
+    def twice(x: Any) -> Any:  # a new function: JAX's C++ caches are by function
+        return x * 2
+
+    helper = jax_jit(twice)
+
+    def miss(*args: Any) -> tuple:
+        misses.append(1)
+        return ("again", None, True) if len(misses) == 1 else jit_miss(helper, *args)
+
+    try:
+        d = dispatcher("eqx_static.probe", twice, miss, ())
+        x = jax.device_put(np.arange(3, dtype=np.float32))
+        out = [d(x) for _ in range(3)]
+    except Exception as e:
+        return f"a probe call raised {type(e).__name__}: {e}"
+    if type(out[0]) is not str or out[0] != "again":
+        return "a miss's outputs are not what the call returns"
+    if len(misses) != 2:
+        return f"3 calls of one signature made {len(misses)} misses, not 2"
+    if not all(np.array_equal(o, 2 * np.arange(3)) for o in out[1:]):
+        return "the outputs of a miss are not the call's"
+    return None
+
+
 def no_dispatcher(why: str) -> None:
     """Turn the per-key dispatchers off for this process, saying so once."""
     global DISPATCH
@@ -328,8 +375,19 @@ def _warn(what: str) -> None:
 PUBLIC: Final = os.environ.get("EQX_STATIC_PUBLIC_JIT", "") not in ("", "0")
 if PUBLIC:
     DISPATCH = SHARING = False
-elif not DISPATCH:  # pragma: no cover
+elif DISPATCH and (_why_not := probe() or ""):  # pragma: no cover
+    DISPATCH = SHARING = False
+if not DISPATCH and not PUBLIC:  # pragma: no cover
     _warn(f"its dispatcher cannot be built here ({_why_not})")
+if _lost:  # pragma: no cover
+    warnings.warn(
+        f"eqx_static: this equinox {eqx.__version__} or jaxtyping lacks "
+        f"{', '.join(_lost)}: results are unchanged, and what each one served is "
+        f"done another way or not at all (see eqx_static/_jax.py). {SUPPORTED} is "
+        "what eqx_static is tested with.",
+        RuntimeWarning,
+        stacklevel=2,
+    )
 
 
 # Jaxprs: where the explanations and the sharing rules look inside a program.
@@ -399,14 +457,15 @@ def user_frames(source_info: Any) -> list[tuple[str, int, str]]:
 
 
 # ----------------------------------------------------------------------------------
-# jaxtyping (0.3.3 - 0.3.x).
+# jaxtyping (0.3.3 - 0.3.x). Without `_NamedDim`, a mismatch of one dimension across
+# fields is reported as jaxtyping reports it, not named.
 
-from jaxtyping._array_types import _NamedDim  # noqa: E402  (grouped with its reason)
+_NamedDim: Final = _private("jaxtyping._array_types", "_NamedDim")
 
 
 def is_named_dim(dim: Any) -> bool:
     """Whether a dimension of a jaxtyping annotation is a plain named one (`"n"`)."""
-    return type(dim) is _NamedDim
+    return _NamedDim is not None and type(dim) is _NamedDim
 
 
 def jaxtyped_class(cls: type) -> bool:

@@ -137,7 +137,9 @@ def _module(v: Any, info: FieldInfo, tokens: list, leaves: list, stack: list) ->
             return
     # Unset fields, Equinox's wrapper attributes or a cached property: the
     # structure Equinox's flatten gives it (wrapper attributes, `MISSING` where
-    # absent), `UNSET` for an absent field.
+    # absent), `UNSET` for an absent field; or, not knowing those, JAX's flatten.
+    if WRAPPER_FIELD_NAMES is None:  # pragma: no cover
+        return _other(v, tokens, stack)
     wrapper = None
     if len(d) != len(info.names):
         wrapper = tuple(field_token(d.get(k, EQX_MISSING)) for k in WRAPPER_FIELD_NAMES)

@@ -530,8 +530,10 @@ class Module(eqx.Module):
                 if bind is not None:
                     return bind(self)
                 if not (name.startswith("__") and name.endswith("__")):
-                    if name != "_abc_impl":
+                    if name != "_abc_impl" and BoundMethod is not None:
                         return _bound_method(out.__func__, self)
+                    if name != "_abc_impl":  # pragma: no cover  (Equinox's own)
+                        return eqx.Module.__getattribute__(self, name)
             return out
 
         def __setattr__(self, name: str, value: Any) -> None:

@@ -22,6 +22,7 @@ from typing import Any, Final, NamedTuple
 
 import equinox as eqx
 import jax
+import jax.extend.core as jex
 import numpy as np
 from jax.core import Tracer
 
@@ -304,7 +305,7 @@ def ops_of(jaxpr: Any, depth: int = 0, outer: Frame | None = None) -> Iterator[O
 
 
 def _input(v: Any, consts: dict, numbers: dict) -> Any:
-    if type(v).__name__ == "Literal":
+    if isinstance(v, jex.Literal):
         return repr(v.val)
     # A constant is a value, except one closed over from an outer trace (jax 0.12).
     if v in consts and not isinstance(consts[v], Tracer):

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from eqx_static import _jax
-from helpers import XlaCompiles
+from helpers import output, run_python, XlaCompiles
 
 
 @pytest.fixture
@@ -73,3 +73,75 @@ def test_transformations_on_public_jax_jit(no_dispatcher):
     np.testing.assert_allclose(g, jnp.cos(x))
     np.testing.assert_allclose(jax.vmap(f)(jnp.stack([x, x])), 2 * [jnp.sin(x).sum()])
     assert float(f(x)) == pytest.approx(float(jnp.sin(x).sum()))
+
+
+@pytest.mark.slow
+def test_a_dispatcher_that_behaves_otherwise_degrades_at_import_with_one_warning():
+    """A JAX whose dispatcher keeps its private names but behaves otherwise (here:
+    its cache keeps nothing, so the probe call sees three misses, not two): at
+    import, the probe turns the per-key dispatchers off with one warning, and
+    calls are right and booked."""
+    code = """
+import warnings
+import equinox  # loaded first, on JAX as it is
+import jax._src.pjit as pjit
+pjit._get_cpp_global_cache = lambda explicit: pjit.make_jit_cpp_cache(0)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import eqx_static as es
+    from eqx_static import _jax
+import jax.numpy as jnp
+print("DISPATCH", _jax.DISPATCH, "warnings", len(caught))
+print(caught[0].message)
+f = es.jit(lambda x: 2 * x)
+print("RESULT", f(jnp.ones(2)).tolist(), f(jnp.ones(2)).tolist(), f.cache_info())
+"""
+    out = run_python(code=code)
+    assert out.returncode == 0, output(out)
+    assert "DISPATCH False warnings 1" in out.stdout, output(out)
+    assert "3 calls of one signature made 3 misses, not 2" in out.stdout, output(out)
+    assert "RESULT [2.0, 2.0] [2.0, 2.0] CacheInfo(hits=1, misses=1" in out.stdout
+
+
+@pytest.mark.slow
+def test_an_equinox_without_its_private_names_gives_the_same_results():
+    """Each private name of Equinox and jaxtyping gone (for `_jax`'s look-ups): one
+    warning at import naming them, and a module whose instance dictionary holds
+    more than its fields (keyed as JAX flattens it), a method read off an
+    `es.Module` and `eqx.error_if` still give their results."""
+    code = """
+import importlib, warnings
+import equinox, jax, jaxtyping  # loaded whole first: only `_jax`'s look-ups fail
+found = importlib.import_module
+def without_equinox_s(name, *args):  # what `_jax` looks up, gone
+    if name.startswith(("equinox._", "jaxtyping._")):
+        raise ImportError(name)
+    return found(name, *args)
+importlib.import_module = without_equinox_s
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import eqx_static as es
+importlib.import_module = found
+import equinox as eqx, jax, jax.numpy as jnp
+print("WARNINGS", len(caught), "WRAPPER_FIELD_NAMES" in str(caught[0].message))
+
+class M(es.Module):
+    w: jax.Array
+    def scaled(self, x):
+        return self.w * x
+
+m = M(jnp.ones(2))
+object.__setattr__(m, "__doc__", "extra")  # one more entry than its fields
+f = es.jit(lambda m, x: m.scaled(x))
+print("RESULT", f(m, jnp.ones(2)).tolist(), f(m, jnp.ones(2)).tolist(), f.cache_info())
+g = es.jit(lambda x: eqx.error_if(x, x > 0, "positive"))
+try:
+    g(jnp.ones(()))
+except Exception as e:
+    print("ERROR", type(e).__name__, "positive" in str(e))
+"""
+    out = run_python(code=code)
+    assert out.returncode == 0, output(out)
+    assert "WARNINGS 1 True" in out.stdout, output(out)
+    assert "RESULT [1.0, 1.0] [1.0, 1.0] CacheInfo(hits=1, misses=1" in out.stdout
+    assert "ERROR EquinoxRuntimeError True" in out.stdout, output(out)

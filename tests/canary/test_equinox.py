@@ -44,14 +44,14 @@ def test_equinox_module_internals():
         w: jax.Array
 
         def __init__(self):
-            assert self in _jax.currently_initialising
+            assert self in _jax._initialising
             self.w = jnp.ones(2)
 
         def f(self):
             return self.w
 
     m = M()
-    assert m not in _jax.currently_initialising
+    assert m not in _jax._initialising
     assert type(m.f) is _jax.BoundMethod
     assert "__name__" in _jax.WRAPPER_FIELD_NAMES
     assert _jax.EQX_MISSING is not None
