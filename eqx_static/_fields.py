@@ -275,6 +275,35 @@ def field_token(v: Any) -> Any:
         return ByEq(v)
 
 
+# What to use instead of a static value Python cannot hash, by its kind: the one
+# table the construction check (`Store ...`), the key (`Pass ...`) and the reports
+# read. `{name}` is the field or argument.
+_HASHABLE_INSTEAD: Final = (
+    (list, "a tuple instead: `{name}=tuple(...)`"),
+    (dict, "a hashable mapping instead, e.g. `{name}=tuple(d.items())`"),
+    (set, "a frozenset instead: `{name}=frozenset(...)`"),
+)
+
+
+def hashable_instead(value: object, name: str, verb: str) -> str:
+    """What to do instead of keying the unhashable `value` (a field or argument
+    `name`), as a sentence that starts with `verb` ("Store", "Pass") if it can."""
+    if isinstance(value, np.ndarray | jax.Array) and value.ndim == 0:
+        number = type(value.item()).__name__
+        return f"{verb} the Python number (a 0-d array is data): `{name}={number}({name})`."
+    if isinstance(value, np.ndarray | jax.Array):
+        return (
+            "Arrays are data, not program structure: make it a dynamic field (drop "
+            "`static=True`), so that changing it never recompiles."
+        )
+    for kind, fix in _HASHABLE_INSTEAD:
+        if isinstance(value, kind):
+            return f"{verb} {fix.format(name=name)}."
+    if dataclasses.is_dataclass(value):
+        return f"{verb} a frozen dataclass instead: `@dataclass(frozen=True)`."
+    return f"{verb} a hashable value instead, or an array if it is data."
+
+
 def value_of(tok: Any) -> Any:
     """The Python value a token stands for."""
     if type(tok) is Typed:

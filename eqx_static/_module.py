@@ -33,6 +33,7 @@ from ._fields import (
     cycle_in,
     field_info,
     FieldInfo,
+    hashable_instead,
     instance_dict,
     is_array_annotation,
     is_hashable,
@@ -77,37 +78,12 @@ def default_dtype(t: type) -> Any:
 
 def check_hashable(info: FieldInfo, name: str, value: object) -> None:
     """Raise `TypeError` if `value` is unhashable: a static value keys the cache."""
-    if is_hashable(value):
-        return
-    if isinstance(value, _ARRAYS) and value.ndim == 0:
-        number = info.annotations.get(name)
-        number = number if number in (bool, int, float, complex) else type(value.item())
-        fix = (
-            "A static field keys the compilation cache, and a 0-d array is data: "
-            f"pass the Python number, `{name}={number.__name__}({name})`."
+    if not is_hashable(value):
+        raise TypeError(
+            f"Static field {name!r} of `{info.cls.__qualname__}` holds an unhashable "
+            f"{type(value).__name__}: a static field keys the compilation cache. "
+            f"{hashable_instead(value, name, 'Store')}"
         )
-    elif isinstance(value, _ARRAYS):
-        fix = (
-            "Arrays are data, not program structure: make it a dynamic field "
-            "(drop `static=True`), so that changing it never recompiles."
-        )
-    elif isinstance(value, list):
-        fix = f"Store a tuple instead: `{name}=tuple(...)`."
-    elif isinstance(value, dict):
-        fix = f"Store a hashable mapping instead, e.g. `{name}=tuple(d.items())`."
-    elif isinstance(value, set):
-        fix = f"Store a frozenset instead: `{name}=frozenset(...)`."
-    elif dataclasses.is_dataclass(value):
-        fix = "Make its class a frozen dataclass: `@dataclass(frozen=True)`."
-    else:
-        fix = (
-            "Static values key the compilation cache, so they must be hashable: "
-            "use a hashable value, or make it a dynamic field."
-        )
-    raise TypeError(
-        f"Static field {name!r} of `{info.cls.__qualname__}` holds an unhashable "
-        f"{type(value).__name__}. {fix}"
-    )
 
 
 def as_data(info: FieldInfo, name: str, value: Any) -> Any:

@@ -7,7 +7,6 @@ per-operation summary (`ops_of`)."""
 
 import collections
 import contextlib
-import dataclasses
 import functools
 import hashlib
 import itertools
@@ -27,7 +26,7 @@ import numpy as np
 from jax.core import Tracer
 
 from . import _jax
-from ._fields import field_info, value_of
+from ._fields import field_info, hashable_instead, value_of
 from ._key import Key, module_info, Node, Visit, visits
 
 
@@ -55,21 +54,12 @@ class Change(NamedTuple):
 
 def unhashable_message(name: str, where: str, value: object) -> str:
     """The error for an unhashable static leaf of a call, with the fix for it."""
-    t = type(value)
-    fix = {
-        list: "a tuple instead", dict: "a tuple of its items instead",
-        set: "a frozenset instead",
-    }.get(t)  # fmt: skip
-    if fix is None and dataclasses.is_dataclass(t):
-        fix = "a frozen dataclass instead (`@dataclass(frozen=True)`)"
     return (
-        f"`{name}` got {where}, a {t.__name__}, which is not hashable. A non-array "
-        "argument is static: it keys the compilation cache, as under "
-        f"`eqx.filter_jit`, so it must be hashable. Pass {fix or _ANY_HASHABLE}."
+        f"`{name}` got {where}, a {type(value).__name__}, which is not hashable. A "
+        "non-array argument is static: it keys the compilation cache, as under "
+        "`eqx.filter_jit`, so it must be hashable. "
+        f"{hashable_instead(value, where.split('.')[-1].split('[')[0], 'Pass')}"
     )
-
-
-_ANY_HASHABLE: Final = "a hashable value instead, or an array if it is data"
 
 
 def diff(old: Key, new: Key, argnames: Sequence[str]) -> list[Change]:

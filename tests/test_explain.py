@@ -277,7 +277,7 @@ def test_an_unhashable_static_value_is_named(args, kwargs, culprit):
     message = (
         f"`{f.qualname}` got {culprit}, which is not hashable. A non-array argument "
         "is static: it keys the compilation cache, as under `eqx.filter_jit`, so it "
-        "must be hashable. Pass a frozenset instead."
+        "must be hashable. Pass a frozenset instead: `"
     )
     with pytest.raises(TypeError) as info:
         f(*args, **kwargs)
@@ -287,7 +287,7 @@ def test_an_unhashable_static_value_is_named(args, kwargs, culprit):
 @pytest.mark.parametrize(
     "value, fix",
     [
-        ({1}, "a frozenset instead"),
+        ({1}, "a frozenset instead: `y=frozenset(...)`"),
         (_Unhashable(), "a hashable value instead, or an array if it is data"),
     ],
     ids=["set", "other"],

@@ -1507,7 +1507,7 @@ def test_an_unhashable_static_value_is_refused_with_the_fix_for_it():
     x = jnp.ones(2)
     with pytest.raises(ValueError, match="Non-hashable static arguments"):
         eqx.filter_jit(lambda cfg, x: x * cfg.scale)(_Mutable(2.0), x)
-    fix = "Pass a frozen dataclass instead (`@dataclass(frozen=True)`)."
+    fix = "Pass a frozen dataclass instead: `@dataclass(frozen=True)`."
     for call, where in ((lambda: f(Holder(x, _Mutable(2.0)), x), "h.cfg"),
                         (lambda: g(_Mutable(2.0), x), "cfg")):  # fmt: skip
         with pytest.raises(TypeError) as info:
@@ -1524,6 +1524,7 @@ def test_an_es_module_refuses_an_unhashable_static_field_with_the_fix():
         M(_Mutable(2.0))
     assert str(info.value) == (
         "Static field 'cfg' of `test_an_es_module_refuses_an_unhashable_static_field_"
-        "with_the_fix.<locals>.M` holds an unhashable _Mutable. Make its class a "
-        "frozen dataclass: `@dataclass(frozen=True)`."
+        "with_the_fix.<locals>.M` holds an unhashable _Mutable: a static field keys "
+        "the compilation cache. Store a frozen dataclass instead: "
+        "`@dataclass(frozen=True)`."
     )

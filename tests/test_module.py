@@ -100,7 +100,10 @@ def test_unhashable_static_at_construction(value, fix):
 
 
 def test_unhashable_static_other_types_get_generic_fix():
-    with pytest.raises(TypeError, match="Static values key the compilation cache"):
+    with pytest.raises(
+        TypeError,
+        match="a static field keys the compilation cache. Store a hashable value",
+    ):
         Child(dp=2.0, sp=(1, [2]), dc=3.0, sc=False)  # pyright: ignore[reportArgumentType]
 
 

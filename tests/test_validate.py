@@ -2,6 +2,7 @@
 construction, in `with_static`/`with_dynamic` and in `es.edit`. Each error is
 checked by its full message, so that the advice it gives is the right one."""
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -32,27 +33,22 @@ ROUTES: dict[str, Callable[[Any], Any]] = {
     "es.edit": lambda v: _edit_static(S(1), v=v),
 }
 
+_ARRAY_FIX = (
+    "Arrays are data, not program structure: make it a dynamic field (drop "
+    "`static=True`), so that changing it never recompiles."
+)
 UNHASHABLE = {
-    "jax array": (
-        jnp.ones(2),
-        "ArrayImpl. Arrays are data, not program structure: make it a dynamic "
-        "field (drop `static=True`), so that changing it never recompiles.",
-    ),
-    "numpy array": (
-        np.ones(2),
-        "ndarray. Arrays are data, not program structure: make it a dynamic "
-        "field (drop `static=True`), so that changing it never recompiles.",
-    ),
-    "list": ([1], "list. Store a tuple instead: `v=tuple(...)`."),
+    "jax array": (jnp.ones(2), f"ArrayImpl: {{keys}} {_ARRAY_FIX}"),
+    "numpy array": (np.ones(2), f"ndarray: {{keys}} {_ARRAY_FIX}"),
+    "list": ([1], "list: {keys} Store a tuple instead: `v=tuple(...)`."),
     "dict": (
         {"a": 1},
-        "dict. Store a hashable mapping instead, e.g. `v=tuple(d.items())`.",
+        "dict: {keys} Store a hashable mapping instead, e.g. `v=tuple(d.items())`.",
     ),
-    "set": ({1}, "set. Store a frozenset instead: `v=frozenset(...)`."),
+    "set": ({1}, "set: {keys} Store a frozenset instead: `v=frozenset(...)`."),
     "other": (
         bytearray(b"x"),
-        "bytearray. Static values key the compilation cache, so they must be "
-        "hashable: use a hashable value, or make it a dynamic field.",
+        "bytearray: {keys} Store a hashable value instead, or an array if it is data.",
     ),
 }
 
@@ -64,6 +60,7 @@ def test_an_unhashable_static_value_gets_advice_for_its_type(route, kind):
     value, advice = UNHASHABLE[kind]
     with pytest.raises(TypeError) as info:
         ROUTES[route](value)
+    advice = advice.format(keys="a static field keys the compilation cache.")
     assert str(info.value) == f"Static field 'v' of `S` holds an unhashable {advice}"
 
 
@@ -268,3 +265,26 @@ def test_results_follow_jax_enable_x64_as_eager_does():
         assert fresh(x).item() == eager(fresh, x).item() == 0.1
     got = m(jnp.ones(()))
     assert got.dtype == eager(m, jnp.ones(())).dtype == jnp.float32
+
+
+@dataclasses.dataclass
+class _Options:  # not frozen: unhashable
+    scale: float = 1.0
+
+
+@pytest.mark.parametrize("value", [{1}, bytearray(b"x"), _Options()], ids=type)
+def test_a_static_field_and_an_argument_get_the_same_fix_for_a_kind(value):
+    """One table of fixes: an `es.Module` refusing a value in a static field at
+    construction and `es.jit` refusing it as an argument say the same. (A list or
+    a dict argument is a container, not a static value.)"""
+
+    @es.jit
+    def f(x, v):
+        return x
+
+    with pytest.raises(TypeError) as stored:
+        S(v=value)
+    with pytest.raises(TypeError) as passed:
+        f(jnp.ones(2), value)
+    fix = str(stored.value).split("Store ", 1)[1]
+    assert str(passed.value).endswith(f"Pass {fix}")
