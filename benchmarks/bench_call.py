@@ -2,19 +2,27 @@
 
 Every speed figure has a fresh-instance row (a new module on every call, as a
 training loop makes them) beside the same-instance row, for each model: the seed's
-`Child`; one module of 10 / 100 / 1,000 / 10,000 array fields; MLPs of 10 / 100 /
-1,000 leaves (`eqx.nn.Linear` layers); 100 and 1,000 nested modules; 100 static
-fields; a chain of modules 50 deep. Against:
+`Child`; Equinox's own `__call__(self, x, *, key=None)`, called `m(x)` and
+`m(x, key=k)`; one module of 10 / 100 / 1,000 / 10,000 array fields; MLPs of 10 /
+100 / 1,000 leaves (`eqx.nn.Linear` layers); 100 and 1,000 nested modules; 100
+static fields; chains of modules 50, 100, 200 and 1,000 deep; `eqx.nn.MLP` (depth
+2 and 8) and `eqx.nn.Sequential` (`Linear` and `Lambda(jax.nn.relu)`) as Equinox
+ships them, called through `es.jit(lambda m, x: m(x))`, every layer run. Against:
 
 - raw `jax.jit(lambda m, x: m(x))` on an equivalent plain `eqx.Module`, also fresh
-  in the fresh rows (target: fresh <= 1.0x for every model; <= 0.6x for models of
-  50 submodules or more and the chain);
+  in the fresh rows (`jax.jit(lambda m, x, key=None: m(x, key=key))` for the
+  keyword-only signature; for Equinox's layers, which raw `jax.jit` refuses, the
+  arrays taken out by `eqx.filter` before each call, and, shown, once) (target:
+  fresh <= 1.0x for every model; <= 0.6x for models of 50 submodules or more and
+  the chains);
 - the floor: `jax.jit` called on the leaves already in a flat list built from a
   fresh copy, what any wrapper pays at least (targets: fresh <= the floor + 2 us
   for a model of at most 10 leaves in its top module, plus 1 us per submodule;
   shown, not judged, for the wide modules of 100 leaves and more, whose target is
   the ratio to raw `jax.jit`; same <= the floor + 1.5 us for every model);
 - `eqx.filter_jit` on the seed (target: es.jit >= 5x faster, fresh);
+- keys of one class called in turn, fresh (a train and an eval instance; 4 values
+  of a static field), against the same pattern with one key (target: <= 1.1x);
 - a plain function of a dict of 10 / 100 arrays, a new dict each call, against
   `jax.jit` of the same function (target: <= 1.0x);
 - `maxsize=N` against the default wrapper, fresh, 100 leaves (within 1.2x);
@@ -23,6 +31,7 @@ fields; a chain of modules 50 deep. Against:
   argument (no target).
 """
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -63,19 +72,90 @@ def _variants(m: Any, p: Any, x: jax.Array) -> dict[str, h.Variant]:
     }
 
 
+def _kwonly_variants(
+    m: Any, p: Any, x: jax.Array, key: jax.Array | None
+) -> dict[str, h.Variant]:
+    """`_variants` for Equinox's own `__call__(self, x, *, key=None)`, called `m(x)`
+    or `m(x, key=key)`; raw: `jax.jit(lambda m, x, key=None: m(x, key=key))`."""
+    raw = jax.jit(lambda m, x, key=None: m(x, key=key))
+    treedef = jax.tree.structure(p)
+    flat = jax.jit(
+        lambda leaves, x, key: jax.tree.unflatten(treedef, leaves)(x, key=key)
+    )
+
+    def leaves() -> list[jax.Array]:
+        return jax.tree.leaves(models.tree_copy(p))
+
+    if key is None:
+        v = {
+            "floor": h.fresh(lambda a: flat(a, x, None), leaves),
+            "es.jit fresh": h.fresh(lambda a: a(x), lambda: models.tree_copy(m)),
+            "es.jit same": h.same(lambda a: a(x), m),
+            "jax.jit fresh": h.fresh(lambda a: raw(a, x), lambda: models.tree_copy(p)),
+            "jax.jit same": h.same(lambda a: raw(a, x), p),
+        }
+    else:
+        v = {
+            "floor": h.fresh(lambda a: flat(a, x, key), leaves),
+            "es.jit fresh": h.fresh(
+                lambda a: a(x, key=key), lambda: models.tree_copy(m)
+            ),
+            "es.jit same": h.same(lambda a: a(x, key=key), m),
+            "jax.jit fresh": h.fresh(
+                lambda a: raw(a, x, key=key), lambda: models.tree_copy(p)
+            ),
+            "jax.jit same": h.same(lambda a: raw(a, x, key=key), p),
+        }
+    return v
+
+
+def _eqx_nn_variants(model: Any, x: jax.Array) -> dict[str, h.Variant]:
+    """`_variants` for a layer of `eqx.nn` as Equinox ships it, called through
+    `es.jit(lambda m, x: m(x))`. Raw `jax.jit(lambda m, x: m(x))` refuses it (its
+    activations, `jax.nn.relu`, are leaves and no arrays), so the raw baseline is
+    the form `jax.jit` users write (as in the training rows): the arrays taken out
+    before each call (`eqx.filter(m, eqx.is_array)`) and passed through `jax.jit`,
+    the static part, partitioned once, closed over and put back with `eqx.combine`
+    in the body; also with the arrays taken out once (a new copy of them each fresh
+    call, as a loop that keeps only the parameters). The floor: the array leaves,
+    flat."""
+    ours = es.jit(lambda m, x: m(x))
+    p, static = eqx.partition(model, eqx.is_array)
+    raw = jax.jit(lambda p, x: eqx.combine(p, static)(x))
+    treedef = jax.tree.structure(p)
+    flat = jax.jit(
+        lambda leaves, x: eqx.combine(jax.tree.unflatten(treedef, leaves), static)(x)
+    )
+
+    def partitioned(a: Any) -> Any:
+        return raw(eqx.filter(a, eqx.is_array), x)
+
+    return {
+        "floor": h.fresh(
+            lambda a: flat(a, x), lambda: jax.tree.leaves(models.tree_copy(p))
+        ),
+        "es.jit fresh": h.fresh(lambda a: ours(a, x), lambda: models.tree_copy(model)),
+        "es.jit same": h.same(lambda a: ours(a, x), model),
+        "jax.jit fresh": h.fresh(partitioned, lambda: models.tree_copy(model)),
+        "jax.jit same": h.same(partitioned, model),
+        "jax.jit once fresh": h.fresh(lambda a: raw(a, x), lambda: models.tree_copy(p)),
+        "jax.jit once same": h.same(lambda a: raw(a, x), p),
+    }
+
+
 def _rows(
     rep: h.Report, key: str, label: str, t: dict[str, float], submodules: int,
-    top_leaves: int,
+    top_leaves: int, raw_name: str = "jax.jit",
 ) -> None:  # fmt: skip
     fresh = ("<=", 0.6 if submodules >= 50 else 1.0)
     for inst, target in (("fresh", fresh), ("same", None)):
         rep.compare_row(
-            GROUP, f"call.{key}.{inst}", f"{label}: es.jit / jax.jit",
+            GROUP, f"call.{key}.{inst}", f"{label}: es.jit / {raw_name}",
             t, f"es.jit {inst}", f"jax.jit {inst}", inst, target, readme=True,
         )  # fmt: skip
     rep.compare_row(
         GROUP, f"call.{key}.floor",
-        f"{label}: the floor (jax.jit on the leaves, flat) / jax.jit",
+        f"{label}: the floor (jax.jit on the leaves, flat) / {raw_name}",
         t, "floor", "jax.jit fresh", "fresh", readme=True,
     )  # fmt: skip
     rep.margin_row(
@@ -103,19 +183,34 @@ MODELS: list[tuple[str, str, Callable[[], tuple[Any, Any]], int, int]] = [
     ("modules1000", "1,000 nested modules", lambda: models.modules(1_000), 1_000, 0),
     ("statics100", "100 static fields", lambda: models.statics(100), 0, 1),
     ("chain50", "a chain of modules 50 deep", lambda: models.chain(50), 50, 1),
+    ("chain100", "a chain of modules 100 deep", lambda: models.chain(100), 100, 1),
+    ("chain200", "a chain of modules 200 deep", lambda: models.chain(200), 200, 1),
+    (
+        "chain1000",
+        "a chain of modules 1,000 deep",
+        lambda: models.chain(1_000),
+        1_000,
+        1,
+    ),
 ]
 
 
 def run(rep: h.Report, s: h.Settings) -> None:
     _child(rep, s)
+    _kwonly(rep, s)
+    _keys_in_turn(rep, s)
     for key, label, make, submodules, top_leaves in MODELS:
         if s.quick and key not in ("leaves100", "mlp10", "chain50"):
             continue
-        m, p = make()
-        t = h.compare(
-            _variants(m, p, models.x_input()), s, raw=rep.raw, key=f"call.{key}"
-        )
+        # A chain 1,000 deep: Equinox's construction and JAX's flatten recurse.
+        with models.recursion_limit(submodules):
+            m, p = make()
+            t = h.compare(
+                _variants(m, p, models.x_input()), s, raw=rep.raw, key=f"call.{key}"
+            )
+            del m, p
         _rows(rep, key, label, t, submodules, top_leaves)
+    _eqx_nn(rep, s)
     _dicts(rep, s)
     _wrapper_options(rep, s)
     _jaxtyped(rep, s)
@@ -142,6 +237,113 @@ def _child(rep: h.Report, s: h.Settings) -> None:
         GROUP, "call.child.filter_jit", "seed Child: eqx.filter_jit / es.jit (speed-up)",
         t, "filter_jit fresh", "es.jit fresh", "fresh", (">=", 5.0),
     )  # fmt: skip
+
+
+def _kwonly(rep: h.Report, s: h.Settings) -> None:
+    """Equinox's own `__call__(self, x, *, key=None)`, called `m(x)` and
+    `m(x, key=k)` (a `jax.random.key`; with it the body runs dropout)."""
+    m, p = models.kwonly()
+    x, k = models.x_input(), jax.random.key(0)
+    for name, key, label in (
+        ("kwonly", None, "__call__(self, x, *, key=None), called m(x)"),
+        ("kwonly_key", k, "__call__(self, x, *, key=None), called m(x, key=k)"),
+    ):
+        if s.quick and name != "kwonly":
+            continue
+        t = h.compare(
+            _kwonly_variants(m, p, x, key), s, raw=rep.raw, key=f"call.{name}"
+        )
+        _rows(rep, name, label, t, 0, 2)
+
+
+def _keys_in_turn(rep: h.Report, s: h.Settings) -> None:
+    """Keys of one class called in turn, fresh instances: a train and an eval
+    instance alternating (a static `train` flag), and 4 values of a static `mode`,
+    each against the same call pattern with one key (instances of the same class,
+    other arrays, one static value): es.jit / es.jit. Raw `jax.jit` on equivalent
+    `eqx.Module`s in the same turns is shown."""
+    cls, eqx_cls = models.modal()
+    raw = _raw()
+    x = models.x_input()
+    w = models.arrays(4)
+    cases = [
+        ("keys2", "a train and an eval instance in turn (2 keys)", "train",
+         (True, False)),
+        ("keys4", "4 values of a static field in turn (4 keys)", "mode", (0, 1, 2, 3)),
+    ]  # fmt: skip
+    for name, label, field, values in cases:
+        if s.quick and name != "keys2":
+            continue
+        fixed = {"train": True, "mode": 0}
+        turns = {
+            "turn": [{**fixed, field: v} for v in values],
+            "one": [fixed] * len(values),
+        }
+        made = {
+            (kind, c): [c(w=w[i], **kw) for i, kw in enumerate(turn)]
+            for kind, turn in turns.items()
+            for c in (cls, eqx_cls)
+        }
+        for (_, c), instances in made.items():  # each key compiled and guarded
+            call = (lambda a: a(x)) if c is cls else (lambda a: raw(a, x))
+            for a in instances * 3:
+                jax.block_until_ready(call(models.tree_copy(a)))
+        t = h.compare(
+            {
+                "keys in turn": h.fresh(lambda a: a(x), _in_turn(made["turn", cls])),
+                "one key": h.fresh(lambda a: a(x), _in_turn(made["one", cls])),
+                "jax.jit keys in turn": h.fresh(
+                    lambda a: raw(a, x), _in_turn(made["turn", eqx_cls])
+                ),
+                "jax.jit one key": h.fresh(
+                    lambda a: raw(a, x), _in_turn(made["one", eqx_cls])
+                ),
+            },
+            s, raw=rep.raw, key=f"call.{name}",
+        )  # fmt: skip
+        rep.compare_row(
+            GROUP, f"call.{name}.fresh",
+            f"{label}: es.jit / the same pattern with one key",
+            t, "keys in turn", "one key", "fresh", ("<=", 1.1), readme=True,
+        )  # fmt: skip
+        rep.compare_row(
+            GROUP, f"call.{name}.raw", f"{label}: es.jit / jax.jit",
+            t, "keys in turn", "jax.jit keys in turn", "fresh",
+        )  # fmt: skip
+
+
+def _in_turn(instances: list[Any]) -> Callable[[], Any]:
+    """A maker of fresh copies of `instances`, one after the other, round and round
+    (each batch starts where the last ended: the order never repeats a key)."""
+    it = itertools.cycle(instances)
+    return lambda: models.tree_copy(next(it))
+
+
+def _eqx_nn(rep: h.Report, s: h.Settings) -> None:
+    """Equinox's layers as it ships them, through `es.jit(lambda m, x: m(x))`: every
+    layer runs. Against `jax.jit` with the arrays taken out before each call (what
+    `jax.jit` needs for them) and the floor; and `jax.jit` with them taken out once,
+    shown."""
+    x = models.x_input()
+    cases: list[tuple[str, str, Callable[[], Any], int]] = [
+        ("eqx_mlp_d2", "eqx.nn.MLP 4→16×2→4 (3 Linear)",
+         lambda: models.eqx_mlp(16, 2), 3),
+        ("eqx_mlp_d8", "eqx.nn.MLP 4→16×8→4 (9 Linear)",
+         lambda: models.eqx_mlp(16, 8), 9),
+        ("eqx_sequential", "eqx.nn.Sequential, 3 Linear + 2 Lambda(relu), 4→16→16→4",
+         lambda: models.eqx_sequential(16), 5),
+    ]  # fmt: skip
+    for key, label, make, submodules in cases:
+        if s.quick and key != "eqx_mlp_d2":
+            continue
+        t = h.compare(_eqx_nn_variants(make(), x), s, raw=rep.raw, key=f"call.{key}")
+        _rows(rep, key, label, t, submodules, 0, "jax.jit + eqx.filter")
+        for inst in ("fresh", "same"):
+            rep.compare_row(
+                GROUP, f"call.{key}.once_{inst}",
+                f"{label}: es.jit / jax.jit, partitioned once",
+                t, f"es.jit {inst}", f"jax.jit once {inst}", inst, readme=True,
+            )  # fmt: skip
 
 
 def _dicts(rep: h.Report, s: h.Settings) -> None:

@@ -15,7 +15,9 @@ of a static field the program does not use (0 extra XLA compiles, 10 traces), wi
 and without `jax.nn.relu`. Then the cost of a miss: the first call (trace +
 compile) of `es.jit` against `eqx.filter_jit` on the same body, and, on a model
 whose compile takes over half a second, a miss whose program is reused against
-one that compiles. Last, a second process with JAX's persistent compilation cache
+one that compiles; a miss whose program is reused against `jax.jit`'s trace and
+lowering of the same call, on the attention blocks and on 100 and 1,000 nested
+modules. Last, a second process with JAX's persistent compilation cache
 makes no XLA compile; and a miss costs no more with 1,200 keys held than with 100.
 """
 
@@ -232,6 +234,32 @@ def _miss_costs(reps: int) -> tuple[dict[str, float], dict[str, list[float]]]:
     return {k: statistics.median(v) for k, v in times.items()}, times
 
 
+def _reused_miss_modules(n: int, reps: int) -> tuple[dict[str, float], dict]:
+    """Seconds of a miss whose program is reused (a new value of a static `tag` the
+    body never reads) on `n` nested modules, and of `jax.jit`'s trace and lowering
+    of the same call on the equivalent `eqx.Module`
+    (`jax.jit(lambda m, x: m(x)).trace(m, x).lower()`), each on a new key every
+    time, in a random order per repetition; medians."""
+    m, p = models.tagged_modules(n, lambda f: es.jit(f, warn_after=None))
+    x = models.x_input()
+    raw = jax.jit(lambda m, x: m(x))
+    jax.block_until_ready(m(x))  # the program compiled, JAX warmed up
+    raw.trace(p, x).lower()
+    times: dict[str, list[float]] = {"reused": [], "jax.jit trace + lower": []}
+    for i in range(1, reps + 1):
+        calls = [
+            ("reused", m.with_static(tag=i), lambda a: jax.block_until_ready(a(x))),
+            ("jax.jit trace + lower", type(p)(p.layers, i),
+             lambda a: raw.trace(a, x).lower()),
+        ]  # fmt: skip
+        random.shuffle(calls)
+        for name, a, call in calls:
+            t0 = time.perf_counter()
+            call(a)
+            times[name].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}, times
+
+
 def _misses_with_keys_held(sizes: tuple[int, ...], reps: int) -> dict[str, float]:
     """Seconds of a miss (a new key whose program is shared: trace, lower, find)
     with `n` keys already held, for each `n`, the sizes measured in turn."""
@@ -412,6 +440,14 @@ def run(rep: h.Report, s: h.Settings) -> None:
         "6 attention blocks: a miss that compiles / eqx.filter_jit's first call",
         med, "compiling", "filter_jit", target=("<=", 1.05),
     )  # fmt: skip
+    for n in (100,) if s.quick else (100, 1_000):
+        med, raw = _reused_miss_modules(n, s.first_call_reps + 2)
+        rep.raw[f"compiles.reused_miss_vs_jax.modules{n}"] = raw
+        rep.compare_row(
+            GROUP, f"compiles.reused_miss_vs_jax.modules{n}",
+            f"{n:,} nested modules: a miss that reuses a program (a new unread static) / jax.jit's trace and lowering of the same call",
+            med, "reused", "jax.jit trace + lower", target=("<=", 1.2),
+        )  # fmt: skip
     med = _misses_with_keys_held((100, 1_200), 20 if s.quick else 200)
     rep.compare_row(
         GROUP, "compiles.miss_with_keys",

@@ -8,7 +8,12 @@
 - `nested`: `f0`, a static `flag` and a tuple `rest` of the other n-1 arrays;
 - `modules`: a tuple of n small modules (`w`, a static `k`);
 - `statics`: one array `w` and n static int fields `s0..s{n-1}`;
-- `Net`: an `eqx.nn.MLP` inside an `es.Module`, for the training step.
+- `Net`: an `eqx.nn.MLP` inside an `es.Module`, for the training step;
+- `chain`: modules each holding the next (`recursion_limit` for deep ones);
+- what users write: `kwonly` (Equinox's `__call__(self, x, *, key=None)`), `modal`
+  (static `train` and `mode`, keys of one class in turn), `eqx_mlp` and
+  `eqx_sequential` (Equinox's layers as it ships them), `tagged_modules` (a static
+  `tag` no program reads: a miss that reuses a program).
 
 Each call model comes as an `es.Module` whose `__call__` is wrapped by `es.jit`
 (or a given wrapper) and as an equivalent plain `eqx.Module` whose `__call__` is
@@ -16,11 +21,15 @@ the same undecorated body, for `jax.jit(lambda m, x: m(x))`. A body reads at mos
 16 of the leaves (evenly spaced): all leaves are still arguments (flattened, keyed
 and checked on every call by both wrappers), but the executable gets only those
 read (`jax.jit`'s `keep_unused=False`); a body reading all 10,000 leaves takes
-XLA's CPU compiler over a minute.
+XLA's CPU compiler over a minute. Equinox's own layers (`eqx_mlp`,
+`eqx_sequential`) run every layer, as users call them: a body that skipped some
+would let JAX prune them and measure a floor no user sees.
 """
 
 import dataclasses
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, ClassVar
 
 import equinox as eqx
@@ -380,3 +389,143 @@ def mlp(leaves: int) -> tuple[Any, Any]:
     es_cls = _class(f"Mlp{leaves}", es.Module, {**ann, "__call__": es.jit(body)})
     eqx_cls = _class(f"EqxMlp{leaves}", eqx.Module, {**ann, "__call__": body})
     return es_cls(layers), eqx_cls(layers)
+
+
+# ----------------------------------------------------------------------------------
+# What users write: Equinox's own signature, keys in turn, Equinox's layers
+
+
+@contextmanager
+def recursion_limit(depth: int) -> Iterator[None]:
+    """Room for a chain `depth` deep: Equinox's construction, `jax.tree.map` and
+    JAX's flatten recurse once (or more) per link."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10 * depth))
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+def kwonly() -> tuple[Any, Any]:
+    """Equinox's own `__call__(self, x, *, key=None)`: `w * x + b`, and with `key=`
+    dropout at a static `rate` (as `eqx.nn.Dropout` in training)."""
+
+    def body(self, x, *, key=None):
+        y = self.w * x + self.b
+        if key is not None:
+            keep = jax.random.bernoulli(key, 1.0 - self.rate, y.shape)
+            y = jnp.where(keep, y / (1.0 - self.rate), 0.0)
+        return y
+
+    ann = {"w": jax.Array, "b": jax.Array, "rate": float}
+    es_cls = _class(
+        "KwOnly",
+        es.Module,
+        {
+            "__annotations__": ann,
+            "rate": eqx.field(static=True),
+            "__call__": es.jit(body),
+        },
+    )
+    eqx_cls = _class(
+        "EqxKwOnly",
+        eqx.Module,
+        {"__annotations__": ann, "rate": eqx.field(static=True), "__call__": body},
+    )
+    w, b = arrays(2)
+    return es_cls(w=w, b=b, rate=0.1), eqx_cls(w=w, b=b, rate=0.1)
+
+
+def modal() -> tuple[type, type]:
+    """Classes with a static `train` flag and a static `mode` int, both in the
+    program (each (train, mode) is its own key and its own program): an `es.Module`
+    and the equivalent `eqx.Module`."""
+
+    def body(self, x):
+        y = self.w * x + self.mode
+        return jnp.tanh(y) if self.train else y
+
+    ann = {"w": jax.Array, "train": bool, "mode": int}
+
+    def ns(call: Callable) -> dict[str, Any]:
+        static = {"train": eqx.field(static=True), "mode": eqx.field(static=True)}
+        return {"__annotations__": ann, **static, "__call__": call}
+
+    return (
+        _class("Modal", es.Module, ns(es.jit(body))),
+        _class("EqxModal", eqx.Module, ns(body)),
+    )
+
+
+def _as_shipped(make: Callable[[], Any]) -> Any:
+    """What `make()` builds with Equinox's own constructors, built abstractly
+    (`eqx.filter_eval_shape`: its random initialisation compiles a dozen XLA
+    programs, seconds on 2 cores), its arrays then filled from numpy: the same
+    classes, fields and shapes, other numbers."""
+    leaves, treedef = jax.tree.flatten(eqx.filter_eval_shape(make))
+    rng = np.random.default_rng(0)
+    shaped = [isinstance(a, jax.ShapeDtypeStruct) for a in leaves]
+    values = jax.device_put(
+        [
+            rng.uniform(-0.5, 0.5, a.shape).astype(a.dtype) if is_array else None
+            for a, is_array in zip(leaves, shaped)
+        ]
+    )
+    return jax.tree.unflatten(
+        treedef,
+        [v if is_array else a for a, v, is_array in zip(leaves, values, shaped)],
+    )
+
+
+def eqx_mlp(width: int, depth: int) -> eqx.nn.MLP:
+    """`eqx.nn.MLP` as Equinox ships it, 4 → width × depth → 4 (`depth + 1`
+    `Linear` layers; ReLU, its activations are fields: non-array leaves)."""
+    return _as_shipped(lambda: eqx.nn.MLP(4, 4, width, depth, key=jax.random.key(0)))
+
+
+def eqx_sequential(width: int) -> eqx.nn.Sequential:
+    """`eqx.nn.Sequential` of 3 `eqx.nn.Linear` and 2 `eqx.nn.Lambda(jax.nn.relu)`:
+    4 → width → width → 4."""
+
+    def make() -> eqx.nn.Sequential:
+        k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+        return eqx.nn.Sequential(
+            [
+                eqx.nn.Linear(4, width, key=k1),
+                eqx.nn.Lambda(jax.nn.relu),
+                eqx.nn.Linear(width, width, key=k2),
+                eqx.nn.Lambda(jax.nn.relu),
+                eqx.nn.Linear(width, 4, key=k3),
+            ]
+        )
+
+    return _as_shipped(make)
+
+
+def tagged_modules(n: int, wrap: Callable = es.jit) -> tuple[Any, Any]:
+    """`modules(n)` with a static `tag` the body never reads: a new `tag` is a new
+    key whose program is the one compiled already."""
+    idx = list(range(n))[:: max(1, n // READS)][:READS]
+
+    def body(self, x):
+        for i in idx:
+            x = x + self.layers[i].w
+        return x
+
+    ann = {"layers": tuple, "tag": int}
+    es_cls = _class(
+        f"Tagged{n}",
+        es.Module,
+        {"__annotations__": ann, "tag": eqx.field(static=True), "__call__": wrap(body)},
+    )
+    eqx_cls = _class(
+        f"EqxTagged{n}",
+        eqx.Module,
+        {"__annotations__": ann, "tag": eqx.field(static=True), "__call__": body},
+    )
+    leaves = arrays(n)
+    return (
+        es_cls(tuple(Layer(w, i) for i, w in enumerate(leaves)), 0),
+        eqx_cls(tuple(EqxLayer(w, i) for i, w in enumerate(leaves)), 0),
+    )

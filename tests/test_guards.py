@@ -42,6 +42,10 @@ MODELS: dict[str, Callable[[], Any]] = {
     "an MLP of 10 leaves": lambda: models.mlp(10)[0],
     "an MLP inside a module": lambda: models.make_net(),
     "a static table": lambda: models.StaticTable(jnp.ones(4), tuple(range(100))),
+    "__call__(x, *, key=None)": lambda: models.kwonly()[0],
+    "static train and mode flags": lambda: models.modal()[0](jnp.ones(4), False, 3),
+    "eqx.nn.MLP as shipped": lambda: models.eqx_mlp(16, 2),
+    "eqx.nn.Sequential as shipped": lambda: models.eqx_sequential(16),
     # wider than the guard reads field by field: read with `operator.itemgetter`
     "30 static fields": lambda: models.statics(30)[0],
     "30 fields, half submodules": lambda: _wide_mixed(30),
