@@ -191,7 +191,7 @@ class Function:
         self.compiling: dict[bytes, threading.Event] = {}  # by module digest
         self.history: list[Compile] = []  # every XLA compile since `clear`
         self.recent: collections.deque[Seen] = collections.deque(maxlen=64)
-        self.reused: dict[str, int] = {}  # name -> misses that changed it, shared
+        self.shared: collections.deque[_report.Why] = collections.deque(maxlen=64)
         self.warned = False
         self.program_name = _claim_name(self, fn)
 
@@ -215,7 +215,7 @@ class Function:
                 self.entries,
                 self.programs,
                 self.held,
-                self.reused,
+                self.shared,
                 *self.guard_sets,
             ):
                 d.clear()
@@ -232,19 +232,19 @@ class Function:
 
     # The books.
 
-    def book_miss(self, changes: Sequence[Change] = ()) -> None:
-        """Count a miss; `changes`: what changed in it, if it shared a program."""
+    def book_miss(self, shared: "_report.Why | None" = None) -> None:
+        """Count a miss; `shared`: why it missed, if it shared a program."""
         with self.lock:
             self.misses += 1
-            for c in changes:
-                self.reused[c.name] = self.reused.get(c.name, 0) + 1
+            if shared is not None:
+                self.shared.append(shared)
 
     def storm(self, key: Key) -> None:
         """Warn once, after a miss, if one thing changed at each of the last
         `warn_after` compiles."""
         n = self.warn_after
         if n and not self.warned and len(self.history) >= n:
-            self.warned = _report.storm(self.name(key), self.history, self.reused, n)
+            self.warned = _report.storm(self.name(key), self.history, self.shared, n)
 
     def check_budget(self, changes: Sequence[Change], differ: Any) -> None:
         """Raise `RecompileError` if one more XLA compile exceeds `max_compiles`."""
@@ -713,7 +713,7 @@ def _top_level(f: Function, entry: Entry, leaves: tuple) -> tuple:
     finally:
         f.unmark(miss.mark)  # on every path: an interrupted miss leaves no mark
         if miss.traced or miss.window.number:
-            f.book_miss(miss.window.changes if miss.shared else ())
+            f.book_miss(miss.window.why if miss.shared else None)
             f.storm(entry.key)
 
 
@@ -726,11 +726,14 @@ def _trace_and_lower(miss: _Miss) -> None:
     miss.helper = entry.helper or _helper(f, entry, miss.leaves)
     traced = miss.helper.trace(*miss.leaves)
     miss.lowered, miss.jaxpr = traced.lower(), traced.jaxpr
-    w.changes, w.closest = _report.explain(
-        known, entry.key, miss.sig, f.argnames, f.n_fn
+    w.why = _report.Why(
+        known,
+        entry.key,
+        miss.sig,
+        f.argnames,
+        f.n_fn,
+        [_UNTRANSFORMED] if staged else [],
     )
-    if staged and not w.changes:
-        w.changes = [_UNTRANSFORMED]
 
 
 def _decide(miss: _Miss) -> Program:
@@ -776,10 +779,10 @@ def _compile(miss: _Miss, lowering: Any, fp: Fingerprint | None) -> Program:
     call that follows (JAX's own miss), still inside the window that books it."""
     f, w = miss.f, miss.window
     w.structure = None if lowering is None else structure(lowering.stablehlo())
-    w.differ = _report.differ_of(w.closest, w.changes, miss.jaxpr, w.structure)
-    f.check_budget(w.changes, w.differ)
+    w.differ = _report.differ_of(w.why.closest, w.why.changes, miss.jaxpr, w.structure)
+    f.check_budget(w.why.changes, w.differ)
     w.planned = True
-    _report.log(f.name(miss.entry.key), "compiling", w.known, w.changes, w.differ)
+    _report.log(f.name(miss.entry.key), "compiling", w.known, w.why, w.differ)
     ops = tuple(_report.ops_of(miss.jaxpr))
     if fp is None:
         return Program(miss.entry.key, None, None, ops, w.structure, 0)
@@ -798,7 +801,7 @@ def _install_and_run(miss: _Miss, program: Program) -> tuple:
     f.unmark(miss.mark)  # waiting misses of the same module find it now
     if miss.shared is not None and miss.traced:
         again = f"same program as compile {program.number}, not compiled again"
-        _report.log(f.name(entry.key), "traced", w.known, w.changes, again)
+        _report.log(f.name(entry.key), "traced", w.known, w.why, again)
     if program.fingerprint is None or program.fingerprint.callbacks:
         entry.call = _calling(f, entry, reports=True)
     if miss.shared is None or program.fingerprint is None:
@@ -849,16 +852,9 @@ def _staged(f: Function, entry: Entry, leaves: tuple) -> Any:
         if _local.traces != traces or w.number or refused:
             f.book_miss()
         if _local.traces != traces:
-            changes, _ = _report.explain(
-                list(f.recent),
-                entry.key,
-                _signature(leaves, f.n_fn),
-                f.argnames,
-                f.n_fn,
-            )
-            _report.log(
-                f.name(entry.key), "traced under a transformation", f.size, changes
-            )
+            sig = _signature(leaves, f.n_fn)
+            why = _report.Why(list(f.recent), entry.key, sig, f.argnames, f.n_fn)
+            _report.log(f.name(entry.key), "traced under a transformation", f.size, why)
 
 
 def _run(helper: Any, leaves: tuple) -> tuple:
@@ -969,23 +965,24 @@ def _explain_public(f: Function, w: "_Window", call: _Public) -> None:
     entry, sig = call.entry, _signature(call.leaves, f.n_fn)
     w.planned, w.known = True, f.size
     if sig in entry.runs:  # compiled before for the same signature: JAX's own
-        w.changes = (_PGLE,)
-        return f.check_budget(w.changes, None)
-    w.changes, w.closest = _report.explain(
-        list(f.recent), entry.key, sig, f.argnames, f.n_fn
+        w.why = _report.Why.said([_PGLE])
+        return f.check_budget(w.why.changes, None)
+    untransformed = [_UNTRANSFORMED] if call.state.staged and not entry.runs else []
+    w.why = _report.Why(
+        list(f.recent), entry.key, sig, f.argnames, f.n_fn, untransformed
     )
-    if call.state.staged and not entry.runs and not w.changes:
-        w.changes = [_UNTRANSFORMED]
     traced = call.jitted.trace(*call.leaves)
     module = traced.lower().compiler_ir("stablehlo")
     w.structure, w.digest = structure(module), digest(module)
     w.ops = tuple(_report.ops_of(traced.jaxpr))
     if any("callback" in op.name for op in w.ops):
         call.state.reports = True
-    w.differ = _report.differ_of(w.closest, w.changes, traced.jaxpr, w.structure)
+    w.differ = _report.differ_of(
+        w.why.closest, w.why.changes, traced.jaxpr, w.structure
+    )
     f.make_room(entry, sig)
-    f.check_budget(w.changes, w.differ)
-    _report.log(f.name(entry.key), "compiling", w.known, w.changes, w.differ)
+    f.check_budget(w.why.changes, w.differ)
+    _report.log(f.name(entry.key), "compiling", w.known, w.why, w.differ)
 
 
 # ----------------------------------------------------------------------------------
@@ -1000,11 +997,10 @@ class _Window:
         self.f = f
         self.planned = False  # the compile about to start was asked for
         self.installed = False  # an executable was installed: no compile is due
-        self.changes: Sequence[Change] = ()  # these three: the compile's record
+        self.why = _report.Why.said(())  # these three: the compile's record
         self.structure: bytes | None = None
         self.digest: bytes | None = None  # of the program it compiles
         self.differ: Any = None
-        self.closest: Seen | None = None
         self.known = 0  # signatures held when it started
         self.number = 0  # of the last compile booked
         self.unplanned = _PGLE  # what a compile it did not ask for is
@@ -1040,9 +1036,9 @@ def _what_changed(f: Function, w: _Window | None) -> tuple[Change, ...]:
     for a compile it did not ask for after the first, why JAX compiled on its own."""
     if w is None:
         return (_OUT_OF_SIGHT,) if f.history else ()
-    if w.planned or w.changes or not f.history:
-        return tuple(w.changes)
-    return (w.unplanned,)
+    if w.planned or not f.history:
+        return tuple(w.why.changes)
+    return tuple(w.why.changes) or (w.unplanned,)
 
 
 def _on_compile_start(event: str, value: float, **kwargs: Any) -> None:

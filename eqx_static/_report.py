@@ -12,6 +12,7 @@ import hashlib
 import itertools
 import linecache
 import logging
+import operator
 import os
 import re
 import site
@@ -150,22 +151,64 @@ def explain(
     known: Sequence[Seen], key: Key, run: tuple, argnames: Sequence[str], n_fn: int
 ) -> tuple[list[Change], Seen | None]:
     """What differs between a call of `key` for `run` (avals, JAX's context) and the
-    closest of `known` (fewest differences, most recent), and that one. The first
-    `n_fn` leaves are the function's own."""
+    closest of `known` (the fewest tokens and avals that differ, the most recent of
+    equals: one comparison of flat tuples each), and that one. The first `n_fn`
+    leaves are the function's own."""
     sig, context = run
-    best: tuple[list[Change], Seen | None] = ([], None)
-    for seen in reversed(known):
-        changes = diff(seen.key, key, argnames)
-        if seen.sig != sig and not any(c.kind == "structure" for c in changes):
-            leaves = [v for v in visits(key, argnames) if v.node.kind == "traced"]
-            pairs = zip(leaves, seen.sig[n_fn:], sig[n_fn:])  # they line up
-            changes += [_leaf_change(o, a, b) for o, a, b in pairs if a != b]
-        if not changes and seen.context != context:
-            changes = [Change("JAX's configuration changed", "context", "context")]
-        changes = merge_copies(changes)
-        if best[1] is None or len(changes) < len(best[0]):
-            best = (changes, seen)
-    return best
+    closest = min(reversed(known), key=lambda s: _distance(s, key, sig), default=None)
+    if closest is None:
+        return [], None
+    changes = diff(closest.key, key, argnames)
+    if closest.sig != sig and not any(c.kind == "structure" for c in changes):
+        leaves = [v for v in visits(key, argnames) if v.node.kind == "traced"]
+        pairs = zip(leaves, closest.sig[n_fn:], sig[n_fn:])  # they line up
+        changes += [_leaf_change(o, a, b) for o, a, b in pairs if a != b]
+    if not changes and closest.context != context:
+        changes = [Change("JAX's configuration changed", "context", "context")]
+    return merge_copies(changes), closest
+
+
+class Why:
+    """What differs between a call and the closest call known when it missed (see
+    `explain`), worked out when first asked: a miss whose program is reused says
+    and budgets nothing unless asked, and costs no comparison."""
+
+    __slots__ = ("_asked", "_answer", "otherwise")
+
+    def __init__(self, known: Sequence[Seen] = (), key: Key = (), run: tuple = ((), None),
+                 argnames: Sequence[str] = (), n_fn: int = 0,
+                 otherwise: Sequence[Change] = ()) -> None:  # fmt: skip
+        self._asked: Any = (list(known), key, run, argnames, n_fn)
+        self._answer: tuple[list[Change], Seen | None] | None = None
+        self.otherwise = otherwise  # what to say if nothing differs
+
+    @classmethod
+    def said(cls, changes: Sequence[Change]) -> "Why":
+        """An answer known already."""
+        why = cls()
+        why._answer = (list(changes), None)
+        return why
+
+    def _worked_out(self) -> tuple[list[Change], Seen | None]:
+        if self._answer is None:
+            changes, closest = explain(*self._asked)
+            self._answer, self._asked = (changes or list(self.otherwise), closest), None
+        return self._answer
+
+    @property
+    def changes(self) -> list[Change]:
+        return self._worked_out()[0]
+
+    @property
+    def closest(self) -> Seen | None:
+        return self._worked_out()[1]
+
+
+def _distance(seen: Seen, key: Key, sig: tuple) -> int:
+    """How many tokens and avals differ, position by position."""
+    a, b = seen.key, key
+    tokens = abs(len(a) - len(b)) + sum(map(operator.ne, a, b))
+    return tokens + abs(len(seen.sig) - len(sig)) + sum(map(operator.ne, seen.sig, sig))
 
 
 def merge_copies(changes: Sequence[Change]) -> list[Change]:
@@ -227,12 +270,10 @@ def phrase(changes: Sequence[Change], tail: object = None) -> str:
     return f"{text}; {tail}" if tail else text
 
 
-def log(
-    name: str, what: str, n: int, changes: Sequence[Change], tail: object = None
-) -> None:
-    """The INFO line of a miss after the first."""
+def log(name: str, what: str, n: int, why: Why, tail: object = None) -> None:
+    """The INFO line of a miss after the first (worked out only if it is shown)."""
     if n and logger.isEnabledFor(logging.INFO):
-        logger.info("%s: %s (%d cached): %s", name, what, n, phrase(changes, tail))
+        logger.info("%s: %s (%d cached): %s", name, what, n, phrase(why.changes, tail))
 
 
 # ----------------------------------------------------------------------------------
@@ -428,12 +469,11 @@ def _names_on(line: Frame) -> set[str]:
     return set(re.findall(r"\w+", linecache.getline(line[0], line[1])))
 
 
-def storm(
-    name: str, history: Sequence[Compile], reused: dict[str, int], n: int
-) -> bool:
+def storm(name: str, history: Sequence[Compile], shared: Sequence[Why], n: int) -> bool:
     """Warn once something changed at each of the last `n` compiles; of several,
     name the one whose name is on the line where the last programs differ, or else
-    the one least often changed in a miss that shared a program. Say only what is
+    the one least often changed in a miss that shared a program (`shared`: the
+    latest such misses' reasons). Say only what is
     true: "every time" if it changed at every compile, and, if it took few values,
     that the compiles come from their combinations with other changes."""
     recent = history[-n:]
@@ -443,6 +483,7 @@ def storm(
         return False
     differ = recent[-1].differ
     read = _names_on(differ.line) if differ is not None and differ.line else set()
+    reused = collections.Counter(c.name for why in shared for c in why.changes)
     culprit = min(
         common,
         key=lambda k: (k.rsplit(".", 1)[-1] not in read, reused.get(k, 0), k),
