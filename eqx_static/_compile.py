@@ -110,15 +110,7 @@ class CompileInfo(NamedTuple):
 class Program:
     """One XLA compile: the executable of every key whose program is the same."""
 
-    __slots__ = (
-        "executable",
-        "fingerprint",
-        "key",
-        "number",
-        "ops",
-        "structure",
-        "users",
-    )
+    __slots__ = "executable fingerprint key number ops structure users".split()
 
     def __init__(self, key: Key, fp: Fingerprint | None, executable: Any, ops: tuple,
                  structure: bytes | None, number: int):  # fmt: skip
@@ -152,23 +144,15 @@ def _read(counter: "itertools.count[int]") -> int:
 class Function:
     """One `es.jit` function: what its miss path knows, its keys, programs and
     books. Shared by every wrapper of the same function with the same options; the
-    lock guards bookkeeping only."""
+    lock guards bookkeeping only. It keeps no function: a trace calls the one in
+    the call's hand."""
 
     def __init__(self, fn: Callable, fn_key: Key | None, n_fn: int, layout: Layout,
                  donate: str, maxsize: int | None, max_compiles: int | None,
                  warn_after: int | None):  # fmt: skip
-        # The function itself is not kept: a trace calls the one in the call's hand.
-        self.layout, self.argnames = layout, layout.names
-        self.fn_key, self.n_fn, self.donate = (
-            fn_key,
-            n_fn,
-            donate,
-        )
-        self.maxsize, self.max_compiles, self.warn_after = (
-            maxsize,
-            max_compiles,
-            warn_after,
-        )
+        self.layout, self.argnames, self.fn_key, self.n_fn = layout, layout.names, fn_key, n_fn  # fmt: skip
+        self.donate, self.maxsize, self.max_compiles = donate, maxsize, max_compiles
+        self.warn_after, self.quiet = warn_after, donate in ("all", "all-except-first")
         self.qualname: str = qualname(fn)
         self.short: str = getattr(fn, "__name__", None) or self.qualname
         self.method = layout.names[:1] == ("self",)
@@ -178,14 +162,12 @@ class Function:
         # the user's line that wraps it, once it has been wrapped before.
         self.code = code if type(fn) is types.FunctionType else None
         self.wrapped_at = _caller() if self.code in _rewraps else ""
-        self.quiet = donate in ("all", "all-except-first")
         self.lock = threading.Lock()
         self.entries: dict[Key, Entry] = {}
         self.guard_sets = weakref.WeakSet[dict]()  # each wrapper's guards, by class
-        self.general = 0  # calls no guard served
         self.calls = itertools.count()  # counted in C at the end of every call
         self.clock = itertools.count(1)  # for `Entry.used`
-        self.misses = self.at_clear = self.size = 0  # size: signatures held
+        self.misses = self.at_clear = self.size = self.general = 0  # size: signatures
         self.programs: dict[bytes, list[Program]] = {}  # shareable, by digest
         self.held: dict[int, Program] = {}  # every program a signature runs, by id
         self.compiling: dict[bytes, threading.Event] = {}  # by module digest
@@ -194,8 +176,6 @@ class Function:
         self.shared: collections.deque[_report.Why] = collections.deque(maxlen=64)
         self.warned = False
         self.program_name = _claim_name(self, fn)
-
-    # What the wrappers read.
 
     def info(self) -> CacheInfo:
         with self.lock:
@@ -211,19 +191,11 @@ class Function:
         with self.lock:
             for e in self.entries.values():
                 e.runs.clear()
-            for d in (
-                self.entries,
-                self.programs,
-                self.held,
-                self.shared,
-                *self.guard_sets,
-            ):
+            kept = (self.entries, self.programs, self.held, self.shared, self.history)
+            for d in (*kept, self.recent, *self.guard_sets):
                 d.clear()
-            self.history.clear()
-            self.recent.clear()
             self.at_clear, self.misses, self.size = _read(self.calls), 0, 0
-            self.general = 0
-            self.warned = False
+            self.general, self.warned = 0, False
 
     def name(self, key: Key) -> str:
         """`Class.method` for a method called on a module, else the qualname."""
@@ -272,9 +244,8 @@ class Function:
         with self.lock:
             events = [self.compiling.pop(d, None) for d in mark]
             mark.clear()
-        for event in events:
-            if event is not None:
-                event.set()
+        for event in filter(None, events):
+            event.set()
 
     def running(self, lowering: Any) -> Program | None:
         """The program whose executable a lowering holds, if it was compiled."""
@@ -291,17 +262,16 @@ class Function:
             if self.entries.setdefault(entry.key, entry) is not entry:
                 return  # evicted meanwhile, and made again: that entry holds it
             old = entry.runs.get(sig)
-            if old is None:
-                self.size += 1
-            else:
+            if old is not None:
                 self._release(old)
+            self.size += old is None
             entry.runs[sig] = program
             program.users += 1
-            fp = program.fingerprint
             if program.users == 1:
                 self.held[id(program)] = program
-                if fp is not None:
-                    self.programs.setdefault(fp.digest, []).append(program)
+                if program.fingerprint is not None:
+                    digest = program.fingerprint.digest
+                    self.programs.setdefault(digest, []).append(program)
             self.recent.append(Seen(entry.key, sig[0], sig[1], program))
             while self.maxsize is not None and self.size > self.maxsize:
                 others = [e for e in self.entries.values() if e is not entry]
@@ -345,9 +315,10 @@ class Function:
 
     def _release(self, p: Program) -> None:
         p.users -= 1
-        if p.users == 0:
-            self.held.pop(id(p), None)
-        if p.users == 0 and p.fingerprint is not None:
+        if p.users:
+            return
+        self.held.pop(id(p), None)
+        if p.fingerprint is not None:
             same = self.programs.get(p.fingerprint.digest, [])
             same[:] = [q for q in same if q is not p]
             if not same:
@@ -393,6 +364,10 @@ def _named(fun_name: Any) -> Function | None:
     return _by_name.get(inner[: inner.find(")")] if ")" in inner else inner)
 
 
+# ----------------------------------------------------------------------------------
+# The call in hand.
+
+
 class Call(NamedTuple):
     """The call in hand, as the hit path hands it to a miss: a trace of its key
     traces these objects (never values kept in the key), and an eager run runs them."""
@@ -407,13 +382,13 @@ class Call(NamedTuple):
 # signature, a transformation, `jax.disable_jit`): the hit path calls again with it.
 # It is returned, not raised: JAX's dispatcher sends every later call of a
 # signature whose miss raised to Python; with "rebuild" set, it keeps nothing and
-# asks again (`tests/canary/test_jax_dispatch.py`).
+# asks again (`tests/canary/test_jax_behaviour.py`).
 NEED_CALL: Final = Sentinel("the call in hand is needed")
 
 
 class _Local(threading.local):
     traces = 0  # traces made in this thread
-    window: "_Window | None" = None  # the innermost miss running in this thread
+    miss: "_Miss | None" = None  # the innermost miss running in this thread
     call: Call | None = None  # the call whose miss runs in this thread
 
 
@@ -438,7 +413,15 @@ def _in_hand(entry: Entry) -> Call | None:
 def _with_leaves(call: Call, leaves: Sequence) -> tuple[Callable, tuple]:
     """The call's own function and values, with `leaves` (tracers) in place of its
     arrays: flattened and rebuilt by JAX, as `eqx.filter_jit` does."""
-    flat, treedef = jtu.tree_flatten((call.fn, call.values))
+    try:
+        flat, treedef = jtu.tree_flatten((call.fn, call.values))
+    except (RecursionError, SystemError):  # JAX's flatten recurses, under our frames
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(2 * limit)
+        try:
+            flat, treedef = jtu.tree_flatten((call.fn, call.values))
+        finally:
+            sys.setrecursionlimit(limit)
     at = [i for i, x in enumerate(flat) if is_array_type(type(x))]
     if len(at) != len(leaves) or any(flat[i] is not x for i, x in zip(at, call.leaves)):
         raise RuntimeError(
@@ -468,10 +451,7 @@ def new_entry(f: Function, key: Key, leaves: Sequence) -> Entry:
             )
         except Exception as e:  # a JAX whose dispatcher is built otherwise
             _jax.no_dispatcher(f"{type(e).__name__}: {e}")
-    if _jax.DISPATCH:
-        entry.call = _calling(f, entry, reports=False)
-    else:
-        entry.call = _public(f, entry, donated)
+    entry.call = _calling(f, entry, False) if _jax.DISPATCH else _public(f, entry, donated)  # fmt: skip
     with f.lock:
         return f.entries.setdefault(key, entry)
 
@@ -481,111 +461,6 @@ def _calling(f: Function, entry: Entry, reports: bool) -> Callable:
     Equinox does if a program may hold one, quiet with `donate="all"`."""
     call = _report.reporting_errors(entry.dispatch) if reports else entry.dispatch
     return _quiet(f)(call) if f.quiet else call
-
-
-# A traced value where Python needs a concrete one: which of the call's numbers (0-d
-# arrays, such as an `int` field stored as an array) must be Python values? Found by
-# tracing the call in hand again with numbers in their place: all of them first,
-# then each put back while the trace still succeeds. Only when a trace failed, and
-# so that a port meets every such field in one error.
-_MAX_DIAGNOSED: Final = 64
-
-
-def _numbers(call: Call) -> list[int]:
-    """The leaves of the call that hold one concrete number."""
-    return [
-        i
-        for i, x in enumerate(call.leaves)
-        if not isinstance(x, Tracer)
-        and getattr(x, "ndim", None) == 0
-        and _is_number(x.dtype)
-    ]
-
-
-def _is_number(dtype: Any) -> bool:  # not a PRNG key, whose dtype is JAX's own
-    return jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_)
-
-
-def _needs_concrete(f: Function, call: Call, reverse: bool) -> list[int]:
-    """The numbers of the call that must be Python values for its trace (if
-    `reverse`: its reverse-mode derivative) to succeed; none if that is not enough."""
-    numbers = _numbers(call)
-    if not numbers or len(numbers) > _MAX_DIAGNOSED:
-        return []
-    concrete = set(numbers)
-    if _replay(f, call, concrete, reverse) is not None:
-        return []
-    for i in numbers:
-        if _replay(f, call, concrete - {i}, reverse) is None:
-            concrete.discard(i)
-    return sorted(concrete)
-
-
-def _replay(
-    f: Function, call: Call, concrete: set[int], reverse: bool
-) -> Exception | None:
-    """Trace the call in hand abstractly with the leaves in `concrete` as Python
-    numbers (if `reverse`, its reverse-mode derivative too); the error, if any."""
-    free = [i for i in range(len(call.leaves)) if i not in concrete]
-
-    def replayed(*xs: Any) -> Any:
-        leaves = list(call.leaves)
-        for i in concrete:
-            leaves[i] = leaves[i].item()
-        for i, x in zip(free, xs):
-            leaves[i] = x
-        return f.layout.call(*_with_leaves(call, leaves))
-
-    avals = [jax.ShapeDtypeStruct(*_shape_dtype(call.leaves[i])) for i in free]
-    try:
-        jax.eval_shape(_backward(replayed) if reverse else replayed, *avals)
-    except Exception as e:
-        return e
-    return None
-
-
-def _shape_dtype(x: Any) -> tuple:
-    a = jax.typeof(x)
-    return a.shape, a.dtype
-
-
-def _backward(g: Callable) -> Callable:
-    """`g`, then its reverse-mode derivative with respect to its inexact inputs."""
-
-    def backward(*xs: Any) -> Any:
-        def of_inexact(*inexact: Any) -> Any:
-            it = iter(inexact)
-            return g(*[next(it) if eqx.is_inexact_array(x) else x for x in xs])
-
-        out, pullback = eqx.filter_vjp(of_inexact, *filter(eqx.is_inexact_array, xs))
-        return pullback(jtu.tree_map(_zero_cotangent, out))
-
-    return backward
-
-
-def _zero_cotangent(x: Any) -> Any:
-    return jnp.zeros_like(x) if eqx.is_inexact_array(x) else None
-
-
-def _check_reverse_mode(f: Function, entry: Entry, helper: Any, leaves: tuple) -> None:
-    """Under reverse-mode differentiation, a program whose loop bound is a traced
-    number (`lax.fori_loop(0, self.n, ...)`) fails in the backward pass, outside
-    this package: find that now, and name the fields."""
-    call = _in_hand(entry)
-    if call is None or not _numbers(call):
-        return
-    ops = _report.ops_of(helper.trace(*leaves).jaxpr)
-    if not any(op.name == "while" for op in ops):
-        return
-    e = _replay(f, call, set(), reverse=True)
-    if e is None or "Reverse-mode differentiation does not work" not in str(e):
-        return
-    visits = leaf_visits(entry.key, f.argnames)
-    error = _report.traced_field_error(
-        f.name(entry.key), e, visits, f.n_fn, f.where, _needs_concrete(f, call, True)
-    )
-    if error is not None:
-        raise error from None
 
 
 def _traced(
@@ -598,35 +473,25 @@ def _traced(
         call = _in_hand(entry)
         if call is None:  # only a dispatcher runs it so, eagerly: it asks again
             return NEED_CALL
-        if eager or _jax.jit_disabled():  # it runs, as under `eqx.filter_jit`
+        eager_now = eager or _jax.jit_disabled()  # it runs, as under `eqx.filter_jit`
+        if eager_now:
             f.book_miss()
-            fn, values = call.fn, call.values
         else:
             _local.traces += 1
-            fn, values = _with_leaves(call, _es_leaves)
+        fn, values = (call.fn, call.values) if eager_now else _with_leaves(call, _es_leaves)  # fmt: skip
         try:
-            out = f.layout.call(fn, values)
+            return split(f.layout.call(fn, values))
         except Exception as e:
             if isinstance(e, _report.RecompileError | _report.TracedFieldError):
                 raise
-            about_a_tracer = isinstance(e, jax.errors.ConcretizationTypeError) or (
-                "Tracer" in str(e)  # JAX's reprs of one: `JitTracer(int32[])`, ...
-            )
-            found = (
-                _needs_concrete(f, call, False) if about_a_tracer and not eager else ()
-            )
-            error = _report.traced_field_error(
-                f.name(entry.key),
-                e,
-                leaf_visits(entry.key, f.argnames),
-                f.n_fn,
-                f.where,
-                found,
-            )
+            # Which numbers had to be concrete, if JAX's error is about a tracer.
+            tracer = isinstance(e, jax.errors.ConcretizationTypeError) or "Tracer" in str(e)  # fmt: skip
+            found = _needs_concrete(f, call, False) if tracer and not eager_now else ()
+            visits = leaf_visits(entry.key, f.argnames)
+            error = _report.traced_field_error(f.name(entry.key), e, visits, f.n_fn, f.where, found)  # fmt: skip
             if error is None:
                 raise
             raise error.with_traceback(e.__traceback__) from None
-        return split(out)
 
     traced.__name__ = name or f.program_name
     traced.__qualname__ = f.qualname
@@ -661,6 +526,102 @@ def _helper(f: Function, entry: Entry, leaves: Sequence) -> Any:
 
 
 # ----------------------------------------------------------------------------------
+# A traced value where Python needs a concrete one: which of the call's numbers (0-d
+# arrays, such as an `int` field stored as an array) must be Python values? Found by
+# tracing the call in hand again with numbers in their place: all of them first,
+# then each put back while the trace still succeeds. Only when a trace failed, and
+# so that a port meets every such field in one error.
+_MAX_DIAGNOSED: Final = 64
+
+
+def _numbers(call: Call) -> list[int]:
+    """The leaves of the call that hold one concrete number (not a PRNG key)."""
+    return [
+        i
+        for i, x in enumerate(call.leaves)
+        if not isinstance(x, Tracer)
+        and getattr(x, "ndim", None) == 0
+        and (jnp.issubdtype(x.dtype, jnp.number) or x.dtype == bool)
+    ]
+
+
+def _needs_concrete(f: Function, call: Call, reverse: bool) -> list[int]:
+    """The numbers of the call that must be Python values for its trace (if
+    `reverse`: its reverse-mode derivative) to succeed; none if that is not enough."""
+    numbers = _numbers(call)
+    if not numbers or len(numbers) > _MAX_DIAGNOSED:
+        return []
+    concrete = set(numbers)
+    if _replay(f, call, concrete, reverse) is not None:
+        return []
+    for i in numbers:
+        if _replay(f, call, concrete - {i}, reverse) is None:
+            concrete.discard(i)
+    return sorted(concrete)
+
+
+def _replay(
+    f: Function, call: Call, concrete: set[int], reverse: bool
+) -> Exception | None:
+    """Trace the call in hand abstractly with the leaves in `concrete` as Python
+    numbers (if `reverse`, its reverse-mode derivative too); the error, if any."""
+    free = [i for i in range(len(call.leaves)) if i not in concrete]
+
+    def replayed(*xs: Any) -> Any:
+        leaves = list(call.leaves)
+        for i in concrete:
+            leaves[i] = leaves[i].item()
+        for i, x in zip(free, xs):
+            leaves[i] = x
+        return f.layout.call(*_with_leaves(call, leaves))
+
+    avals = [jax.typeof(call.leaves[i]) for i in free]
+    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
+    try:
+        jax.eval_shape(_backward(replayed) if reverse else replayed, *shapes)
+    except Exception as e:
+        return e
+    return None
+
+
+def _backward(g: Callable) -> Callable:
+    """`g`, then its reverse-mode derivative with respect to its inexact inputs."""
+
+    def backward(*xs: Any) -> Any:
+        def of_inexact(*inexact: Any) -> Any:
+            it = iter(inexact)
+            return g(*[next(it) if eqx.is_inexact_array(x) else x for x in xs])
+
+        out, pullback = eqx.filter_vjp(of_inexact, *filter(eqx.is_inexact_array, xs))
+        zeros = jtu.tree_map(lambda x: jnp.zeros_like(x) if eqx.is_inexact_array(x) else None, out)  # fmt: skip
+        return pullback(zeros)
+
+    return backward
+
+
+def _check_reverse_mode(f: Function, entry: Entry, helper: Any, leaves: tuple) -> None:
+    """Under reverse-mode differentiation, a program whose loop bound is a traced
+    number (`lax.fori_loop(0, self.n, ...)`) fails in the backward pass, outside
+    this package: find that now, and name the fields."""
+    call = _in_hand(entry)
+    if call is None or not _numbers(call):
+        return
+    if not any(
+        op.name == "while" for op in _report.ops_of(helper.trace(*leaves).jaxpr)
+    ):
+        return
+    e = _replay(f, call, set(), reverse=True)
+    if e is None or "Reverse-mode differentiation does not work" not in str(e):
+        return
+    visits = leaf_visits(entry.key, f.argnames)
+    error = _report.traced_field_error(
+        f.name(entry.key), e, visits, f.n_fn, f.where, _needs_concrete(f, call, True)
+    )
+    if error is not None:
+        raise error from None
+
+
+# ----------------------------------------------------------------------------------
 # The miss path.
 
 
@@ -675,36 +636,61 @@ def cache_miss(f: Function, entry: Entry, *leaves: Any) -> tuple:
     # Equinox's): a new one per miss, as `eqx.filter_jit` makes one per call.
     __equinox_jit_id__ = os.urandom(16)
     with _report.marked(__equinox_jit_id__), _quiet(f):
-        if _jax.under_transformation() or any(isinstance(x, Tracer) for x in leaves):
+        if _transformed(leaves):
             return (_staged(f, entry, leaves), None, False)
         return _top_level(f, entry, leaves)
 
 
-class _Miss:
-    """What one miss at the top level learnt, step by step."""
+def _transformed(leaves: Sequence) -> bool:
+    """Whether a call is bound into a trace: `grad`, `vmap`, an outer `jit`."""
+    return _jax.under_transformation() or any(isinstance(x, Tracer) for x in leaves)
 
-    def __init__(self, f: Function, entry: Entry, leaves: tuple):
-        self.f, self.entry, self.leaves = f, entry, leaves
-        self.sig = _signature(leaves, f.n_fn)
-        self.window = _Window(f)
+
+class _Miss:
+    """One miss in this thread, step by step; a compile of the function's program
+    meanwhile is booked with its explanation (`why`), and budgeted."""
+
+    def __init__(self, f: Function, entry: Entry, leaves: tuple, unplanned: Change):
+        self.f, self.entry, self.leaves, self.unplanned = f, entry, leaves, unplanned
         self.traces = _local.traces
+        self.planned = False  # the compile about to start was asked for
+        self.installed = False  # an executable was installed: no compile is due
+        self.why = _report.Why.said(())  # these three: the compile's record
+        self.structure: bytes | None = None
+        self.differ: Any = None
+        self.digest: bytes | None = None  # of the program it compiles
+        self.known = self.number = 0  # signatures held when it started; its compile
         self.helper: Any = None
         self.lowered: Any = None
         self.jaxpr: Any = None
         self.shared: Program | None = None  # a compiled program it runs
         self.mark: list[bytes] = []  # the module it marked as compiling
+        self.public: _Public | None = None  # a top-level call on a public `jax.jit`
+        self.ops: tuple = ()  # its program, operation by operation
+        self.previous: _Miss | None = None
+
+    @functools.cached_property
+    def sig(self) -> tuple:
+        return _signature(self.leaves)
 
     @property
     def traced(self) -> bool:
         return _local.traces != self.traces
 
+    def __enter__(self) -> "_Miss":
+        self.previous, _local.miss = _local.miss, self
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _local.miss = self.previous
+
 
 def _top_level(f: Function, entry: Entry, leaves: tuple) -> tuple:
     """Trace and lower, decide, install and run. A miss if it traced or compiled;
     else a hit (the dispatcher had not seen this kind of input: a NumPy array)."""
-    miss = _Miss(f, entry, leaves)
+    miss = _Miss(f, entry, leaves, _PGLE)
     try:
-        with miss.window:
+        with miss:
             if _jax.pgle_enabled() and entry.helper is not None:
                 return _run(entry.helper, leaves)  # JAX compiles with its profile
             _trace_and_lower(miss)
@@ -712,28 +698,22 @@ def _top_level(f: Function, entry: Entry, leaves: tuple) -> tuple:
             return _install_and_run(miss, program)
     finally:
         f.unmark(miss.mark)  # on every path: an interrupted miss leaves no mark
-        if miss.traced or miss.window.number:
-            f.book_miss(miss.window.why if miss.shared else None)
+        if miss.traced or miss.number:
+            f.book_miss(miss.why if miss.shared else None)
             f.storm(entry.key)
 
 
 def _trace_and_lower(miss: _Miss) -> None:
-    f, entry, w = miss.f, miss.entry, miss.window
+    f, entry = miss.f, miss.entry
     staged = entry.helper is not None and not entry.runs  # first used transformed
-    w.known = f.size
+    miss.known = f.size
     known = list(f.recent)  # what the call is explained against: before room is made
     f.make_room(entry, miss.sig)
     miss.helper = entry.helper or _helper(f, entry, miss.leaves)
     traced = miss.helper.trace(*miss.leaves)
     miss.lowered, miss.jaxpr = traced.lower(), traced.jaxpr
-    w.why = _report.Why(
-        known,
-        entry.key,
-        miss.sig,
-        f.argnames,
-        f.n_fn,
-        [_UNTRANSFORMED] if staged else [],
-    )
+    otherwise = [_UNTRANSFORMED] if staged else []
+    miss.why = _report.Why(known, entry.key, miss.sig, f.argnames, f.n_fn, otherwise)
 
 
 def _decide(miss: _Miss) -> Program:
@@ -746,19 +726,19 @@ def _decide(miss: _Miss) -> Program:
     program = f.running(lowering)
     if program is None and fp is not None:
         program = f.find(fp, miss.mark)  # None: marked, until it is registered
-    if program is not None:
-        miss.shared = program
-        if os.environ.get("EQX_STATIC_CHECK_SHARING") and program.fingerprint:
-            _check_sharing(miss, program)
-        return program
-    return _compile(miss, lowering, fp)
+    if program is None:
+        return _compile(miss, lowering, fp)
+    miss.shared = program
+    if os.environ.get("EQX_STATIC_CHECK_SHARING") and program.fingerprint:
+        _check_sharing(miss, program)
+    return program
 
 
 def _check_sharing(miss: _Miss, program: Program) -> None:
     """Compile the call's own program too (booked, not budgeted) and compare the
     two executables, as `jax_compilation_cache_check_contents` does for JAX's
     persistent cache; raise, naming both keys, if they differ."""
-    miss.window.planned = True
+    miss.planned = True
     miss.lowered.compile()
     own = _jax.executable_of(_jax.lowering_of(miss.lowered))
     if same_compiled(own, program.executable):
@@ -776,32 +756,40 @@ def _check_sharing(miss: _Miss, program: Program) -> None:
 
 def _compile(miss: _Miss, lowering: Any, fp: Fingerprint | None) -> Program:
     """Compile once the budget allows; an unshareable program is compiled by the
-    call that follows (JAX's own miss), still inside the window that books it."""
-    f, w = miss.f, miss.window
-    w.structure = None if lowering is None else structure(lowering.stablehlo())
-    w.differ = _report.differ_of(w.why.closest, w.why.changes, miss.jaxpr, w.structure)
-    f.check_budget(w.why.changes, w.differ)
-    w.planned = True
-    _report.log(f.name(miss.entry.key), "compiling", w.known, w.why, w.differ)
-    ops = tuple(_report.ops_of(miss.jaxpr))
+    call that follows (JAX's own miss), still inside the miss that books it."""
+    module = None if lowering is None else lowering.stablehlo()
+    _explain_compile(miss, module, miss.jaxpr)
+    key = miss.entry.key
     if fp is None:
-        return Program(miss.entry.key, None, None, ops, w.structure, 0)
-    w.digest = fp.digest
+        return Program(key, None, None, miss.ops, miss.structure, 0)
+    miss.digest = fp.digest
     miss.lowered.compile()
     executable = _jax.executable_of(lowering)
-    return Program(miss.entry.key, fp, executable, ops, w.structure, w.number)
+    return Program(key, fp, executable, miss.ops, miss.structure, miss.number)
+
+
+def _explain_compile(miss: _Miss, module: Any, jaxpr: Any) -> None:
+    """Before a compile: record where the new program differs, check the budget,
+    and say why it compiles."""
+    f, why = miss.f, miss.why
+    miss.structure = None if module is None else structure(module)
+    miss.ops = tuple(_report.ops_of(jaxpr))
+    miss.differ = _report.differ_of(why.closest, why.changes, jaxpr, miss.structure)
+    f.check_budget(why.changes, miss.differ)
+    miss.planned = True
+    _report.log(f.name(miss.entry.key), "compiling", miss.known, why, miss.differ)
 
 
 def _install_and_run(miss: _Miss, program: Program) -> tuple:
-    f, entry, w = miss.f, miss.entry, miss.window
+    f, entry = miss.f, miss.entry
     if miss.shared is not None and program.executable is not None:
         _jax.set_executable(_jax.lowering_of(miss.lowered), program.executable)
-        w.installed = True
+        miss.installed = True
     f.add_run(entry, miss.sig, program)
     f.unmark(miss.mark)  # waiting misses of the same module find it now
     if miss.shared is not None and miss.traced:
         again = f"same program as compile {program.number}, not compiled again"
-        _report.log(f.name(entry.key), "traced", w.known, w.why, again)
+        _report.log(f.name(entry.key), "traced", miss.known, miss.why, again)
     if program.fingerprint is None or program.fingerprint.callbacks:
         entry.call = _calling(f, entry, reports=True)
     if miss.shared is None or program.fingerprint is None:
@@ -813,8 +801,7 @@ def _install_and_run(miss: _Miss, program: Program) -> tuple:
         # raised: later calls come here, through this `jax.jit`.
         entry.helper = miss.helper
         raise
-    if not program.number:
-        program.number = w.number
+    program.number = program.number or miss.number
     return out
 
 
@@ -837,23 +824,32 @@ def _staged(f: Function, entry: Entry, leaves: tuple) -> Any:
         entry.helper = helper = entry.helper or _helper(f, entry, leaves)
     if _jax.jit_is_replaced():  # Equinox's breakpoint mode: through its `jax.jit`
         helper = jax.jit(_traced(f, entry))
-    w, traces, refused = _Window(f), _local.traces, False
-    w.unplanned = _TRANSFORMED
+    miss = _Miss(f, entry, leaves, _TRANSFORMED)
+    return _booked(miss, lambda: _report.reporting_errors(helper)(*leaves), helper)
+
+
+def _booked(miss: _Miss, run: Callable, jitted: Any) -> Any:
+    """Run a call JAX traces and compiles itself (staged, or on a public `jax.jit`):
+    a miss if it traced, compiled or was refused a compile."""
+    f, entry, refused = miss.f, miss.entry, False
     try:
-        with w:
-            out = _report.reporting_errors(helper)(*leaves)
-        if _local.traces != traces and _jax.reverse_mode():
-            _check_reverse_mode(f, entry, helper, leaves)
+        with miss:
+            out = run()
+        if miss.traced and miss.public is None and _jax.reverse_mode():
+            _check_reverse_mode(f, entry, jitted, miss.leaves)
         return out
     except _report.RecompileError:  # a compile refused: a miss, as at the top level
         refused = True
         raise
     finally:
-        if _local.traces != traces or w.number or refused:
+        if miss.traced or miss.number or refused:
             f.book_miss()
-        if _local.traces != traces:
-            sig = _signature(leaves, f.n_fn)
-            why = _report.Why(list(f.recent), entry.key, sig, f.argnames, f.n_fn)
+            if miss.number and miss.public is not None:  # compiled at the top level
+                program = Program(entry.key, None, None, miss.ops, miss.structure, miss.number)  # fmt: skip
+                f.add_run(entry, miss.sig, program)
+            f.storm(entry.key)
+        if miss.traced and miss.public is None:
+            why = _report.Why(list(f.recent), entry.key, miss.sig, f.argnames, f.n_fn)
             _report.log(f.name(entry.key), "traced under a transformation", f.size, why)
 
 
@@ -861,14 +857,10 @@ def _run(helper: Any, leaves: tuple) -> tuple:
     """`helper`'s own miss: it runs the call, and returns what a dispatcher keeps."""
     __tracebackhide__ = True
     run = functools.partial(_jax.jit_miss, helper)
-    return _report.reporting_errors(run, wait=_never)(*leaves)
+    return _report.reporting_errors(run, wait=lambda: False)(*leaves)
 
 
-def _never() -> bool:
-    return False
-
-
-def _signature(leaves: tuple, n_fn: int) -> tuple:
+def _signature(leaves: tuple) -> tuple:
     """What a key runs a program for: its leaves' avals, and JAX's context."""
     return tuple(map(_aval, leaves)), _jax.trace_context()
 
@@ -897,130 +889,68 @@ def lower_call(f: Function, call: Call) -> Any:
 
 # ----------------------------------------------------------------------------------
 # Without the per-key dispatcher (a JAX whose private names changed): each key runs
-# on a public `jax.jit`, a window around each call books what it traced and
-# compiled, and nothing is shared.
+# on a public `jax.jit`, a miss around each call books what it traced and compiled,
+# and explains a compile as it starts; nothing is shared.
+
+
+class _Public:
+    """A key on a public `jax.jit`, and what is learnt of its programs."""
+
+    def __init__(self, entry: Entry, jitted: Any):
+        self.entry, self.jitted = entry, jitted
+        self.reports = False  # a program holds a host callback: wait for it
+        self.staged = False  # it was called under a transformation
 
 
 def _public(f: Function, entry: Entry, donated: tuple) -> Callable:
     """What a hit calls: the key's own public `jax.jit` (its dispatcher), in a
-    window that books and explains what JAX compiles."""
+    miss that books and explains what JAX compiles."""
     entry.dispatch = jitted = _jax.jax_jit(_traced(f, entry), donate_argnums=donated)
-    state = _PublicState()
-    run = _report.reporting_errors(jitted, wait=lambda: state.reports)
+    public = _Public(entry, jitted)
+    run = _report.reporting_errors(jitted, wait=lambda: public.reports)
 
     def call(*leaves: Any) -> Any:
         __tracebackhide__ = True
         if _in_hand(entry) is None:  # a trace here would need it: ask for it
             return NEED_CALL
         __equinox_jit_id__ = os.urandom(16)  # as in `cache_miss`
-        w, traces, refused = _Window(f), _local.traces, False
-        top = not (
-            _jax.under_transformation() or any(isinstance(x, Tracer) for x in leaves)
-        )
-        w.public = _Public(entry, jitted, leaves, state) if top else None
-        w.unplanned = _PGLE if top else _TRANSFORMED
-        state.staged = state.staged or not top
-        try:
-            with w, _quiet(f), _report.marked(__equinox_jit_id__):
-                out = run(*leaves)
-            if not top and _local.traces != traces and _jax.reverse_mode():
-                _check_reverse_mode(f, entry, jitted, leaves)
-            return out
-        except _report.RecompileError:  # a compile refused: a miss
-            refused = True
-            raise
-        finally:
-            if _local.traces != traces or w.number or refused:
-                f.book_miss()
-                if w.number and top:  # a signature compiled at the top level
-                    program = Program(
-                        entry.key, None, None, w.ops, w.structure, w.number
-                    )
-                    f.add_run(entry, _signature(leaves, f.n_fn), program)
-                f.storm(entry.key)
+        top = not _transformed(leaves)
+        miss = _Miss(f, entry, leaves, _PGLE if top else _TRANSFORMED)
+        miss.public, public.staged = (public if top else None), public.staged or not top
+        with _quiet(f), _report.marked(__equinox_jit_id__):
+            return _booked(miss, lambda: run(*leaves), jitted)
 
     return call
 
 
-class _PublicState:
-    """What a key on a public `jax.jit` learns of its programs."""
-
-    reports = False  # one holds a host callback: wait for it, as for `eqx.error_if`
-    staged = False  # it was called under a transformation
-
-
-class _Public(NamedTuple):
-    """A top-level call on a public `jax.jit`: what its compile is explained by."""
-
-    entry: Entry
-    jitted: Any
-    leaves: tuple
-    state: _PublicState
-
-
-def _explain_public(f: Function, w: "_Window", call: _Public) -> None:
+def _explain_public(miss: _Miss, public: _Public) -> None:
     """Without the dispatcher, JAX's own miss compiles: as it starts, explain and
     budget it as the dispatcher's miss path does, from the trace and lowering being
     compiled (JAX's caches give them again, for nothing)."""
-    entry, sig = call.entry, _signature(call.leaves, f.n_fn)
-    w.planned, w.known = True, f.size
+    f, entry, sig = miss.f, public.entry, miss.sig
+    miss.known = f.size
     if sig in entry.runs:  # compiled before for the same signature: JAX's own
-        w.why = _report.Why.said([_PGLE])
-        return f.check_budget(w.why.changes, None)
-    untransformed = [_UNTRANSFORMED] if call.state.staged and not entry.runs else []
-    w.why = _report.Why(
-        list(f.recent), entry.key, sig, f.argnames, f.n_fn, untransformed
-    )
-    traced = call.jitted.trace(*call.leaves)
+        miss.why, miss.planned = _report.Why.said([_PGLE]), True
+        return f.check_budget(miss.why.changes, None)
+    otherwise = [_UNTRANSFORMED] if public.staged and not entry.runs else []
+    miss.why = _report.Why(list(f.recent), entry.key, sig, f.argnames, f.n_fn, otherwise)  # fmt: skip
+    traced = public.jitted.trace(*miss.leaves)
     module = traced.lower().compiler_ir("stablehlo")
-    w.structure, w.digest = structure(module), digest(module)
-    w.ops = tuple(_report.ops_of(traced.jaxpr))
-    if any("callback" in op.name for op in w.ops):
-        call.state.reports = True
-    w.differ = _report.differ_of(
-        w.why.closest, w.why.changes, traced.jaxpr, w.structure
-    )
+    miss.digest = digest(module)
+    _explain_compile(miss, module, traced.jaxpr)
+    public.reports = public.reports or any("callback" in op.name for op in miss.ops)
     f.make_room(entry, sig)
-    f.check_budget(w.why.changes, w.differ)
-    _report.log(f.name(entry.key), "compiling", w.known, w.why, w.differ)
 
 
 # ----------------------------------------------------------------------------------
 # The books: every compile JAX reports of a function's programs.
 
 
-class _Window:
-    """A miss in this thread: a compile of the function's program meanwhile is
-    booked with the miss's explanation, and budgeted."""
-
-    def __init__(self, f: Function):
-        self.f = f
-        self.planned = False  # the compile about to start was asked for
-        self.installed = False  # an executable was installed: no compile is due
-        self.why = _report.Why.said(())  # these three: the compile's record
-        self.structure: bytes | None = None
-        self.digest: bytes | None = None  # of the program it compiles
-        self.differ: Any = None
-        self.known = 0  # signatures held when it started
-        self.number = 0  # of the last compile booked
-        self.unplanned = _PGLE  # what a compile it did not ask for is
-        self.public: _Public | None = None  # a top-level call on a public `jax.jit`
-        self.ops: tuple = ()  # its program, operation by operation
-        self.previous: _Window | None = None
-
-    def __enter__(self) -> "_Window":
-        self.previous, _local.window = _local.window, self
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        _local.window = self.previous
-
-
-def _window_of(f: Function) -> _Window | None:
-    w = _local.window
-    while w is not None and w.f is not f:
-        w = w.previous
-    return w
+def _miss_of(f: Function) -> _Miss | None:
+    m = _local.miss
+    while m is not None and m.f is not f:
+        m = m.previous
+    return m
 
 
 # A compile of a function's program while none of its calls runs in this thread:
@@ -1031,42 +961,42 @@ _OUT_OF_SIGHT: Final = Change(
 )
 
 
-def _what_changed(f: Function, w: _Window | None) -> tuple[Change, ...]:
+def _what_changed(f: Function, m: _Miss | None) -> tuple[Change, ...]:
     """What changed for the compile JAX reports now: the miss's explanation, or,
     for a compile it did not ask for after the first, why JAX compiled on its own."""
-    if w is None:
+    if m is None:
         return (_OUT_OF_SIGHT,) if f.history else ()
-    if w.planned or not f.history:
-        return tuple(w.why.changes)
-    return tuple(w.why.changes) or (w.unplanned,)
+    if m.planned or not f.history:
+        return tuple(m.why.changes)
+    return tuple(m.why.changes) or (m.unplanned,)
 
 
 def _on_compile_start(event: str, value: float, **kwargs: Any) -> None:
     if event != _jax.COMPILE_EVENT or (f := _named(kwargs.get("fun_name"))) is None:
         return
-    w = _window_of(f)
-    if w is not None and w.installed:  # this JAX compiled what was installed
+    m = _miss_of(f)
+    if m is not None and m.installed:  # this JAX compiled what was installed
         _jax.stop_sharing("it compiled a program whose executable es.jit had installed")
-    elif w is not None and w.public is not None and not w.planned:
-        _explain_public(f, w, w.public)
-    elif w is None or not w.planned:  # JAX's own: profile-guided, transformed
-        f.check_budget(_what_changed(f, w), None)
+    elif m is not None and m.public is not None and not m.planned:
+        _explain_public(m, m.public)
+    elif m is None or not m.planned:  # JAX's own: profile-guided, transformed
+        f.check_budget(_what_changed(f, m), None)
 
 
 def _on_compile_end(event: str, duration_secs: float, **kwargs: Any) -> None:
     if event != _jax.COMPILE_EVENT or (f := _named(kwargs.get("fun_name"))) is None:
         return
-    w = _window_of(f)
+    m = _miss_of(f)
     record = Compile(
-        _what_changed(f, w), duration_secs,
-        None if w is None else w.structure, None if w is None else w.differ,
+        _what_changed(f, m), duration_secs,
+        None if m is None else m.structure, None if m is None else m.differ,
     )  # fmt: skip
     with f.lock:
         f.history.append(record)
         number = len(f.history)
-    if w is not None:
-        w.number, w.planned = number, False
-    _rewrapped(f, w.digest if number == 1 and w is not None else None)
+    if m is not None:
+        m.number, m.planned = number, False
+    _rewrapped(f, m.digest if number == 1 and m is not None else None)
 
 
 # The storm of a function wrapped anew in a loop: each wrap is a cache of its own,

@@ -15,6 +15,7 @@ import logging
 import operator
 import os
 import re
+import reprlib
 import site
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -79,6 +80,12 @@ def diff(old: Key, new: Key, argnames: Sequence[str]) -> list[Change]:
     return out
 
 
+# A value's `repr`, cut short: 6 levels deep (a tuple nested 900 deep), 40 items.
+_REPR: Final = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 6, 160, 200
+_REPR.maxtuple = _REPR.maxlist = _REPR.maxdict = _REPR.maxset = _REPR.maxfrozenset = 40
+
+
 def _show(tok: Any) -> str:
     """A static value as a change names it: a function by its name, else `repr`."""
     v = value_of(tok)
@@ -87,8 +94,7 @@ def _show(tok: Any) -> str:
         return name
     if type(v) is int and v.bit_length() > 4096:  # past what `repr` prints
         return f"<an int of {v.bit_length():,} bits>"
-    text = repr(v)
-    return text if len(text) <= 200 else f"{text[:197]}..."
+    return _REPR.repr(v)
 
 
 def _compare(a: Node, b: Node, v: Visit, method: bool, out: list[Change]) -> bool:
