@@ -72,63 +72,39 @@ def f(cls, x): ...
 # defaults in C and `f(x)`, `f(x, 2.0)`, `f(x, scale=2.0)` are one key.
 
 
-def _layout(fn: Callable) -> tuple[Layout, str]:
-    """The layout of `fn`'s calls, and the parameter list of a function that takes
-    what `fn` takes (its own names; defaults `_es_d<i>`, from `_defaults(fn)`, and
-    `_es_own` for one that cannot be keyed: the function's own, as under
-    `eqx.filter_jit`). Without a signature: what the caller passed."""
-    params = _parameters(fn)
-    if params is None or not _ownable(params):
-        return GENERIC, "*args, **kwargs"
-    source, star, star_star, positional = [], None, None, 0
+def _layout(fn: Callable) -> tuple[Layout, str, dict[str, Any]]:
+    """The layout of `fn`'s calls; the parameter list of a function that takes what
+    `fn` takes (its own names, defaults `_es_d<i>`, and `_es_own` for one that
+    cannot be keyed: the function's own, as under `eqx.filter_jit`); and the
+    defaults. Without a signature, or with such a default before `*args` or a
+    positional-only parameter: what the caller passed, as it passed it."""
+    try:  # the callable's own signature (a decorator's defaults are its own)
+        params = list(inspect.signature(fn, follow_wrapped=False).parameters.values())
+    except (TypeError, ValueError):
+        return GENERIC, "*args, **kwargs", {}
+    source, star, star_star, positional, defaults = [], None, None, 0, {}
     for i, p in enumerate(params):
         name = p.name
-        if p.default is not p.empty:
-            name += f"=_es_d{i}" if _keyable(p.default) else "=_es_own"
+        if p.default is not p.empty and _keyable(p.default):
+            name, defaults[f"_es_d{i}"] = f"{name}=_es_d{i}", p.default
+        elif p.default is not p.empty:
+            rest = [q.kind for q in params[i + 1 :]]
+            if p.kind is not p.KEYWORD_ONLY and (p.VAR_POSITIONAL in rest or p.POSITIONAL_ONLY in rest):  # fmt: skip
+                return GENERIC, "*args, **kwargs", {}
+            name += "=_es_own"
         if p.kind is p.VAR_POSITIONAL:
             star, name = i, f"*{p.name}"
         elif p.kind is p.VAR_KEYWORD:
             star_star, name = i, f"**{p.name}"
-        elif p.kind is p.KEYWORD_ONLY:
-            if star is None and "*" not in source:
-                source.append("*")
-        else:
-            positional += 1
+        elif p.kind is p.KEYWORD_ONLY and star is None and "*" not in source:
+            source.append("*")
+        positional += p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
         source.append(name)
-        if p.kind is p.POSITIONAL_ONLY and (
-            i + 1 == len(params) or params[i + 1].kind is not p.POSITIONAL_ONLY
-        ):
+        last = i + 1 == len(params) or params[i + 1].kind is not p.POSITIONAL_ONLY
+        if p.kind is p.POSITIONAL_ONLY and last:
             source.append("/")
     names = tuple(p.name for p in params)
-    return Layout(names, positional, star, star_star), ", ".join(source)
-
-
-def _ownable(params: list[inspect.Parameter]) -> bool:
-    """Whether each default that cannot be keyed can be left out of a call: a
-    positional one must not be followed by `*args` or a positional-only one."""
-    for i, p in enumerate(params):
-        if p.default is p.empty or p.kind is p.KEYWORD_ONLY or _keyable(p.default):
-            continue
-        rest = [q.kind for q in params[i + 1 :]]
-        if p.VAR_POSITIONAL in rest or p.POSITIONAL_ONLY in rest:
-            return False
-    return True
-
-
-def _parameters(fn: Callable) -> list[inspect.Parameter] | None:
-    try:  # the callable's own (a decorator's defaults are its own)
-        return list(inspect.signature(fn, follow_wrapped=False).parameters.values())
-    except (TypeError, ValueError):
-        return None
-
-
-def _defaults(fn: Callable) -> dict[str, Any]:
-    params = _parameters(fn) or []
-    return {
-        f"_es_d{i}": p.default
-        for i, p in enumerate(params)
-        if p.default is not p.empty and _keyable(p.default)
-    }
+    return Layout(names, positional, star, star_star), ", ".join(source), defaults
 
 
 def _keyable(v: Any) -> bool:
@@ -137,31 +113,6 @@ def _keyable(v: Any) -> bool:
     except (UnhashableError, CyclicValue):
         return False
     return True
-
-
-class _Binding:
-    """For a callable whose layout is `(args, kwargs)` but which has a signature:
-    its keyable defaults bound, as `eqx.filter_jit` binds them."""
-
-    def __init__(self, fn: Callable):
-        params = _parameters(fn)
-        self.sig = None if params is None else inspect.Signature(params)
-        self.defaults = {
-            p.name: p.default
-            for p in params or ()
-            if p.default is not p.empty and _keyable(p.default)
-        }
-
-    def __call__(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
-        if self.sig is None:
-            return args, kwargs
-        try:
-            bound = self.sig.bind(*args, **kwargs)
-        except TypeError:
-            return args, kwargs  # the function raises, as it would eagerly
-        for name, default in self.defaults.items():
-            bound.arguments.setdefault(name, default)
-        return bound.args, bound.kwargs
 
 
 # ----------------------------------------------------------------------------------
@@ -213,10 +164,10 @@ class _Jit(functools.partial, Generic[_P, _R]):
                 f"`es.jit` takes a function or method, got {type(fn).__name__}."
             )
         _check_options(donate, maxsize, max_compiles, warn_after)
-        layout, params = _layout(fn)
+        layout, params, defaults = _layout(fn)
         options = (donate, maxsize, max_compiles, warn_after)
         f, fn_leaves = _function(fn, layout, options)
-        hot, bind = _hot(f, layout, params, fn)
+        hot, bind = _hot(f, layout, params, defaults)
         self = super().__new__(cls, hot)
         functools.update_wrapper(self, fn)  # pyright: ignore[reportArgumentType]
         self.fn, self.qualname, self.f, self.hot = fn, f.qualname, f, hot  # pyright: ignore[reportAttributeAccessIssue]
@@ -382,18 +333,17 @@ guard_logger: Final = _guard.logger
 
 
 def _hot(
-    f: Function, layout: Layout, params: str, fn: Callable
+    f: Function, layout: Layout, params: str, defaults: dict[str, Any]
 ) -> tuple[Callable, Callable]:
     """The function every call runs (the guards of the first value's class, else the
     general path), and one that binds a call's arguments to its values: both with
-    `fn`'s signature, made once per wrapper (their own names start `_es_`)."""
+    the wrapped function's signature, made once per wrapper (their own names start
+    `_es_`)."""
     values = ", ".join(layout.names) + ("," if len(layout.names) == 1 else "")
     first = f"type({layout.names[0]})" if layout.names else "None"
-    binding = _Binding(fn) if layout is GENERIC else None
-    bound = "    args, kwargs = _es_binding(args, kwargs)\n" if binding else ""
     source = f"""
 def _es_hot({params}):
-{bound}    try:
+    try:
         for _es_guard in _es_slots.get({first}, ()):
             _es_out = _es_guard({values})
             if _es_out is not _es_miss:
@@ -405,14 +355,9 @@ def _es_hot({params}):
 
 
 def _es_bind({params}):
-{bound}    return ({values})
+    return ({values})
 """
-    ns: dict[str, Any] = {
-        "_es_miss": _guard.MISS,
-        "_es_binding": binding,
-        "_es_own": OWN,
-    }
-    ns.update(_defaults(fn))
+    ns: dict[str, Any] = {"_es_miss": _guard.MISS, "_es_own": OWN, **defaults}
     exec(compile(source, f"<es.jit {f.qualname}>", "exec"), ns)
     hot, bind = ns["_es_hot"], ns["_es_bind"]
     for made in (hot, bind):  # named as `fn` in tracebacks and in binding errors
