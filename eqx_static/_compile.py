@@ -713,7 +713,9 @@ def _trace_and_lower(miss: _Miss) -> None:
     traced = miss.helper.trace(*miss.leaves)
     miss.lowered, miss.jaxpr = traced.lower(), traced.jaxpr
     otherwise = [_UNTRANSFORMED] if staged else []
-    miss.why = _report.Why(known, entry.key, miss.sig, f.argnames, f.n_fn, otherwise)
+    miss.why = _report.Why(
+        known, entry.key, miss.sig, f.argnames, f.n_fn, otherwise=otherwise
+    )
 
 
 def _decide(miss: _Miss) -> Program:
@@ -933,7 +935,9 @@ def _explain_public(miss: _Miss, public: _Public) -> None:
         miss.why, miss.planned = _report.Why.said([_PGLE]), True
         return f.check_budget(miss.why.changes, None)
     otherwise = [_UNTRANSFORMED] if public.staged and not entry.runs else []
-    miss.why = _report.Why(list(f.recent), entry.key, sig, f.argnames, f.n_fn, otherwise)  # fmt: skip
+    miss.why = _report.Why(
+        list(f.recent), entry.key, sig, f.argnames, f.n_fn, otherwise=otherwise
+    )
     traced = public.jitted.trace(*miss.leaves)
     module = traced.lower().compiler_ir("stablehlo")
     miss.digest = digest(module)

@@ -176,38 +176,30 @@ def explain(
 
 class Why:
     """What differs between a call and the closest call known when it missed (see
-    `explain`), worked out when first asked: a miss whose program is reused says
-    and budgets nothing unless asked, and costs no comparison."""
+    `explain`, given its arguments), worked out when first asked: a miss whose
+    program is reused says and budgets nothing unless asked, and costs no
+    comparison. `otherwise` is what to say if nothing differs."""
 
-    __slots__ = ("_asked", "_answer", "otherwise")
-
-    def __init__(self, known: Sequence[Seen] = (), key: Key = (), run: tuple = ((), None),
-                 argnames: Sequence[str] = (), n_fn: int = 0,
-                 otherwise: Sequence[Change] = ()) -> None:  # fmt: skip
-        self._asked: Any = (list(known), key, run, argnames, n_fn)
-        self._answer: tuple[list[Change], Seen | None] | None = None
-        self.otherwise = otherwise  # what to say if nothing differs
+    def __init__(self, *asked: Any, otherwise: Sequence[Change] = ()) -> None:
+        self._asked, self._otherwise = asked, otherwise
 
     @classmethod
     def said(cls, changes: Sequence[Change]) -> "Why":
         """An answer known already."""
-        why = cls()
-        why._answer = (list(changes), None)
-        return why
+        return cls(otherwise=changes)
 
-    def _worked_out(self) -> tuple[list[Change], Seen | None]:
-        if self._answer is None:
-            changes, closest = explain(*self._asked)
-            self._answer, self._asked = (changes or list(self.otherwise), closest), None
-        return self._answer
+    @functools.cached_property
+    def _answer(self) -> tuple[list[Change], Seen | None]:
+        changes, closest = explain(*self._asked) if self._asked else ([], None)
+        return changes or list(self._otherwise), closest
 
     @property
     def changes(self) -> list[Change]:
-        return self._worked_out()[0]
+        return self._answer[0]
 
     @property
     def closest(self) -> Seen | None:
-        return self._worked_out()[1]
+        return self._answer[1]
 
 
 def _distance(seen: Seen, key: Key, sig: tuple) -> int:
@@ -673,43 +665,31 @@ def traced_field_error(
     return _traced_field_error_type(type(e))("\n".join(parts) + f"\n\nJAX said: {said}")
 
 
-def _annotation(o: Visit) -> str:
-    """The field's annotation if it is a Python number type, else `...`."""
-    ann = field_info(o.cls).annotations.get(o.field)  # pyright: ignore[reportArgumentType]
-    return ann.__name__ if ann in (bool, int, float, complex) else "..."
-
-
 def _fields_message(name: str, fields: Sequence[Visit], need: str) -> str:
     """What to do about dynamic fields used as concrete values: each named, with
     its class and path, and the one line that makes each static."""
-    described = []
+    described, fixes, numbers = [], [], True
     for o in fields:
         assert o.field is not None and o.cls is not None, "a field's visit names it"
+        a = field_info(o.cls).annotations.get(o.field)
+        numbers = numbers and a in (int, float, complex)
         described.append(f"{o.field!r} of `{o.cls.__qualname__}` (at {o.path})")
-    numbers = all(
-        field_info(o.cls).annotations.get(o.field) in (int, float, complex)  # pyright: ignore[reportArgumentType]
-        for o in fields
-    )
-    kind = "numbers stored as arrays" if numbers else "arrays"
-    fixes = " and ".join(
-        f"`{o.field}: {_annotation(o)} = eqx.field(static=True)`" for o in fields
-    )
+        ann = a.__name__ if a in (bool, int, float, complex) else "..."  # pyright: ignore[reportOptionalMemberAccess]
+        fixes.append(f"`{o.field}: {ann} = eqx.field(static=True)`")
     if len(fields) == 1:
-        o = fields[0]
-        kind = "a number stored as an array" if numbers else "an array"
-        return (
-            f"{name} used the traced field {described[0]} {need}. It is a dynamic "
-            f"field holding {kind}, traced, its value unknown while compiling. If "
-            f"{o.field!r} selects program structure, declare it static: {fixes} "
-            "(each new value then compiles once). Otherwise keep it dynamic and use "
-            "`jnp.where` or `jax.lax.cond`."
-        )
+        used = f"the traced field {described[0]} {need}. It is a dynamic field"
+        held = "a number stored as an array" if numbers else "an array"
+        rest = f"its value unknown while compiling. If {fields[0].field!r} selects"
+        it = "it"
+    else:
+        used = f"{len(fields)} traced fields {need}: {', '.join(described)}. They are dynamic fields"  # fmt: skip
+        held = "numbers stored as arrays" if numbers else "arrays"
+        rest = "their values unknown while compiling. If they select"
+        it = "them"
     return (
-        f"{name} used {len(fields)} traced fields {need}: {', '.join(described)}. "
-        f"They are dynamic fields holding {kind}, traced, their values unknown "
-        f"while compiling. If they select program structure, declare them static: "
-        f"{fixes} (each new value then compiles once). Otherwise keep them dynamic "
-        "and use `jnp.where` or `jax.lax.cond`."
+        f"{name} used {used} holding {held}, traced, {rest} program structure, "
+        f"declare {it} static: {' and '.join(fixes)} (each new value then compiles "
+        f"once). Otherwise keep {it} dynamic and use `jnp.where` or `jax.lax.cond`."
     )
 
 
