@@ -537,17 +537,17 @@ class Lowered:
     """
 
     def __init__(self, lowered: Any, wrapper: _Jit, key: Key, bound: tuple):
-        self.lowered = lowered
+        self.lowered = self._jax = lowered
         # `bound` is `(m,)` for `m.f.lower(x)`: the compiled call takes `x`.
         self._wrapper, self._key, self._bound = wrapper, key, bound
 
     def as_text(self, *args: Any, **kwargs: Any) -> str:
-        """JAX's `Lowered.as_text`."""
-        return self.lowered.as_text(*args, **kwargs)
+        """JAX's `as_text`."""
+        return self._jax.as_text(*args, **kwargs)
 
     def cost_analysis(self) -> Any:
-        """JAX's `Lowered.cost_analysis`."""
-        return self.lowered.cost_analysis()
+        """JAX's `cost_analysis`."""
+        return self._jax.cost_analysis()
 
     def compile(self, compiler_options: dict[str, Any] | None = None) -> "Compiled":
         """Compile; the result is called with the same arguments as the wrapper."""
@@ -583,7 +583,7 @@ class Compiled:
     """
 
     def __init__(self, compiled: Any, wrapper: _Jit, key: Key, bound: tuple):
-        self.compiled = compiled
+        self.compiled = self._jax = compiled
         self._wrapper, self._key, self._bound = wrapper, key, bound
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -598,13 +598,7 @@ class Compiled:
         out = self.compiled(*call.leaves)
         return combine(*out) if type(out) is tuple else out
 
-    def as_text(self, *args: Any, **kwargs: Any) -> str:
-        """JAX's `Compiled.as_text`."""
-        return self.compiled.as_text(*args, **kwargs)
-
-    def cost_analysis(self) -> Any:
-        """JAX's `Compiled.cost_analysis`."""
-        return self.compiled.cost_analysis()
+    as_text, cost_analysis = Lowered.as_text, Lowered.cost_analysis
 
 
 # ----------------------------------------------------------------------------------

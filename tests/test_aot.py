@@ -3,6 +3,7 @@ instance, `.compile()`, and the compiled callable, which takes the arguments tha
 `lower` took. Lowering books no call."""
 
 import eqx_static as es
+import jax
 import jax.numpy as jnp
 import pytest
 from helpers import seed
@@ -61,3 +62,20 @@ def test_lower_books_no_call_and_erases_no_hits():
     f(jnp.ones(4))
     assert f.cache_info() == es.CacheInfo(3, 2, None, 2)
     assert f.compile_info().compiles == 2
+
+
+def test_text_and_costs_are_jax_own_at_each_stage():
+    """`as_text()` and `cost_analysis()` of the lowered and of the compiled call
+    are JAX's, as `jax.jit(f).lower(...)` gives them."""
+
+    def f(x):
+        return jnp.sin(x) * 2
+
+    x = jnp.ones(3)
+    ours, theirs = es.jit(f).lower(x), jax.jit(f).lower(x)
+    assert "sine" in ours.as_text() and "sine" in theirs.as_text()
+    compiled = ours.compile()
+    assert compiled.as_text() != ours.as_text()  # the compiled module, not the lowered
+    assert "sine" in compiled.as_text()
+    for a, b in [(ours, theirs), (compiled, theirs.compile())]:
+        assert type(a.cost_analysis()) is type(b.cost_analysis())
