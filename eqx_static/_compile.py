@@ -55,7 +55,9 @@ _jax.hide_frames(__file__)
 class CacheInfo(NamedTuple):
     """Statistics of an [`eqx_static.jit`][] cache, as `functools.lru_cache` reports
     them: a hit is a call that ran an executable it had, without tracing or
-    compiling; every other call is a miss; `currsize` counts compiled signatures.
+    compiling; every other call is a miss, except a call refused before it is keyed
+    (an unhashable or cyclic argument), which is neither; `currsize` counts compiled
+    signatures.
 
     !!! example
 

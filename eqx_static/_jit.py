@@ -636,8 +636,9 @@ def jit(fn: Any = None, /, *, donate: Donate = "none", maxsize: int | None = Non
         evicted first; `None` keeps them all.
     - `max_compiles`: raise [`eqx_static.RecompileError`][] rather than make more XLA
         compiles than this (a test-suite guard that says why).
-    - `warn_after`: after this many XLA compiles in which the same field or argument
-        changed every time, log one WARNING on `"eqx_static"` saying so (`None`: off).
+    - `warn_after`: once this many XLA compiles have been made and the same field or
+        argument changed at each of the last `warn_after - 1`, log one WARNING on
+        `"eqx_static"` saying so (`None`: off).
 
     **Returns:**
 

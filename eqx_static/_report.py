@@ -585,7 +585,8 @@ def _fix(change: Change, constant: bool) -> str:
 
 class TracedFieldError(jax.errors.ConcretizationTypeError):
     """A traced (dynamic) field, or a traced argument, was used where Python needs a
-    concrete value. The message names it (a field with its class) and the fix; the
+    concrete value. The message names it (a field with its class and path; every
+    such field of the call, in one error) and the fix; the
     error is also the JAX error it replaces (`jax.errors.TracerBoolConversionError`,
     ...), and its traceback ends at the offending line.
 
