@@ -312,6 +312,7 @@ def set_executable(lowering: Any, executable: Any) -> None:
     lowering._executable = executable
 
 
+_printers = True  # what the sharing check reads a program with
 try:
     from jax._src.lib.mlir import ir as _ir
 
@@ -320,7 +321,7 @@ try:
         return _ir.StringAttr(attribute).value
 
 except (ImportError, AttributeError):  # pragma: no cover
-    SHARING = False
+    _printers = False  # told below, once `stop_sharing` is defined
 
 
 def xla_executable(executable: Any) -> Any:
@@ -334,7 +335,7 @@ try:  # `hlo` in jax >= 0.9; in older ones, the extension itself
     _hlo: Any = getattr(_lib, "hlo", None) or _lib.xla_client._xla  # pyright: ignore[reportAttributeAccessIssue]
     _hlo.HloPrintOptions.canonical().print_large_constants = True
 except (ImportError, AttributeError):  # pragma: no cover
-    _hlo = None
+    _hlo, _printers = None, False
 
 _MODULE_NAME: Final = re.compile(r"^HloModule [^,\s]+", re.M)  # the function's name
 
@@ -388,6 +389,8 @@ if _lost:  # pragma: no cover
         RuntimeWarning,
         stacklevel=2,
     )
+if not _printers:  # pragma: no cover
+    stop_sharing("its MLIR or HLO printer cannot be imported")
 
 
 # Jaxprs: where the explanations and the sharing rules look inside a program.

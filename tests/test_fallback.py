@@ -145,3 +145,31 @@ except Exception as e:
     assert "WARNINGS 1 True" in out.stdout, output(out)
     assert "RESULT [1.0, 1.0] [1.0, 1.0] CacheInfo(hits=1, misses=1" in out.stdout
     assert "ERROR EquinoxRuntimeError True" in out.stdout, output(out)
+
+
+@pytest.mark.slow
+def test_a_jax_without_its_program_printers_stops_sharing_with_one_warning():
+    """Where JAX's MLIR module cannot be imported, the sharing check could not read
+    a program: at import, sharing is off with one warning saying so, and two keys
+    of one program each compile their own, with right results."""
+    code = """
+import sys, warnings
+import jax, equinox  # loaded whole first: only `_jax`'s import fails
+sys.modules["jax._src.lib.mlir.ir"] = None  # `from ... import ir` raises ImportError
+del sys.modules["jax._src.lib.mlir"].ir
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import eqx_static as es
+    from eqx_static import _jax
+import jax.numpy as jnp
+print("SHARING", _jax.SHARING, "warnings", len(caught))
+print(caught[0].message)
+f = es.jit(lambda x, tag: 2 * x)
+print("RESULT", f(jnp.ones(2), "a").tolist(), f(jnp.ones(2), "b").tolist())
+print("COMPILES", f.compile_info().compiles)
+"""
+    out = run_python(code=code)
+    assert out.returncode == 0, output(out)
+    assert "SHARING False warnings 1" in out.stdout, output(out)
+    assert "MLIR or HLO printer cannot be imported" in out.stdout, output(out)
+    assert "RESULT [2.0, 2.0] [2.0, 2.0]\nCOMPILES 2" in out.stdout, output(out)
