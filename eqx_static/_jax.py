@@ -12,7 +12,7 @@ import re
 import sys
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import equinox as eqx
 import jax
@@ -157,6 +157,16 @@ def hide_frames(file: str) -> None:
     """Leave `file`'s frames out of the tracebacks JAX filters, as Equinox does."""
     if hasattr(_traceback_util, "register_exclusion"):
         _traceback_util.register_exclusion(file)  # pyright: ignore[reportOptionalMemberAccess]
+
+
+_F = TypeVar("_F", bound=Callable)
+
+
+def api_boundary(f: _F) -> _F:
+    """`f`, below which an error raised in the user's function shows JAX's filtered
+    traceback: the frames of the files left out (ours, JAX's) dropped."""
+    boundary = getattr(_traceback_util, "api_boundary", None)
+    return f if boundary is None else boundary(f)
 
 
 try:

@@ -32,7 +32,7 @@ from ._compile import (
     new_entry,
 )
 from ._fields import path_to, UnhashableError
-from ._jax import hide_frames
+from ._jax import api_boundary, hide_frames
 from ._key import CyclicValue, GENERIC, Key, key_and_leaves, Layout, OWN
 from ._report import unhashable_message
 
@@ -226,6 +226,7 @@ class _Jit(functools.partial, Generic[_P, _R]):
 
     # The general path, and the guards it leaves for the next calls.
 
+    @api_boundary
     def _general(self, values: tuple) -> Any:
         """A call no guard served: build its key (a call refused here is neither a
         hit nor a miss), find or make its entry, and dispatch. The second call of a
@@ -252,6 +253,7 @@ class _Jit(functools.partial, Generic[_P, _R]):
             next(f.calls)  # booked once done: as a hit, or a miss
         return combine(*out) if type(out) is tuple else out
 
+    @api_boundary
     def _retry(self, entry: Entry, values: tuple, leaves: list) -> Any:
         """A miss at the dispatcher: the same call again, with the call in hand."""
         __tracebackhide__ = True

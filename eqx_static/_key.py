@@ -41,8 +41,10 @@ from ._fields import (
     UNSET,
     value_of,
 )
-from ._jax import EQX_MISSING, WRAPPER_FIELD_NAMES
+from ._jax import EQX_MISSING, hide_frames, WRAPPER_FIELD_NAMES
 
+
+hide_frames(__file__)
 
 LEAF, ALL = Sentinel("·"), Sentinel("all traced")
 ODD, ARRAYS, SEQ, NAMED, DICT, TREE = map(

@@ -453,6 +453,45 @@ def test_a_traced_field_error_shows_no_internals():
     assert ".Model.__call__ at " in said and __file__ in said
 
 
+def _library_frames(e: BaseException) -> list[str]:
+    """The frames of `e`'s traceback in this package's files."""
+    package = es.__file__.rsplit("/", 1)[0]
+    return [f.filename for f in traceback.extract_tb(e.__traceback__) if f.filename.startswith(package)]  # fmt: skip
+
+
+@pytest.mark.parametrize("route", ["first call", "a guard's miss", "pytree function"])
+def test_an_error_raised_by_the_user_s_function_shows_only_the_user_s_frames(route):
+    """As `jax.jit` filters its own frames from the traceback of an error the traced
+    function raises, the package's are filtered too: the frames left are the
+    caller's, the function's own (the generated `<es.jit ...>` ones, which name it),
+    and the line that raised; fewer than `eqx.filter_jit` leaves of its own."""
+
+    class Boom(eqx.Module):
+        def __call__(self, x):
+            return f(x)
+
+    def f(x):
+        if x.shape[0] == 3:
+            raise ValueError("three")
+        return x
+
+    wrapped = es.jit(Boom()) if route == "pytree function" else es.jit(f)
+    if route == "a guard's miss":  # a key's second call made its guard
+        wrapped(jnp.ones(2)), wrapped(jnp.ones(2))
+    with pytest.raises(ValueError, match="three") as ours:
+        wrapped(jnp.ones(3))
+    assert _library_frames(ours.value) == []
+    assert traceback.extract_tb(ours.value.__traceback__)[-1].name == "f"
+    with pytest.raises(ValueError, match="three") as theirs:
+        eqx.filter_jit(f)(jnp.ones(3))
+    equinox_frames = [
+        t
+        for t in traceback.extract_tb(theirs.value.__traceback__)
+        if "equinox" in t.filename
+    ]
+    assert len(equinox_frames) > 0  # the peer leaves its own: ours is not worse
+
+
 def test_a_traced_field_used_as_a_shape_inside_diffrax_is_named():
     """The neural CDE of diffrax's examples, ported with `hidden_size` left
     dynamic: diffrax evaluates the vector field's shape in a trace of its own

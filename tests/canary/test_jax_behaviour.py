@@ -4,6 +4,8 @@ the trace that runs a call under `jax.grad`, JAX's words for the errors that
 `es.TracedFieldError` rewords, and XLA's printing of every constant. Each test
 says what is lost when it fails."""
 
+import traceback
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -122,3 +124,23 @@ def test_xla_prints_every_constant_of_a_compiled_program():
     texts = _jax.compiled_texts(_jax.executable_of(_jax.lowering_of(lowered)))
     assert texts is not None, "JAX changed: XLA's print options are gone"
     assert "{...}" not in texts[0] and f"{a[40]:.4g}"[:4] in texts[0]
+
+
+def test_a_boundary_filters_the_files_left_out_of_tracebacks(tmp_path, monkeypatch):
+    """An error raised in the user's function shows no frame of `eqx_static`: JAX's
+    `api_boundary` drops the frames of files registered with `register_exclusion`
+    (if lost, the package's frames show in such tracebacks, as Equinox's do)."""
+    library = tmp_path / "library.py"  # a library's file, registered as ours are
+    library.write_text("def call(fn):\n    return fn()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from library import call  # pyright: ignore[reportMissingImports]
+
+    _jax.hide_frames(str(library))
+
+    def users():
+        raise ValueError("the user's")
+
+    with pytest.raises(ValueError) as info:
+        _jax.api_boundary(call)(users)
+    files = [f.filename for f in traceback.extract_tb(info.value.__traceback__)]
+    assert str(library) not in files and files[-1] == __file__
