@@ -27,7 +27,7 @@ import types
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, Protocol
 
 import equinox as eqx
 import jax
@@ -124,15 +124,21 @@ class Entry:
     """One key: its dispatcher, its guard, and the program it runs for each
     signature (avals and JAX's context) it ran."""
 
-    __slots__ = ("call", "dispatch", "guard", "helper", "key", "runs", "used")
+    __slots__ = ("call", "dispatch", "helper", "key", "runs", "used")
 
     def __init__(self, key: Key):
         self.key, self.used = key, 0  # `used`: when last called, for `maxsize`
         self.call: Callable = _unset  # what a hit calls: the dispatcher, maybe wrapped
         self.dispatch: Any = None
-        self.guard: Callable | None = None  # made at its second call (`_guard`)
         self.helper: Any = None  # its `jax.jit`, for the miss path only
         self.runs: dict[tuple, Program] = {}
+
+
+class Guards(Protocol):
+    """A wrapper's guards (`_jit`), which the function empties as it drops entries."""
+
+    def drop(self, entry: Entry) -> None: ...
+    def clear(self) -> None: ...
 
 
 def _unset(*leaves: Any) -> Any:
@@ -166,7 +172,7 @@ class Function:
         self.wrapped_at = _caller() if self.code in _rewraps else ""
         self.lock = threading.Lock()
         self.entries: dict[Key, Entry] = {}
-        self.guard_sets = weakref.WeakSet[dict]()  # each wrapper's guards, by class
+        self.guard_sets = weakref.WeakSet[Guards]()  # each wrapper's guards
         self.calls = itertools.count()  # counted in C at the end of every call
         self.clock = itertools.count(1)  # for `Entry.used`
         self.misses = self.at_clear = self.size = self.general = 0  # size: signatures
@@ -298,8 +304,7 @@ class Function:
     def _evict(self, entry: Entry) -> None:
         del self.entries[entry.key]
         for guards in self.guard_sets:  # the entry's own guard is gone too
-            for cls, held in list(guards.items()):
-                guards[cls] = tuple(g for g in held if g.es_entry is not entry)
+            guards.drop(entry)
         self._empty(entry)
         self.recent = collections.deque(
             (s for s in self.recent if s.key is not entry.key), maxlen=64

@@ -122,11 +122,40 @@ _MAX_GUARDS: Final = 8  # per class of the first value: keys of one class in tur
 
 
 class _Slots(dict):
-    """A wrapper's guards, by the class of the first value of a call (a `dict` that
-    can be weakly referred to: its function drops the guards of evicted keys)."""
+    """A wrapper's guards, by the class of the first value of a call; and, for each
+    entry the general path serves, its calls there and how many make it a guard: 1
+    (its second call), then twice as many each time others of its class pushed its
+    guard out, so that more keys in turn than there are guards do not write a guard
+    at every call. (A `dict` that can be weakly referred to: its function drops the
+    guards of evicted keys.)"""
 
     __hash__ = object.__hash__  # pyright: ignore[reportAssignmentType]  (in a `WeakSet`)
     __eq__ = object.__eq__  # pyright: ignore[reportAssignmentType]  (by identity)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: dict[int, list[int]] = {}  # by `id(entry)`: [calls, needed]
+
+    def due(self, cls: type | None, entry: Entry) -> bool:
+        """Whether this call of `entry`, served by the general path, makes its guard."""
+        if any(g.es_entry is entry for g in self.get(cls, ())):
+            return False
+        wait = self.waits.setdefault(id(entry), [0, 1])
+        wait[0] += 1
+        if wait[0] < wait[1]:
+            return False
+        wait[0], wait[1] = 0, 2 * wait[1]
+        return True
+
+    def drop(self, entry: Entry) -> None:
+        """Forget an evicted entry, and its guard."""
+        self.waits.pop(id(entry), None)
+        for cls, held in list(self.items()):
+            self[cls] = tuple(g for g in held if g.es_entry is not entry)
+
+    def clear(self) -> None:
+        super().clear()
+        self.waits.clear()
 
     def __reduce__(self) -> Any:  # a copy of the wrapper starts with none
         return (_Slots, ())
@@ -239,8 +268,9 @@ class _Jit(functools.partial, Generic[_P, _R]):
             entry = new_entry(f, key, leaves)
         if guard_logger.isEnabledFor(logging.DEBUG):
             self._log_fall_through(values)
-        if entry.guard is None and entry.runs:  # its second call: worth a guard
-            self._add_guard(entry, values)
+        first = type(values[0]) if values else None
+        if entry.runs and self._slots.due(first, entry):
+            self._add_guard(entry, values, first)
         f.general += 1
         if self._lru:
             entry.used = next(f.clock)
@@ -259,8 +289,7 @@ class _Jit(functools.partial, Generic[_P, _R]):
         __tracebackhide__ = True
         return call_in_hand(Call(entry, self.fn, values, leaves))
 
-    def _add_guard(self, entry: Entry, values: tuple) -> None:
-        first = type(values[0]) if values else None
+    def _add_guard(self, entry: Entry, values: tuple, first: type | None) -> None:
         params = [f"p_{n}" for n in self._layout.names]  # called positionally
         lru = ["ENTRY.used = CLOCK()"] if self._lru else []
         fn = ["*FN"] if self._fn_leaves else []
@@ -282,7 +311,7 @@ class _Jit(functools.partial, Generic[_P, _R]):
             "NEED": NEED_CALL,
         }  # fmt: skip
         name = f.name(entry.key)
-        entry.guard = made = _guard.guard(entry.key, values, params, name, dispatch, ns)
+        made = _guard.guard(entry.key, values, params, name, dispatch, ns)
         made.es_entry = entry  # pyright: ignore[reportFunctionMemberAccess]
         self._slots[first] = (*self._slots.get(first, ()), made)[-_MAX_GUARDS:]
 
@@ -342,7 +371,7 @@ def _hot(
     the wrapped function's signature, made once per wrapper (their own names start
     `_es_`)."""
     values = ", ".join(layout.names) + ("," if len(layout.names) == 1 else "")
-    first = f"type({layout.names[0]})" if layout.names else "None"
+    first = f"_es_type({layout.names[0]})" if layout.names else "None"
     source = f"""
 def _es_hot({params}):
     try:
@@ -359,7 +388,8 @@ def _es_hot({params}):
 def _es_bind({params}):
     return ({values})
 """
-    ns: dict[str, Any] = {"_es_miss": _guard.MISS, "_es_own": OWN, **defaults}
+    ns: dict[str, Any] = {"_es_miss": _guard.MISS, "_es_own": OWN, "_es_type": type}
+    ns.update(defaults)
     exec(compile(source, f"<es.jit {f.qualname}>", "exec"), ns)
     hot, bind = ns["_es_hot"], ns["_es_bind"]
     for made in (hot, bind):  # named as `fn` in tracebacks and in binding errors

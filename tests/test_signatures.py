@@ -744,16 +744,10 @@ def test_first_failure_never_dispatches():
 # --- found on the way ---------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason="the function es.jit generates for the signature calls `type(...)` "
-    "with the wrapped function's parameters in scope: a parameter named `type` "
-    "is called instead ('str' object is not callable)",
-)
 def test_a_parameter_may_be_named_type():
     """`def act(x, type="relu")`: a parameter may have any name Python allows,
-    as under `eqx.filter_jit`."""
+    as under `eqx.filter_jit` (the function made for the signature once called
+    `type(...)` with the parameters in scope, and so called the argument)."""
 
     def act(x, type="relu"):
         return jax.nn.relu(x) if type == "relu" else x
@@ -763,3 +757,53 @@ def test_a_parameter_may_be_named_type():
     for _ in range(3):
         np.testing.assert_array_equal(jf(x), act(x))
         np.testing.assert_array_equal(jf(x, type="id"), act(x, type="id"))
+
+
+def test_a_second_wrapper_of_a_function_gets_guards_of_its_own():
+    """Wrappers of one function share its keys (`es.jit(f)` made anew each step);
+    each makes its own guards (they hold its own leaves), at its first call of a
+    key that has run."""
+
+    def double(x):
+        return 2 * x
+
+    x = jnp.ones(3)
+    a = es.jit(double)
+    a(x), a(x)
+    b = es.jit(double)
+    general = b.f.general
+    for _ in range(5):
+        np.testing.assert_array_equal(b(x), 2 * x)
+    assert b.f.general == general + 1  # b's first call only
+    assert b.cache_info() == es.CacheInfo(6, 1, None, 1)
+
+
+class Keyed(es.Module):
+    w: jax.Array
+    n: int = eqx.field(static=True)
+
+    @es.jit
+    def __call__(self, x):
+        return self.w * x + self.n
+
+
+def test_a_guard_pushed_out_by_more_keys_in_turn_comes_back(monkeypatch):
+    """Nine keys of one class in turn, one more than the guards a class keeps:
+    a key whose guard was pushed out gets one again, after twice as many calls on
+    the general path each time (so keys in turn do not write a guard per call);
+    used alone afterwards, it is served by its guard."""
+    made = []
+    write = _guard.guard
+    monkeypatch.setattr(_guard, "guard", lambda *a: made.append(a[3]) or write(*a))
+    Keyed.__call__.cache_clear()
+    models, x, rounds = [Keyed(jnp.ones(()), n) for n in range(9)], jnp.ones(2), 20
+    for _ in range(rounds):
+        for m in models:
+            np.testing.assert_array_equal(m(x), x + m.n)
+    assert 9 <= len(made) <= 9 * (1 + rounds.bit_length())  # 1, 2, 4, ... calls
+    for _ in range(8):
+        models[0](x)
+    general = Keyed.__call__.es_jit.f.general
+    for _ in range(3):
+        np.testing.assert_array_equal(models[0](x), x)
+    assert Keyed.__call__.es_jit.f.general == general
