@@ -450,7 +450,7 @@ def new_entry(f: Function, key: Key, leaves: Sequence) -> Entry:
     first miss finds it, and JAX's dispatcher makes it wait instead of tracing."""
     entry = Entry(key)
     donated = _donated(f, key, leaves)
-    if _jax.DISPATCH:
+    if _jax.dispatching():
         try:
             miss = functools.partial(cache_miss, f, entry)
             entry.dispatch = _jax.dispatcher(

@@ -275,9 +275,9 @@ def probe() -> str | None:
 
 def no_dispatcher(why: str) -> None:
     """Turn the per-key dispatchers off for this process, saying so once."""
-    global DISPATCH
+    global DISPATCH, SHARING
     if DISPATCH:
-        DISPATCH = False
+        DISPATCH = SHARING = False
         _warn(f"its dispatcher cannot be built here ({why})")
 
 
@@ -386,10 +386,22 @@ def _warn(what: str) -> None:
 PUBLIC: Final = os.environ.get("EQX_STATIC_PUBLIC_JIT", "") not in ("", "0")
 if PUBLIC:
     DISPATCH = SHARING = False
-elif DISPATCH and (_why_not := probe() or ""):  # pragma: no cover
-    DISPATCH = SHARING = False
-if not DISPATCH and not PUBLIC:  # pragma: no cover
+elif not DISPATCH:  # pragma: no cover
     _warn(f"its dispatcher cannot be built here ({_why_not})")
+_probed = not DISPATCH
+
+
+def dispatching() -> bool:
+    """Whether each key gets a dispatcher of its own: JAX's is probed at the first
+    key, not at import (a probe call starts JAX's backend, after which
+    `jax.distributed.initialize` refuses to run)."""
+    global _probed
+    if not _probed:
+        why = probe()  # two threads may both probe: the same answer
+        if why:  # pragma: no cover
+            no_dispatcher(why)
+        _probed = True
+    return DISPATCH
 if _lost:  # pragma: no cover
     warnings.warn(
         f"eqx_static: this equinox {eqx.__version__} or jaxtyping lacks "

@@ -76,31 +76,60 @@ def test_transformations_on_public_jax_jit(no_dispatcher):
 
 
 @pytest.mark.slow
-def test_a_dispatcher_that_behaves_otherwise_degrades_at_import_with_one_warning():
+def test_a_dispatcher_that_behaves_otherwise_degrades_at_the_first_key_with_one_warning():
     """A JAX whose dispatcher keeps its private names but behaves otherwise (here:
-    its cache keeps nothing, so the probe call sees three misses, not two): at
-    import, the probe turns the per-key dispatchers off with one warning, and
-    calls are right and booked."""
+    its cache keeps nothing, so the probe call sees three misses, not two): at the
+    first key (not at import, which starts no backend), the probe turns the
+    per-key dispatchers off with one warning, and calls are right and booked."""
     code = """
 import warnings
 import equinox  # loaded first, on JAX as it is
 import jax._src.pjit as pjit
 pjit._get_cpp_global_cache = lambda explicit: pjit.make_jit_cpp_cache(0)
+import eqx_static as es
+from eqx_static import _jax
+import jax.numpy as jnp
+f = es.jit(lambda x: 2 * x)
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    import eqx_static as es
-    from eqx_static import _jax
-import jax.numpy as jnp
-print("DISPATCH", _jax.DISPATCH, "warnings", len(caught))
+    first = f(jnp.ones(2))
+print("DISPATCH", _jax.DISPATCH, "SHARING", _jax.SHARING, "warnings", len(caught))
 print(caught[0].message)
-f = es.jit(lambda x: 2 * x)
-print("RESULT", f(jnp.ones(2)).tolist(), f(jnp.ones(2)).tolist(), f.cache_info())
+print("RESULT", first.tolist(), f(jnp.ones(2)).tolist(), f.cache_info())
 """
     out = run_python(code=code)
     assert out.returncode == 0, output(out)
-    assert "DISPATCH False warnings 1" in out.stdout, output(out)
+    assert "DISPATCH False SHARING False warnings 1" in out.stdout, output(out)
     assert "3 calls of one signature made 3 misses, not 2" in out.stdout, output(out)
     assert "RESULT [2.0, 2.0] [2.0, 2.0] CacheInfo(hits=1, misses=1" in out.stdout
+
+
+@pytest.mark.slow
+def test_importing_starts_no_backend_so_jax_distributed_can_initialize_after():
+    """`jax.distributed.initialize()` must run before JAX's backend starts: importing
+    the package first (as a script's imports do) starts none."""
+    code = f"""
+import eqx_static as es
+import jax
+from jax._src import xla_bridge
+print("BACKENDS", len(xla_bridge._backends))
+jax.distributed.initialize("127.0.0.1:{_free_port()}", num_processes=1, process_id=0)
+f = es.jit(lambda x: 2 * x)
+print("RESULT", f(jax.numpy.ones(2)).tolist(), jax.process_count())
+"""
+    out = run_python(code=code)
+    assert out.returncode == 0, output(out)
+    assert "BACKENDS 0" in out.stdout and "RESULT [2.0, 2.0] 1" in out.stdout, output(
+        out
+    )
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.mark.slow
