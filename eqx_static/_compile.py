@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax.core import Tracer
 
-from . import _jax, _report
+from . import _diverge, _jax, _report
 from ._fields import ARRAY_TYPES, is_array_type, Sentinel
 from ._key import first_class, Key, Layout, leaf_visits, leaves_of_first
 from ._report import Change, Compile, Seen
@@ -746,6 +746,7 @@ def _decide(miss: _Miss) -> Program:
     program = f.running(lowering)
     if program is None and fp is not None:
         program = f.find(fp, miss.mark)  # None: marked, until it is registered
+    _diverge.check(miss, lowering, fp, program)  # every process decides alike
     if program is not None:
         miss.shared = program
         if os.environ.get("EQX_STATIC_CHECK_SHARING") and program.fingerprint:
