@@ -18,6 +18,7 @@ One file per group of rows, named after the target it measures:
     bench_compiles.py   compile counts; first-call cost; a miss that reuses a program
     bench_memory.py     memory per key sharing a program, and per live instance
     bench_peers.py      flax.struct, jax_dataclasses, flax.nnx (skipped if absent)
+    bench_diverge.py    the divergence check on two processes (skipped if they cannot start)
     readme_table.py     the table of docs/benchmarks.md, generated from results/latest.json
     plot.py             results/scaling.svg
 
@@ -43,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness as h  # noqa: E402
 import bench_call  # noqa: E402
 import bench_compiles  # noqa: E402
+import bench_diverge  # noqa: E402
 import bench_memory  # noqa: E402
 import bench_peers  # noqa: E402
 import bench_training  # noqa: E402
@@ -59,6 +61,7 @@ GROUPS: dict[str, ModuleType] = {
         bench_compiles,
         bench_memory,
         bench_peers,
+        bench_diverge,
     )
 }
 

@@ -4,6 +4,7 @@ compile once per distinct program, and one-line updates."""
 import importlib.metadata
 
 from ._compile import CacheInfo as CacheInfo, CompileInfo as CompileInfo
+from ._diverge import DivergenceError as DivergenceError
 from ._jit import Compiled as Compiled, jit as jit, Lowered as Lowered
 from ._module import Module as Module
 from ._report import (
@@ -21,6 +22,7 @@ __all__ = [
     "CacheInfo",
     "CompileInfo",
     "Compiled",
+    "DivergenceError",
     "Lowered",
     "Module",
     "RecompileError",

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax.core import Tracer
 
-from . import _jax, _report
+from . import _diverge, _jax, _report
 from ._fields import ARRAY_TYPES, is_array_type, Sentinel
 from ._key import first_class, Key, Layout, leaf_visits, leaves_of_first
 from ._report import Change, Compile, Seen
@@ -735,12 +735,13 @@ def _decide(miss: _Miss) -> Program:
     program = f.running(lowering)
     if program is None and fp is not None:
         program = f.find(fp, miss.mark)  # None: marked, until it is registered
-    if program is None:
-        return _compile(miss, lowering, fp)
-    miss.shared = program
-    if os.environ.get("EQX_STATIC_CHECK_SHARING") and program.fingerprint:
-        _check_sharing(miss, program)
-    return program
+    _diverge.check(miss, lowering, fp, program)  # every process decides alike
+    if program is not None:
+        miss.shared = program
+        if os.environ.get("EQX_STATIC_CHECK_SHARING") and program.fingerprint:
+            _check_sharing(miss, program)
+        return program
+    return _compile(miss, lowering, fp)
 
 
 def _check_sharing(miss: _Miss, program: Program) -> None:
@@ -946,8 +947,10 @@ def _explain_public(miss: _Miss, public: _Public) -> None:
         list(f.recent), entry.key, sig, f.argnames, f.n_fn, otherwise=otherwise
     )
     traced = public.jitted.trace(*miss.leaves)
-    module = traced.lower().compiler_ir("stablehlo")
+    lowered = traced.lower()
+    module = lowered.compiler_ir("stablehlo")
     miss.digest = digest(module)
+    _diverge.check(miss, _jax.lowering_of(lowered), None, None)  # alike, or raise
     _explain_compile(miss, module, traced.jaxpr)
     public.reports = public.reports or any("callback" in op.name for op in miss.ops)
     f.make_room(entry, sig)

@@ -402,6 +402,8 @@ def dispatching() -> bool:
             no_dispatcher(why)
         _probed = True
     return DISPATCH
+
+
 if _lost:  # pragma: no cover
     warnings.warn(
         f"eqx_static: this equinox {eqx.__version__} or jaxtyping lacks "
@@ -413,6 +415,52 @@ if _lost:  # pragma: no cover
     )
 if not _printers:  # pragma: no cover
     stop_sharing("its MLIR or HLO printer cannot be imported")
+
+
+# JAX's distributed runtime (`jax.distributed`): its key-value store, where the
+# processes of a job compare their decisions at a miss (`_diverge`), and the
+# processes a program's devices belong to. Without them the check is off, with one
+# warning where `jax.process_count() > 1`.
+_STORE: Final = (
+    "key_value_set key_value_try_get key_value_dir_get key_value_delete "
+    "blocking_key_value_get wait_at_barrier"
+).split()
+try:
+    from jax._src import distributed as _distributed
+
+    _runtime: Any = _distributed.global_state
+except (ImportError, AttributeError):  # pragma: no cover
+    _runtime = None
+_store_lost: list[str] = []  # said once
+
+
+def kv_store() -> Any:
+    """The client of JAX's distributed key-value store; None if `jax.distributed`
+    is not running, or this JAX's lacks a name the divergence check uses."""
+    client = getattr(_runtime, "client", None)
+    missing = [n for n in _STORE if not hasattr(client, n)]
+    if client is not None and not missing:
+        return client
+    if not _store_lost and (_runtime is None or client is not None):
+        _store_lost.append("said")
+        warnings.warn(
+            f"eqx_static: with jax {jax.__version__}, JAX's distributed key-value "
+            f"store lacks {missing or ['global_state']}, so processes that diverge at "
+            "a miss are not checked (a divergence waits in a collective). Please "
+            "report this with your JAX version.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return None
+
+
+def spans_processes(lowering: Any) -> bool:
+    """Whether a lowering's devices belong to more than one process."""
+    devices = lowering._device_list
+    indices = getattr(devices, "process_indices", None)  # else, device by device
+    if indices is None:  # pragma: no cover
+        indices = {d.process_index for d in devices}
+    return len(indices) > 1
 
 
 # Jaxprs: where the explanations and the sharing rules look inside a program.

@@ -37,6 +37,7 @@ def test_public_api_is_what_the_design_lists():
         "RecompileError",
         "Lowered",
         "Compiled",
+        "DivergenceError",
     }
 
 
