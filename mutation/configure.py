@@ -36,6 +36,9 @@ EXTRA = {
         "tests/test_locks.py",
         "tests/test_budget.py",
         "tests/test_errors.py",
+        "tests/test_retrace.py",
+        "tests/test_fallback.py",
+        "tests/test_signatures.py",
     ],
     "_report": [
         "tests/test_budget.py",
@@ -55,6 +58,13 @@ EXTRA = {
         "tests/test_donate.py",  # `leaves_of_first`: what "all-except-first" keeps
     ],
     "_fields": ["tests/test_keys_deep.py", "tests/test_guards.py"],
+    "_guard": [
+        "tests/test_guards.py",
+        "tests/test_signatures.py",
+        "tests/test_keys_deep.py",
+        "tests/test_cache.py",
+        "tests/test_binding.py",
+    ],
     "_sharing": [
         "tests/test_sharing.py",
         "tests/test_programs.py",
