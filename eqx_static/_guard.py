@@ -31,6 +31,7 @@ from ._fields import (
     Typed,
     value_of,
 )
+from ._jax import GENERATED
 from ._key import ARRAYS, DICT, end_of, Key, LEAF, NAMED, node_at, SEQ, walk
 
 
@@ -294,7 +295,7 @@ def _compiled(kind: str, params: Sequence[str], lines: list[str],
               ns: dict[str, Any], name: str) -> Callable:  # fmt: skip
     body = "\n    ".join(lines)
     source = f"def {kind}({', '.join(params)}):\n    {body}\n"
-    filename = f"<es.jit {kind} {next(_numbers)}: {name}>"
+    filename = f"{GENERATED}/{kind} {next(_numbers)}: {name}"
     exec(compile(source, filename, "exec"), ns)
     fn = ns[kind]
     # Kept while the guard lives, for tracebacks and `inspect.getsource`.

@@ -159,6 +159,14 @@ def hide_frames(file: str) -> None:
         _traceback_util.register_exclusion(file)  # pyright: ignore[reportOptionalMemberAccess]
 
 
+# The generated code (a wrapper's signature, the guards) is compiled as files of
+# this directory: hidden as the package's own files are, so that a traceback or
+# Equinox's runtime-error stack shows the user's frames as under `eqx.filter_jit`
+# (with `JAX_TRACEBACK_FILTERING=off` they show, with their source).
+GENERATED: Final = "<es.jit>"
+hide_frames(GENERATED)
+
+
 _F = TypeVar("_F", bound=Callable)
 
 

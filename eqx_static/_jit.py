@@ -32,7 +32,7 @@ from ._compile import (
     new_entry,
 )
 from ._fields import path_to, UnhashableError
-from ._jax import api_boundary, hide_frames
+from ._jax import api_boundary, GENERATED, hide_frames
 from ._key import CyclicValue, GENERIC, Key, key_and_leaves, Layout, OWN
 from ._report import unhashable_message
 
@@ -390,7 +390,7 @@ def _es_bind({params}):
 """
     ns: dict[str, Any] = {"_es_miss": _guard.MISS, "_es_own": OWN, "_es_type": type}
     ns.update(defaults)
-    exec(compile(source, f"<es.jit {f.qualname}>", "exec"), ns)
+    exec(compile(source, f"{GENERATED}/{f.qualname}", "exec"), ns)
     hot, bind = ns["_es_hot"], ns["_es_bind"]
     for made in (hot, bind):  # named as `fn` in tracebacks and in binding errors
         made.__code__ = made.__code__.replace(co_name=f.short)
