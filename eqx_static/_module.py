@@ -252,9 +252,8 @@ def run_check_inits(info: FieldInfo, module: object) -> None:
 Typechecker = Callable[[Callable], Callable]
 # The `typecheck=` option of each class that set one (None: switched off).
 _options: Final = weakref.WeakKeyDictionary[type, Typechecker | None]()
-_checkers: Final = weakref.WeakKeyDictionary[
-    type, tuple[Callable, tuple[str, ...]] | None
-]()
+_Checker = tuple[Callable, tuple[str, ...]]  # the check, and the names it takes
+_checkers: Final = weakref.WeakKeyDictionary[type, _Checker | None]()
 # A stored number may carry the leading axes of an `eqx.filter_vmap` ensemble.
 _NUMBER_ARRAYS: Final[dict[Any, Any]] = {
     t: getattr(jaxtyping, t.__name__.capitalize())[jaxtyping.Array, "..."]
@@ -265,14 +264,12 @@ _NUMBER_ARRAYS: Final[dict[Any, Any]] = {
 def _set_option(cls: type, typecheck: bool | Typechecker | None) -> None:
     if typecheck is True:
         typecheck = _beartype()
-    elif typecheck is False:
-        typecheck = None
-    elif not callable(typecheck):
+    elif typecheck is not False and not callable(typecheck):
         raise TypeError(
             f"`typecheck=` on `{cls.__qualname__}` takes True, False or a typechecker "
             f"such as `beartype.beartype`; got {typecheck!r}."
         )
-    _options[cls] = typecheck
+    _options[cls] = None if typecheck is False else typecheck
 
 
 def _beartype() -> Typechecker:
@@ -302,7 +299,7 @@ def check_fields(module: object) -> None:
         raise TypeError(_type_message(cls, values, e)) from None
 
 
-def _make_checker(cls: type) -> tuple[Callable, tuple[str, ...]] | None:
+def _make_checker(cls: type) -> _Checker | None:
     """A function of the annotated fields, as keywords, that checks them; and their
     names. None if `cls` asks for no checks, or has no annotations."""
     own = [_options[k] for k in cls.__mro__ if k in _options]
