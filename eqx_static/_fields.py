@@ -57,28 +57,13 @@ class FieldInfo:
         self.dynamic_names = tuple(n for n in self.names if n not in self.static_names)
         self.static = frozenset(self.static_names)
         self.dynamic = frozenset(self.dynamic_names)
-        # The fields' own converters (an `es.Module` adds one that stores numbers
-        # as arrays, and keeps the field's own on it).
-        converters = {f.name: f.metadata.get("converter") for f in fields}
         self.converters: Mapping[str, Callable[[Any], Any]] = {
-            k: c
-            for k, c in (
-                (k, getattr(c, "es_user_converter", c)) for k, c in converters.items()
-            )
-            if c is not None
+            f.name: c for f in fields if (c := f.metadata.get("converter")) is not None
         }
         # What an unset field reads as: its plain default, unless a subclass or a
-        # descriptor (a property) answers the read instead.
+        # descriptor (a property) answers the read instead. (Any other field left
+        # unset stays unset, as Equinox leaves it.)
         self.defaults = {f.name: f.default for f in fields if _plain_default(cls, f)}
-        # Dynamic fields read through something else on the class when unset (a
-        # subclass's attribute, a property): left unset, as Equinox leaves them.
-        self.through_class = {
-            f.name: _class_attribute(cls, f.name)
-            for f in fields
-            if f.name in self.dynamic
-            and f.name not in self.defaults
-            and _class_attribute(cls, f.name) is not None
-        }
         self.check_inits = tuple(
             k.__dict__["__check_init__"]
             for k in cls.__mro__
@@ -114,11 +99,6 @@ def field_info(cls: type) -> FieldInfo:
 def _is_es_module(k: type) -> bool:
     # `es.Module` itself, found without importing `_module` (which imports this).
     return k.__name__ == "Module" and k.__module__ == "eqx_static._module"
-
-
-def _class_attribute(cls: type, name: str) -> Any:
-    owner = next((k for k in cls.__mro__ if name in k.__dict__), None)
-    return None if owner is None else owner.__dict__[name]
 
 
 def _plain_default(cls: type, f: dataclasses.Field) -> bool:
@@ -313,23 +293,11 @@ def value_of(tok: Any) -> Any:
     return True if tok is TRUE else False if tok is FALSE else tok
 
 
-def is_hashable(v: object) -> bool:
-    try:
-        token(v)
-    except UnhashableError:
-        return False
-    return True
-
-
-def form(v: Any) -> tuple:
-    """What `v` is compared by: a flat tuple, so that a value nested thousands deep
-    hashes and compares without recursion. `TypeError` if a part is unhashable."""
-    return fixed_form(v)[0]
-
-
 def fixed_form(v: Any) -> tuple[tuple, bool]:
-    """`form(v)`, and whether every part of `v` is immutable or compared by
-    identity (numbers, strings, tuples and frozensets of them, functions, enums)."""
+    """What `v` is compared by: a flat tuple, so that a value nested thousands deep
+    hashes and compares without recursion (`TypeError` if a part is unhashable);
+    and whether every part of `v` is immutable or compared by identity (numbers,
+    strings, tuples and frozensets of them, functions, enums)."""
     out: list[Any] = []
     stack = [v]
     fixed = True
@@ -388,7 +356,7 @@ def _float_bits(x: float) -> bytes:
 def _treedef_form(t: Any) -> tuple:
     data = t.node_data()  # a dict's: its keys, in a list
     aux = None if data is None else tuple(data[1]) if type(data[1]) is list else data[1]
-    here = None if data is None else (data[0], form(aux))
+    here = None if data is None else (data[0], fixed_form(aux)[0])
     return (t.num_leaves, here, tuple(map(_treedef_form, t.children())))
 
 
@@ -407,12 +375,9 @@ array_types: Final[set[type]] = set()  # the concrete array types seen so far
 
 
 def is_array_type(t: type) -> bool:
-    if t in array_types:
-        return True
-    if issubclass(t, ARRAY_TYPES):
+    if t not in array_types and issubclass(t, ARRAY_TYPES):
         array_types.add(t)
-        return True
-    return False
+    return t in array_types
 
 
 # ----------------------------------------------------------------------------------
@@ -422,6 +387,7 @@ def is_array_type(t: type) -> bool:
 # How values of a type are walked, decided once per type.
 IS_ARRAY, IS_MODULE, IS_LIST, IS_DICT, IS_NONE, IS_NAMED, IS_OTHER = range(7)
 kinds: Final[dict[type, int]] = {}
+_BUILTIN: Final = {tuple: IS_LIST, list: IS_LIST, dict: IS_DICT, type(None): IS_NONE}
 
 
 def kind_of(t: type, v: Any) -> int:
@@ -430,12 +396,8 @@ def kind_of(t: type, v: Any) -> int:
         k = IS_MODULE
     elif is_array_type(t):
         k = IS_ARRAY
-    elif t is tuple or t is list:
-        k = IS_LIST
-    elif t is dict:
-        k = IS_DICT
-    elif t is type(None):
-        k = IS_NONE
+    elif t in _BUILTIN:
+        k = _BUILTIN[t]
     elif (
         issubclass(t, tuple)
         and _items_as_stored(t)
@@ -491,9 +453,7 @@ def children(v: Any) -> list[tuple[str, Any]]:
         return [(f"[{k!r}]", x) for k, x in v.items() if type(x) not in _ATOMS]
     if is_module_type(t):
         return [(f".{k}", x) for k, x in instance_dict(v).items()]
-    k = kinds.get(t)
-    if k is None:
-        k = kind_of(t, v)
+    k = kinds[t] if t in kinds else kind_of(t, v)
     if k == IS_LIST or k == IS_NAMED:
         return [(f"[{i}]", x) for i, x in enumerate(v) if type(x) not in _ATOMS]
     if k != IS_OTHER:
@@ -502,11 +462,9 @@ def children(v: Any) -> list[tuple[str, Any]]:
         flat = one_level(v)[0]
     except Exception:  # not a pytree JAX can open one level of
         return []
-    return (
-        []
-        if len(flat) == 1 and flat[0] is v
-        else [(f"[{i}]", x) for i, x in enumerate(flat)]
-    )
+    if len(flat) == 1 and flat[0] is v:  # a leaf
+        return []
+    return [(f"[{i}]", x) for i, x in enumerate(flat)]
 
 
 def path_to(values: tuple, target: object) -> str | None:

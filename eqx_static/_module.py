@@ -36,7 +36,8 @@ from ._fields import (
     hashable_instead,
     instance_dict,
     is_array_annotation,
-    is_hashable,
+    token,
+    UnhashableError,
     UNIONS,
 )
 from ._jax import BOUND_METHOD_FIELDS, BoundMethod, is_named_dim, jaxtyped_class
@@ -55,14 +56,6 @@ def unknown_field_error(
     )
 
 
-def drop_cached(d: dict[str, Any], info: FieldInfo) -> None:
-    """Drop what is neither a field nor a dunder (stale `cached_property` values)."""
-    if len(d) != len(info.names):
-        fields = info.static | info.dynamic
-        for k in [k for k in d if k not in fields and not k.startswith("__")]:
-            del d[k]
-
-
 # Python number types, and their dtypes under `jax_enable_x64`.
 _WIDE: Final = {bool: "bool", int: "int64", float: "float64", complex: "complex128"}
 _NUMBERS: Final = frozenset({int, float, complex})  # a `bool` stays a `bool`
@@ -78,12 +71,14 @@ def default_dtype(t: type) -> Any:
 
 def check_hashable(info: FieldInfo, name: str, value: object) -> None:
     """Raise `TypeError` if `value` is unhashable: a static value keys the cache."""
-    if not is_hashable(value):
+    try:
+        token(value)
+    except UnhashableError:
         raise TypeError(
             f"Static field {name!r} of `{info.cls.__qualname__}` holds an unhashable "
             f"{type(value).__name__}: a static field keys the compilation cache. "
             f"{hashable_instead(value, name, 'Store')}"
-        )
+        ) from None
 
 
 def as_data(info: FieldInfo, name: str, value: Any) -> Any:
@@ -91,11 +86,9 @@ def as_data(info: FieldInfo, name: str, value: Any) -> Any:
     bools), also in plain tuples, lists and dicts, become strongly typed 0-d arrays
     of JAX's default dtype for their kind (an `int` in a field annotated `float` or
     `complex`: of that kind). Unchanged containers are returned as they are."""
-    kind = info.annotations.get(name)
-    kind = kind if kind in _INEXACT else None
     found: list[Any] = []
     try:
-        out = _as_data(info.cls, name, value, kind, found)
+        out = _as_data(info.cls, name, value, info.annotations.get(name), found)
     except RecursionError:
         path = cycle_in(value)
         if path is None:
@@ -110,12 +103,12 @@ def as_data(info: FieldInfo, name: str, value: Any) -> Any:
     return out
 
 
-def _as_data(cls: type, name: str, value: Any, kind: type | None, found: list) -> Any:
+def _as_data(cls: type, name: str, value: Any, kind: Any, found: list) -> Any:
     t = type(value)
     if t in _NUMBERS:
         if t in _INEXACT:
             found.append(value)
-        dtype = default_dtype(kind if t is int and kind is not None else t)
+        dtype = default_dtype(kind if t is int and kind in _INEXACT else t)
         try:
             return jnp.asarray(value, dtype=dtype)
         except OverflowError:
@@ -172,17 +165,14 @@ def convert_and_check(
     `current` value's shape and dtype)."""
     out = {}
     for name, value in changes.items():
-        converter = info.converters.get(name)
-        if converter is not None and name in convert:
-            value = converter(value)
+        if name in convert and name in info.converters:
+            value = info.converters[name](value)
         if name in info.static:
             check_hashable(info, name, value)
         else:
             if info.stores_arrays:
                 value = as_data(info, name, value)
-            _check_array(
-                info, name, value, None if current is None else current.get(name)
-            )
+            _check_array(info, name, value, (current or {}).get(name))
         out[name] = value
     return out
 
@@ -244,7 +234,13 @@ def _ann_repr(ann: Any) -> str:
 
 
 def run_check_inits(info: FieldInfo, module: object) -> None:
-    """Run the class's `__check_init__`s, as Equinox does, and its field type checks."""
+    """After an update: drop what is neither a field nor a dunder (stale
+    `cached_property` values), and run the class's `__check_init__`s, as Equinox
+    does, and its field type checks."""
+    d = instance_dict(module)
+    if len(d) != len(info.names):
+        for k in [k for k in d if k not in info.names and not k.startswith("__")]:
+            del d[k]
     for check_init in info.check_inits:
         check_init(module)
     check_fields(module)
@@ -256,9 +252,8 @@ def run_check_inits(info: FieldInfo, module: object) -> None:
 Typechecker = Callable[[Callable], Callable]
 # The `typecheck=` option of each class that set one (None: switched off).
 _options: Final = weakref.WeakKeyDictionary[type, Typechecker | None]()
-_checkers: Final = weakref.WeakKeyDictionary[
-    type, tuple[Callable, tuple[str, ...]] | None
-]()
+_Checker = tuple[Callable, tuple[str, ...]]  # the check, and the names it takes
+_checkers: Final = weakref.WeakKeyDictionary[type, _Checker | None]()
 # A stored number may carry the leading axes of an `eqx.filter_vmap` ensemble.
 _NUMBER_ARRAYS: Final[dict[Any, Any]] = {
     t: getattr(jaxtyping, t.__name__.capitalize())[jaxtyping.Array, "..."]
@@ -269,14 +264,12 @@ _NUMBER_ARRAYS: Final[dict[Any, Any]] = {
 def _set_option(cls: type, typecheck: bool | Typechecker | None) -> None:
     if typecheck is True:
         typecheck = _beartype()
-    elif typecheck is False:
-        typecheck = None
-    elif not callable(typecheck):
+    elif typecheck is not False and not callable(typecheck):
         raise TypeError(
             f"`typecheck=` on `{cls.__qualname__}` takes True, False or a typechecker "
             f"such as `beartype.beartype`; got {typecheck!r}."
         )
-    _options[cls] = typecheck
+    _options[cls] = None if typecheck is False else typecheck
 
 
 def _beartype() -> Typechecker:
@@ -306,15 +299,11 @@ def check_fields(module: object) -> None:
         raise TypeError(_type_message(cls, values, e)) from None
 
 
-def _make_checker(cls: type) -> tuple[Callable, tuple[str, ...]] | None:
+def _make_checker(cls: type) -> _Checker | None:
     """A function of the annotated fields, as keywords, that checks them; and their
     names. None if `cls` asks for no checks, or has no annotations."""
-    for k in cls.__mro__:
-        if k in _options:
-            typechecker = _options[k]
-            break
-    else:
-        typechecker = _beartype() if jaxtyped_class(cls) else None
+    own = [_options[k] for k in cls.__mro__ if k in _options]
+    typechecker = own[0] if own else _beartype() if jaxtyped_class(cls) else None
     info = field_info(cls)
     anns = dict(info.annotations)
     if typechecker is None or not anns:
@@ -396,14 +385,9 @@ _Self = TypeVar("_Self", bound="Module")
 
 def _as_number(x: Any) -> Any:
     """A concrete 0-d array of JAX's default dtype for its kind as a Python number."""
-    if (
-        isinstance(x, jax.Array)
-        and not isinstance(x, Tracer)
-        and x.ndim == 0
-        and x.dtype in [default_dtype(t) for t in _NUMBERS]  # x64 may change
-    ):
-        return x.item()
-    return x
+    number = isinstance(x, jax.Array) and not isinstance(x, Tracer) and x.ndim == 0
+    # (Each time: `jax_enable_x64` may change the default dtypes.)
+    return x.item() if number and x.dtype in map(default_dtype, _NUMBERS) else x
 
 
 class Module(eqx.Module):

@@ -6,7 +6,7 @@ import functools
 import operator
 import types
 from collections.abc import Collection, Mapping
-from typing import Any, Final, Generic, Literal, NamedTuple, NoReturn, TypeVar
+from typing import Any, cast, Final, Generic, Literal, NamedTuple, NoReturn, TypeVar
 
 import equinox as eqx
 import jax.tree_util as jtu
@@ -16,7 +16,6 @@ from ._jax import allow_assignments, forbid_assignments
 from ._module import (
     CONTAINERS,
     convert_and_check,
-    drop_cached,
     provide_updates,
     run_check_inits,
     unknown_field_error,
@@ -121,11 +120,7 @@ def _trie(changes: Mapping[str, Any]) -> dict[str, Any]:
             if isinstance(node, _Set):
                 raise _conflict(".".join(parents[: i + 1]), path)
         if last in node:  # a dict (the paths are distinct): name a path inside it
-            inside, sub = path, node[last]
-            while isinstance(sub, dict):
-                seg, sub = next(iter(sub.items()))
-                inside = f"{inside}.{seg}"
-            raise _conflict(path, inside)
+            raise _conflict(path, next(p for p in changes if p.startswith(f"{path}.")))
         node[last] = _Set(value)
     return root
 
@@ -177,7 +172,7 @@ def apply_trie(obj: Any, trie: dict, kind: Kind, path: tuple, outer: str) -> Any
         segs[key] = seg
         if not isinstance(sub, _Set):
             items[key] = apply_trie(items[key], sub, kind, (*path, seg), outer)
-        elif kind in ("any", outer) or (
+        elif kind == outer or (
             kind == "static" and _leaf(items[key]) and _leaf(sub.value)
         ):
             items[key] = sub.value
@@ -188,11 +183,9 @@ def apply_trie(obj: Any, trie: dict, kind: Kind, path: tuple, outer: str) -> Any
                 "which takes both kinds)."
             )
     t: Any = type(obj)
-    if t is dict or t is list:
-        return items
-    return (
-        t._make(items) if isinstance(obj, tuple) and hasattr(obj, "_make") else t(items)
-    )
+    if isinstance(obj, tuple) and hasattr(obj, "_make"):  # a named tuple
+        return t._make(items)
+    return items if t is dict or t is list else t(items)
 
 
 def _container_key(obj: Any, seg: str, path: tuple) -> Any:
@@ -227,10 +220,7 @@ def rebuild(
     old = instance_dict(obj)
     values = convert_and_check(info, values, direct, old)
     new = object.__new__(info.cls)
-    d = instance_dict(new)
-    d.update(old)
-    d.update(values)
-    drop_cached(d, info)
+    instance_dict(new).update(old, **values)
     run_check_inits(info, new)
     return new
 
@@ -243,9 +233,8 @@ def _check_field(
     bool, a string, a function) for another such; `with_dynamic` a dynamic field."""
     if name not in info.static and name not in info.dynamic:
         takes = [n for n in info.names if _takes(info, d, n, kind)]
-        raise unknown_field_error(
-            info.cls, name, takes, None if kind == "any" else f"with_{kind}"
-        )
+        helper = None if kind == "any" else f"with_{kind}"
+        raise unknown_field_error(info.cls, name, takes, helper)
     if _takes(info, d, name, kind):
         if not (kind == "static" and name in info.dynamic and not _leaf(value)):
             return
@@ -383,7 +372,7 @@ class edit(Generic[_M]):  # noqa: N801  (used like a function: `with es.edit(m)`
     def __enter__(self) -> _M:
         if self._copies:
             raise RuntimeError("An `es.edit` context cannot be entered twice.")
-        return _copy_module(self._module, self._copies)
+        return cast(_M, _copy_module(self._module, self._copies).copy)
 
     def __exit__(
         self,
@@ -404,7 +393,7 @@ class edit(Generic[_M]):  # noqa: N801  (used like a function: `with es.edit(m)`
                     _DICT.__set__(c.copy, Defunct(type(c.copy).__qualname__))
 
 
-def _copy_module(obj: Any, copies: list[_Copy]) -> Any:
+def _copy_module(obj: Any, copies: list[_Copy]) -> _Copy:
     """An editable copy of the module `obj` (see above), recorded in `copies`."""
     copy = object.__new__(type(obj))
     record = _Copy(obj, copy, copies)
@@ -421,7 +410,7 @@ def _copy_module(obj: Any, copies: list[_Copy]) -> Any:
         d.update({k: _copy_child(v, record) for k, v in od.items()})
     record.start = dict(d)
     allow_assignments(copy)
-    return copy
+    return record
 
 
 def _copy_child(value: Any, parent: _Copy) -> Any:
@@ -429,10 +418,9 @@ def _copy_child(value: Any, parent: _Copy) -> Any:
     or tuple holding modules or containers copies an item when it is read; a dict or
     a list of leaves is copied now; a tuple holding nothing mutable is shared."""
     if is_module(value):
-        n = len(parent.copies)
-        copy = _copy_module(value, parent.copies)
-        parent.children.append(parent.copies[n])
-        return copy
+        record = _copy_module(value, parent.copies)
+        parent.children.append(record)
+        return record.copy
     t = type(value)
     if t is dict:
         return {k: _copy_child(v, parent) for k, v in value.items()}
@@ -444,13 +432,12 @@ def _copy_child(value: Any, parent: _Copy) -> Any:
 
 
 def _holds_mutable(value: Any) -> bool:
-    """Whether a container holds modules, lists or dicts at any depth (looking at
+    """Whether a tuple or list holds modules, lists or dicts at any depth (looking at
     the distinct item types first: a tuple of 10,000 arrays is one type)."""
-    items = value.values() if type(value) is dict else value
-    kinds = set(map(type, items))
+    kinds = set(map(type, value))
     if any(is_module_type(k) or k is list or k is dict for k in kinds):
         return True
-    return tuple in kinds and any(_holds_mutable(x) for x in items if type(x) is tuple)
+    return tuple in kinds and any(_holds_mutable(x) for x in value if type(x) is tuple)
 
 
 class _EditTuple(tuple):
@@ -535,7 +522,6 @@ def _freeze(record: _Copy) -> bool:
     d.update(convert_and_check(info, new, assigned, before))
     changed = d.keys() != before.keys() or any(d[k] is not before[k] for k in d)
     if changed:
-        drop_cached(d, info)
         run_check_inits(info, record.copy)
     return changed
 
@@ -550,10 +536,7 @@ def _restore(value: Any, originals: dict[int, Any], original: Any) -> Any:
         new = {j: _restore(x, originals, source[j]) for j, x in value.made.items()}
         if all(new[j] is source[j] for j in new):
             return source
-        items = list(source)
-        for j, x in new.items():
-            items[j] = x
-        return tuple(items)
+        return tuple(new.get(j, x) for j, x in enumerate(source))
     if type(value) is _EditList:
         value = list(list.__iter__(value))
     t = type(value)
