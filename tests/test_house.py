@@ -86,3 +86,20 @@ def test_the_layer_and_write_checks_can_fail(tmp_path, monkeypatch):
     assert house.write_problems() == [
         f"writes another module's global: _jit.py:{n}" for n in (5, 6, 7, 8, 9)
     ]
+
+
+def test_every_module_keeps_to_its_line_budget():
+    house = _house()
+    assert house.budget_problems(house.table()) == []
+
+
+def test_the_budget_check_can_fail():
+    """A module one line over its budget, one without a budget, a 13th module."""
+    house = _house()
+    counts = {name: (0, lines) for name, lines in house.BUDGET.items()}
+    counts["_jit.py"] = (0, house.BUDGET["_jit.py"] + 1)
+    counts["_new.py"] = (0, 1)
+    problems = house.budget_problems(counts)
+    assert problems[0].startswith(f"_jit.py has {house.BUDGET['_jit.py'] + 1} code")
+    assert "_new.py has no budget in tools/house.py" in problems
+    assert f"13 modules, more than {house.MAX_MODULES}" in problems
