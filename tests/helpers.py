@@ -3,6 +3,7 @@ independently of the library, a runner of Python in a fresh process, and a pytre
 that fails loudly when anything walks the whole tree."""
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -129,6 +130,13 @@ assert _seen.count == 1, "XLA compiles are not reported by jax.monitoring"
 
 # ----------------------------------------------------------------------------------
 # A fresh process.
+
+
+def free_address() -> str:
+    """A free TCP port on 127.0.0.1, for a `jax.distributed` coordinator."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
 
 
 def run_python(

@@ -59,8 +59,7 @@ def _needs(module: str):
     )
 
 
-@_needs("flax")
-def test_flax_struct_column():
+def _flax_struct():
     from flax import struct
 
     @struct.dataclass
@@ -68,22 +67,10 @@ def test_flax_struct_column():
         a: float
         n: object = struct.field(pytree_node=False, default=0)
 
-    traces = [0]
-
-    @jax.jit
-    def f(s, x):
-        traces[0] += 1
-        return s.a * x
-
-    for v in (1.0, 2.0, 3.0):
-        f(S(v), jnp.ones(()))
-    assert traces[0] == 1
-    g = jax.jit(lambda s: jnp.asarray(s.n))
-    assert [g(S(0.0, v)).dtype for v in (1, True, 1.0)] == [jnp.int32] * 3
+    return S
 
 
-@_needs("jax_dataclasses")
-def test_jax_dataclasses_column():
+def _jax_dataclasses():
     import jax_dataclasses as jdc
 
     @jdc.pytree_dataclass
@@ -91,6 +78,20 @@ def test_jax_dataclasses_column():
         a: float
         n: jdc.Static[object] = 0
 
+    return J
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(_flax_struct, marks=_needs("flax"), id="flax.struct"),
+        pytest.param(_jax_dataclasses, marks=_needs("jax_dataclasses"), id="jdc"),
+    ],
+)
+def test_dataclass_peer_columns(make):
+    """A float field is data (one trace for three values); static `1`, `True` and
+    `1.0` share an entry, as under `jax.jit`."""
+    cls = make()
     traces = [0]
 
     @jax.jit
@@ -99,10 +100,10 @@ def test_jax_dataclasses_column():
         return s.a * x
 
     for v in (1.0, 2.0, 3.0):
-        f(J(v), jnp.ones(()))
+        f(cls(v), jnp.ones(()))
     assert traces[0] == 1
     g = jax.jit(lambda s: jnp.asarray(s.n))
-    assert [g(J(0.0, v)).dtype for v in (1, True, 1.0)] == [jnp.int32] * 3
+    assert [g(cls(0.0, v)).dtype for v in (1, True, 1.0)] == [jnp.int32] * 3
 
 
 @_needs("flax")

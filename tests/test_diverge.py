@@ -20,7 +20,6 @@ check the message, the description of a call and the fallback in this process.
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -34,7 +33,7 @@ import jax.numpy as jnp
 import pytest
 from eqx_static import _diverge, _jax
 from eqx_static._key import key_and_leaves
-from helpers import ROOT
+from helpers import free_address, ROOT
 from test_multihost import _unavailable
 
 
@@ -125,9 +124,7 @@ def _two(
     reason = _unavailable()
     if reason is not None:
         pytest.skip(reason)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{s.getsockname()[1]}"
+    address = free_address()
     base = {k: v for k, v in os.environ.items() if not k.startswith("EQX_STATIC_")}
     base.update(
         JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT), PYTHONWARNINGS="error",

@@ -18,14 +18,13 @@ import functools
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import textwrap
 import time
 
 import pytest
-from helpers import output, ROOT, run_python
+from helpers import free_address, output, ROOT, run_python
 
 
 pytestmark = pytest.mark.slow  # two processes, gloo collectives
@@ -207,9 +206,7 @@ def test_two_processes_warmed_up_differently_decide_the_same():
     reason = _unavailable()
     if reason is not None:
         pytest.skip(reason)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{s.getsockname()[1]}"
+    address = free_address()
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONWARNINGS": "error"}
     workers = [
         subprocess.Popen(
