@@ -173,7 +173,8 @@ def test_a_hit_on_a_changed_module_gives_the_eager_result():
         np.testing.assert_allclose(changed(x), want)
 
 
-@pytest.mark.parametrize("depth", [150, 1_000])
+# 1,000 deep in the slow tier: test_signatures' deep models reach it in the fast one.
+@pytest.mark.parametrize("depth", [150, pytest.param(1_000, marks=pytest.mark.slow)])
 def test_a_guard_is_made_for_keys_of_any_depth(depth):
     """No depth cliff: a chain of modules, and dicts nested as deep, get a guard
     that agrees with the general path (the writer does not recurse)."""
