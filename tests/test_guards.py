@@ -10,6 +10,7 @@ returns the same leaves, in the same order."""
 
 import collections
 import dataclasses
+import inspect
 import random
 import sys
 from collections.abc import Callable
@@ -474,3 +475,40 @@ def test_a_static_value_changed_in_place_fails_the_guard(make, change):
     assert _agree(guard, key, (m, x))
     assert guard(m, x) is None
     np.testing.assert_array_equal(jf(m, x), f(m, x))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    depth: int
+
+
+@pytest.mark.parametrize(
+    "static", [7, "a", b"b", None, int, True, False, 1.5, frozenset({1}), _Options(2)]
+)
+def test_a_tuple_of_values_that_cannot_change_is_passed_by_identity(static):
+    """A tuple holding only values that cannot change (numbers, strings, bytes,
+    None, types, bools, frozensets of them) is the same key while it is the same
+    object: its guard checks identity before it compares the tuple whole (so a
+    10**6-element static tuple costs no walk on a hit). A frozen dataclass can
+    change (`object.__setattr__`): a tuple holding one is compared item by item.
+    Both agree with the general path."""
+    x = jnp.ones(3)
+    t = (static, static)
+    key, guard = _guard_of((t, x))
+    source = inspect.getsource(checker(key, (t, x), ["p0", "p1"]))
+    whole = "p0 is not " in source and "SUB(p0)" in source
+    assert whole == (type(static) is not _Options), source
+    assert _agree(guard, key, (t, x)) and _agree(guard, key, ((static, static), x))
+    assert _agree(guard, key, ((static, 8), x))
+
+
+def test_a_wide_module_s_statics_are_passed_by_identity_when_they_cannot_change():
+    """A module of more than 24 fields reads its statics at once; when every one
+    cannot change, the guard checks them by identity before comparing."""
+    m, x = models.statics(30)[0], models.x_input()
+    key, guard = _guard_of((m, x))
+    source = inspect.getsource(checker(key, (m, x), ["p0", "p1"]))
+    assert "map(is_," in source, source
+    assert _agree(guard, key, (m, x)) and _agree(
+        guard, key, (jax.tree.map(lambda a: a, m), x)
+    )

@@ -726,16 +726,25 @@ def test_first_failure_never_dispatches():
     guard = _guard_of(jf, x)
     filename = guard.__code__.co_filename
     books = jf.cache_info(), jf.f.general, traces[0]
-    previous = sys.gettrace()
     assert _guard.first_failure(guard, (jnp.ones(4, jnp.float32), 2.0)) is None
     assert _guard.first_failure(guard, (x, 2.0)) is None
     assert (jf.cache_info(), jf.f.general, traces[0]) == books
-    failed = _guard.first_failure(guard, (x, 3.0))
+
+    def outer(frame: Any, event: str, arg: Any) -> None:  # a debugger's, say
+        return None
+
+    previous = sys.gettrace()
+    sys.settrace(outer)
+    try:
+        failed = _guard.first_failure(guard, (x, 3.0))
+    finally:
+        after = sys.gettrace()
+        sys.settrace(previous)
+    assert after is outer
     assert failed is not None and failed.startswith(f"{filename}:")
     lineno = int(failed[len(filename) + 1 :].split(":", 1)[0])
     assert failed.endswith(linecache.getline(filename, lineno).strip())
     assert "p_scale" in failed
-    assert sys.gettrace() is previous
     assert (jf.cache_info(), jf.f.general, traces[0]) == books
     jf(jnp.ones(4, jnp.float32))  # the shape first_failure saw: a miss now
     assert jf.cache_info().misses == books[0].misses + 1 == traces[0]
