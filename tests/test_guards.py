@@ -512,3 +512,17 @@ def test_a_wide_module_s_statics_are_passed_by_identity_when_they_cannot_change(
     assert _agree(guard, key, (m, x)) and _agree(
         guard, key, (jax.tree.map(lambda a: a, m), x)
     )
+
+
+def test_a_dict_of_arrays_read_at_once_then_more_arguments():
+    """A dict of string keys whose values are all arrays is read with one
+    `itemgetter`; the checks after it (the next arguments) start where its leaves
+    end in the key: the guard passes its own call and agrees on others."""
+    x = jnp.ones(3)
+    args = ({"a": x, "b": x}, x, "p")
+    key, guard = _guard_of(args)
+    assert guard(*args) is not None
+    source = inspect.getsource(checker(key, args, ["p0", "p1", "p2"]))
+    assert "p0['a']" not in source and "AT.issuperset" in source, source  # at once
+    assert _agree(guard, key, args) and _agree(guard, key, ({"a": x, "b": x}, x, "q"))
+    assert _agree(guard, key, ({"a": x, "b": x}, jnp.ones(4), "p"))
