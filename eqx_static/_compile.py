@@ -287,6 +287,13 @@ class Function:
                     break
                 self._evict(min(others, key=lambda e: e.used))
 
+    def drop_run(self, entry: Entry, sig: tuple) -> None:
+        """Forget that `entry` runs a program for `sig` (its compile was refused)."""
+        with self.lock:
+            if (program := entry.runs.pop(sig, None)) is not None:
+                self.size -= 1
+                self._release(program)
+
     def make_room(self, entry: Entry, sig: tuple) -> None:
         """Empty a key that alone holds `maxsize` signatures, for a signature it does
         not hold: JAX's caches too, through the dispatcher (which, emptied during the
@@ -661,6 +668,7 @@ class _Miss:
         self.f, self.entry, self.leaves, self.unplanned = f, entry, leaves, unplanned
         self.traces = _local.traces
         self.planned = False  # the compile about to start was asked for
+        self.due = False  # a compile was asked for: planned when JAX starts it
         self.installed = False  # an executable was installed: no compile is due
         self.why = _report.Why.said(())  # these three: the compile's record
         self.structure: bytes | None = None
@@ -695,7 +703,7 @@ class _Miss:
 def _top_level(f: Function, entry: Entry, leaves: tuple) -> tuple:
     """Trace and lower, decide, install and run. A miss if it traced or compiled;
     else a hit (the dispatcher had not seen this kind of input: a NumPy array)."""
-    miss = _Miss(f, entry, leaves, _PGLE)
+    miss, refused = _Miss(f, entry, leaves, _PGLE), False
     try:
         with miss:
             if _jax.pgle_enabled() and entry.helper is not None:
@@ -703,9 +711,12 @@ def _top_level(f: Function, entry: Entry, leaves: tuple) -> tuple:
             _trace_and_lower(miss)
             program = _decide(miss)
             return _install_and_run(miss, program)
+    except _report.RecompileError:  # a compile refused: a miss
+        refused = True
+        raise
     finally:
         f.unmark(miss.mark)  # on every path: an interrupted miss leaves no mark
-        if miss.traced or miss.number:
+        if miss.traced or miss.number or refused:
             f.book_miss(miss.why if miss.shared else None)
             f.storm(entry.key)
 
@@ -765,26 +776,34 @@ def _check_sharing(miss: _Miss, program: Program) -> None:
 
 
 def _compile(miss: _Miss, lowering: Any, fp: Fingerprint | None) -> Program:
-    """Compile once the budget allows; an unshareable program is compiled by the
-    call that follows (JAX's own miss), still inside the miss that books it."""
+    """Compile; an unshareable program is compiled by the call that follows (JAX's
+    own miss), still inside the miss that books it. The budget and the log see the
+    compile as it starts: JAX's own cache of executables may serve this lowering
+    (a sharding that lowers to the same program), and then nothing compiles."""
     module = None if lowering is None else lowering.stablehlo()
-    _explain_compile(miss, module, miss.jaxpr)
+    _record(miss, module, miss.jaxpr)
+    miss.due = True
     key = miss.entry.key
     if fp is None:
         return Program(key, None, None, miss.ops, miss.structure, 0)
     miss.digest = fp.digest
     miss.lowered.compile()
     executable = _jax.executable_of(lowering)
-    return Program(key, fp, executable, miss.ops, miss.structure, miss.number)
+    held = None if miss.number else miss.f.running(lowering)
+    return held or Program(key, fp, executable, miss.ops, miss.structure, miss.number)
 
 
-def _explain_compile(miss: _Miss, module: Any, jaxpr: Any) -> None:
-    """Before a compile: record where the new program differs, check the budget,
-    and say why it compiles."""
-    f, why = miss.f, miss.why
+def _record(miss: _Miss, module: Any, jaxpr: Any) -> None:
+    """Before a compile: record the new program and where it differs."""
+    why = miss.why
     miss.structure = None if module is None else structure(module)
     miss.ops = tuple(_report.ops_of(jaxpr))
     miss.differ = _report.differ_of(why.closest, why.changes, jaxpr, miss.structure)
+
+
+def _plan(miss: _Miss) -> None:
+    """As a compile starts: check the budget, and say why it compiles."""
+    f, why = miss.f, miss.why
     f.check_budget(why.changes, miss.differ)
     miss.planned = True
     _report.log(f.name(miss.entry.key), "compiling", miss.known, why, miss.differ)
@@ -806,10 +825,12 @@ def _install_and_run(miss: _Miss, program: Program) -> tuple:
         entry.helper = miss.helper  # a key that shares a program keeps no lowering
     try:
         out = _run(miss.helper, miss.leaves)
-    except BaseException:
+    except BaseException as e:
         # JAX's dispatcher falls back to Python for a signature whose first run
         # raised: later calls come here, through this `jax.jit`.
         entry.helper = miss.helper
+        if isinstance(e, _report.RecompileError):  # refused as it started to compile
+            f.drop_run(entry, miss.sig)
         raise
     program.number = program.number or miss.number
     return out
@@ -951,7 +972,8 @@ def _explain_public(miss: _Miss, public: _Public) -> None:
     module = lowered.compiler_ir("stablehlo")
     miss.digest = digest(module)
     _diverge.check(miss, _jax.lowering_of(lowered), None, None)  # alike, or raise
-    _explain_compile(miss, module, traced.jaxpr)
+    _record(miss, module, traced.jaxpr)
+    _plan(miss)
     public.reports = public.reports or any("callback" in op.name for op in miss.ops)
     f.make_room(entry, sig)
 
@@ -993,6 +1015,8 @@ def _on_compile_start(event: str, value: float, **kwargs: Any) -> None:
         _jax.stop_sharing("it compiled a program whose executable es.jit had installed")
     elif m is not None and m.public is not None and not m.planned:
         _explain_public(m, m.public)
+    elif m is not None and m.due and not m.planned:  # the compile `_compile` asked for
+        _plan(m)
     elif m is None or not m.planned:  # JAX's own: profile-guided, transformed
         f.check_budget(_what_changed(f, m), None)
 

@@ -5,11 +5,13 @@ that needs it is off and `es.jit` keeps working on public `jax.jit` (one warning
 and `SHARING` (installing one key's executable for another). `tests/canary/`
 checks each name, so that a release that changes one reads as "JAX changed"."""
 
+import contextlib
 import importlib
 import logging
 import os
 import re
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, Final, TypeVar
@@ -182,6 +184,7 @@ try:
 
     trace_context: Callable[[], Any] = _config.trace_context
 except (ImportError, AttributeError):  # pragma: no cover
+    _config = None
 
     def trace_context() -> Any:
         return (jax.config.jax_enable_x64, jax.config.jax_default_device)  # pyright: ignore[reportAttributeAccessIssue]
@@ -399,13 +402,34 @@ elif not DISPATCH:  # pragma: no cover
 _probed = not DISPATCH
 
 
+def _at_top_level(probe: Callable[[], str | None]) -> str | None:
+    """`probe()` as on a fresh thread with JAX's defaults: the first key may come
+    inside a trace (`jax.jit`, `vmap`, `grad`), under `jax.disable_jit`, with
+    profile-guided compiles on or transfers guarded, none of which says anything
+    of the dispatcher (JAX's trace state and these contexts are per thread)."""
+    out: list[str | None] = ["the probe did not run"]
+
+    def run() -> None:
+        with contextlib.ExitStack() as stack:
+            for name in ("disable_jit", "enable_pgle"):
+                if (state := getattr(_config, name, None)) is not None:
+                    stack.enter_context(state(False))
+            stack.enter_context(jax.transfer_guard("allow"))
+            out[0] = probe()
+
+    thread = threading.Thread(target=run, name="eqx_static dispatcher probe")
+    thread.start()
+    thread.join()
+    return out[0]
+
+
 def dispatching() -> bool:
     """Whether each key gets a dispatcher of its own: JAX's is probed at the first
     key, not at import (a probe call starts JAX's backend, after which
     `jax.distributed.initialize` refuses to run)."""
     global _probed
     if not _probed:
-        why = probe()  # two threads may both probe: the same answer
+        why = _at_top_level(probe)  # two threads may both probe: the same answer
         if why:  # pragma: no cover
             no_dispatcher(why)
         _probed = True

@@ -63,12 +63,16 @@ def test_a_pgle_recompile_is_budgeted_with_its_own_fix():
 
     before = jax.config.jax_enable_pgle  # pyright: ignore[reportAttributeAccessIssue]
     jax.config.update("jax_enable_pgle", True)
+    calls = 0
     try:
         with pytest.raises(es.RecompileError) as info:
             for _ in range(8):
+                calls += 1
                 jax.block_until_ready(pgle_g(X))
     finally:
         jax.config.update("jax_enable_pgle", before)
+    # The refused recompile traced nothing, and is a miss all the same.
+    assert pgle_g.cache_info() == es.CacheInfo(calls - 2, 2, None, 1)
     assert str(info.value) == (
         "test_a_pgle_recompile_is_budgeted_with_its_own_fix.<locals>.pgle_g: compile "
         "2 exceeds `max_compiles=1`: JAX compiled it again (profile-guided).\nEarlier "
@@ -234,6 +238,30 @@ def test_a_refused_key_is_refused_again_and_compiles_nothing():
     assert compiles.count == 0
     assert budgeted.compile_info().compiles == 1
     np.testing.assert_allclose(budgeted(X, 1), X)  # the budgeted key still runs
+    assert compiles.count == 0
+
+
+def test_a_refused_compile_of_a_program_with_a_host_callback_holds_nothing():
+    """A program with `jax.debug.print` is not shared, so JAX compiles it in the
+    call that runs it, where the budget refuses it: the refused shape holds no
+    program and no signature, each refused call is a miss, and the budgeted shape
+    still runs, a hit (it raised `RecompileError` before the budget was checked as
+    the compile starts)."""
+
+    @es.jit(max_compiles=1)
+    def printed(x):
+        jax.debug.print("{}", x.shape)
+        return x * 2
+
+    printed(X)
+    five, want = jnp.ones(5), np.asarray(2 * X)
+    compiles = XlaCompiles()
+    for _ in range(2):
+        with pytest.raises(es.RecompileError, match="compile 2 exceeds"):
+            printed(five)
+    assert printed.compile_info()[:2] == (1, 1)
+    np.testing.assert_allclose(printed(X), want)
+    assert printed.cache_info() == es.CacheInfo(1, 3, None, 1)
     assert compiles.count == 0
 
 

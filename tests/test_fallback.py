@@ -104,6 +104,38 @@ print("RESULT", first.tolist(), f(jnp.ones(2)).tolist(), f.cache_info())
     assert "RESULT [2.0, 2.0] [2.0, 2.0] CacheInfo(hits=1, misses=1" in out.stdout
 
 
+_FIRST_CALLS = {
+    "inside jax.jit": "jax.jit(f)(x)",
+    "inside jax.vmap": "jax.vmap(f)(jnp.ones((2, 2)))",
+    "inside jax.grad": "jax.grad(lambda v: f(v).sum())(x)",
+    "under jax.disable_jit": "with jax.disable_jit(): f(x)",
+    "with transfers disallowed": "with jax.transfer_guard('disallow'): f(x)",
+    "with profile-guided compiles": "jax.config.update('jax_enable_pgle', True); f(x)",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first", _FIRST_CALLS.values(), ids=_FIRST_CALLS.keys())
+def test_the_first_key_of_a_process_probes_the_dispatcher_as_at_top_level(first):
+    """The probe at the first key runs outside the caller's trace and contexts:
+    a first call inside `jax.jit`, `vmap` or `grad`, under `disable_jit`, a transfer
+    guard or profile-guided compiles keeps the per-key dispatchers (each of these
+    turned them off for the process, with a warning)."""
+    code = f"""
+import warnings
+warnings.filterwarnings("error", message="eqx_static")
+import jax, jax.numpy as jnp, eqx_static as es
+from eqx_static import _jax
+f = es.jit(lambda x: x * 2)
+x = jnp.ones(2)
+{first}
+print("DISPATCH", _jax.DISPATCH, _jax.SHARING)
+"""
+    out = run_python(code=code)
+    assert out.returncode == 0, output(out)
+    assert "DISPATCH True True" in out.stdout, output(out)
+
+
 @pytest.mark.slow
 def test_importing_starts_no_backend_so_jax_distributed_can_initialize_after():
     """`jax.distributed.initialize()` must run before JAX's backend starts: importing

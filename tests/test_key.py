@@ -1082,6 +1082,57 @@ def test_sharding_is_part_of_the_key(tmp_path):
     assert "sharding" in out.split("lines", 1)[1], out  # ...and explained
 
 
+@pytest.mark.slow
+def test_a_sharding_that_lowers_to_a_compiled_program_is_not_budgeted(tmp_path):
+    """`P()` and `P(None)` are other shardings to JAX's dispatcher and lowering, and
+    the same program to its cache of executables: the second call lowers again and
+    compiles nothing. The budget, the log and the books see no compile (the budget
+    refused this call, and the log said "compiling", before the compile was
+    planned as it starts), and the two keys hold one program."""
+    script = textwrap.dedent(
+        """
+        import logging
+        import jax, jax.numpy as jnp, numpy as np, eqx_static as es
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+        lines = []
+        handler = logging.Handler()
+        handler.emit = lambda record: lines.append(record.getMessage())
+        logging.getLogger("eqx_static").addHandler(handler)
+        logging.getLogger("eqx_static").setLevel(logging.INFO)
+        mesh = Mesh(np.array(jax.devices()), ("i",))
+        es.jit(lambda v: v)(jnp.ones(2))  # the first key probes JAX's dispatcher
+        compiles = []
+        jax.monitoring.register_event_duration_secs_listener(
+            lambda event, duration, **kw: compiles.append(event)
+            if event == "/jax/core/compile/backend_compile_duration"
+            else None
+        )
+
+        @es.jit(max_compiles=1)
+        def f(x):
+            return x * 2
+
+        for spec in (P(), P(None), P(None, None)):
+            x = jax.device_put(jnp.ones((8, 8)), NamedSharding(mesh, spec))
+            np.testing.assert_array_equal(np.asarray(f(x)), 2 * np.ones((8, 8)))
+        del compiles[:1]  # ...and its device_put
+        print("xla", len(compiles), "info", tuple(f.compile_info())[:2])
+        print("compiling", sum("compiling" in line for line in lines))
+        """
+    )
+    done = run_python(
+        code=script,
+        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"},
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "xla 1 info (1, 1)\ncompiling 0\n" in done.stdout, (
+        done.stdout
+    )  # at INFO: none
+
+
 # --- arguments that are not modules: eqx.filter_jit's rules ---------------------------
 
 
