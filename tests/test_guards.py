@@ -526,3 +526,23 @@ def test_a_dict_of_arrays_read_at_once_then_more_arguments():
     assert "p0['a']" not in source and "AT.issuperset" in source, source  # at once
     assert _agree(guard, key, args) and _agree(guard, key, ({"a": x, "b": x}, x, "q"))
     assert _agree(guard, key, ({"a": x, "b": x}, jnp.ones(4), "p"))
+
+
+def test_short_statics_are_literals_in_the_guard_and_long_ones_constants():
+    """An int, str or bytes static is written into the guard's source when short
+    (readable in its log) and held as a constant when long (a 4,300-digit int has
+    no literal); either way the guard passes its own call and turns others away."""
+    x = jnp.ones(3)
+    short = (3, "abc", b"xy")
+    long = (10**40, "s" * 64, b"b" * 64)
+    for statics in (short, long):
+        args = (*statics, x)
+        key, guard = _guard_of(args)
+        source = inspect.getsource(checker(key, args, ["p0", "p1", "p2", "p3"]))
+        literals = [f"== {v!r}" in source for v in statics]
+        assert literals == [statics is short] * 3, source
+        assert guard(*args) is not None and _agree(guard, key, args)
+        for i in range(3):
+            other = list(args)
+            other[i] = type(statics[i])(statics[i] * 2)
+            assert guard(*other) is None and _agree(guard, key, tuple(other))
