@@ -705,7 +705,9 @@ def test_the_debug_log_shows_new_guards_and_the_check_that_failed(caplog, monkey
         filename = guard.__code__.co_filename
         new = [r.getMessage() for r in caplog.records if "a new guard" in r.message]
         assert len(new) == 1
-        assert filename in new[0] and inspect.getsource(guard) in new[0]
+        name = Gate.__call__.__qualname__  # as the log names it, and the file
+        assert new[0] == f"{name}: a new guard, {filename}:\n{inspect.getsource(guard)}"
+        assert filename.endswith(f": {name}")
         caplog.clear()
         Gate(jnp.float32(2.0), False)(x)
     (fell,) = [r.getMessage() for r in caplog.records if "failed at" in r.message]
