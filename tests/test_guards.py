@@ -546,3 +546,15 @@ def test_short_statics_are_literals_in_the_guard_and_long_ones_constants():
             other = list(args)
             other[i] = type(statics[i])(statics[i] * 2)
             assert guard(*other) is None and _agree(guard, key, tuple(other))
+
+
+def test_a_tuple_holding_a_list_is_not_passed_by_identity():
+    """A list inside a tuple can change in place while the tuple stays the same
+    object: such a tuple is checked item by item, never by identity."""
+    x = jnp.ones(3)
+    inner = [1, 2]
+    t = (3, inner)
+    key, guard = _guard_of((t, x))
+    assert guard(t, x) is not None
+    inner.append(4)
+    assert guard(t, x) is None and _agree(guard, key, (t, x))
