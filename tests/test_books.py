@@ -437,6 +437,14 @@ class _Scale(eqx.Module):
         return self.w + x
 
 
+# How the messages name each kind of callable: a module or a callable instance by
+# its class's `__call__`, a partial by the function it wraps.
+NAMES = {
+    "function": "_sine",
+    "module": "_Scale.__call__",
+    "functools.partial": "partial(_times)",
+    "callable instance": "_Doubler.__call__",
+}
 CALLABLES = {
     "function": lambda: _sine,
     "lambda": lambda: lambda x: jnp.cos(x),
@@ -461,10 +469,14 @@ def test_every_kind_of_callable_is_booked_and_budgeted(kind):
     np.testing.assert_allclose(f(x), want)
     np.testing.assert_allclose(f(x), want)
     assert f.compile_info().compiles == compiles.count == 1
-    with pytest.raises(es.RecompileError, match="compile 2 exceeds `max_compiles=1`"):
+    with pytest.raises(
+        es.RecompileError, match="compile 2 exceeds `max_compiles=1`"
+    ) as info:
         f(longer)
     assert f.compile_info().compiles == compiles.count == 1
     assert f.cache_info() == es.CacheInfo(1, 2, None, 1)
+    if kind in NAMES:
+        assert str(info.value).startswith(f"{NAMES[kind]}: compile 2"), info.value
 
 
 def test_calls_refused_before_they_are_keyed_are_neither_hits_nor_misses():
