@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from eqx_static import _jax
-from helpers import output, run_python, XlaCompiles
+from helpers import free_address, output, run_python, XlaCompiles
 
 
 @pytest.fixture
@@ -145,7 +145,7 @@ import eqx_static as es
 import jax
 from jax._src import xla_bridge
 print("BACKENDS", len(xla_bridge._backends))
-jax.distributed.initialize("127.0.0.1:{_free_port()}", num_processes=1, process_id=0)
+jax.distributed.initialize("{free_address()}", num_processes=1, process_id=0)
 f = es.jit(lambda x: 2 * x)
 print("RESULT", f(jax.numpy.ones(2)).tolist(), jax.process_count())
 """
@@ -154,14 +154,6 @@ print("RESULT", f(jax.numpy.ones(2)).tolist(), jax.process_count())
     assert "BACKENDS 0" in out.stdout and "RESULT [2.0, 2.0] 1" in out.stdout, output(
         out
     )
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow
