@@ -669,6 +669,7 @@ class _Miss:
         self.traces = _local.traces
         self.planned = False  # the compile about to start was asked for
         self.due = False  # a compile was asked for: planned when JAX starts it
+        self.refused = False  # `max_compiles` refused a compile
         self.installed = False  # an executable was installed: no compile is due
         self.why = _report.Why.said(())  # these three: the compile's record
         self.structure: bytes | None = None
@@ -696,14 +697,20 @@ class _Miss:
         self.previous, _local.miss = _local.miss, self
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, kind: Any, error: Any, tb: Any) -> None:
         _local.miss = self.previous
+        self.refused = isinstance(error, _report.RecompileError)
+
+    @property
+    def missed(self) -> bool:
+        """A miss: it traced, compiled, or was refused a compile."""
+        return self.traced or bool(self.number) or self.refused
 
 
 def _top_level(f: Function, entry: Entry, leaves: tuple) -> tuple:
     """Trace and lower, decide, install and run. A miss if it traced or compiled;
     else a hit (the dispatcher had not seen this kind of input: a NumPy array)."""
-    miss, refused = _Miss(f, entry, leaves, _PGLE), False
+    miss = _Miss(f, entry, leaves, _PGLE)
     try:
         with miss:
             if _jax.pgle_enabled() and entry.helper is not None:
@@ -711,12 +718,9 @@ def _top_level(f: Function, entry: Entry, leaves: tuple) -> tuple:
             _trace_and_lower(miss)
             program = _decide(miss)
             return _install_and_run(miss, program)
-    except _report.RecompileError:  # a compile refused: a miss
-        refused = True
-        raise
     finally:
         f.unmark(miss.mark)  # on every path: an interrupted miss leaves no mark
-        if miss.traced or miss.number or refused:
+        if miss.missed:
             f.book_miss(miss.why if miss.shared else None)
             f.storm(entry.key)
 
@@ -862,18 +866,15 @@ def _staged(f: Function, entry: Entry, leaves: tuple) -> Any:
 def _booked(miss: _Miss, run: Callable, jitted: Any) -> Any:
     """Run a call JAX traces and compiles itself (staged, or on a public `jax.jit`):
     a miss if it traced, compiled or was refused a compile."""
-    f, entry, refused = miss.f, miss.entry, False
+    f, entry = miss.f, miss.entry
     try:
         with miss:
             out = run()
         if miss.traced and miss.public is None and _jax.reverse_mode():
             _check_reverse_mode(f, entry, jitted, miss.leaves)
         return out
-    except _report.RecompileError:  # a compile refused: a miss, as at the top level
-        refused = True
-        raise
     finally:
-        if miss.traced or miss.number or refused:
+        if miss.missed:
             f.book_miss()
             if miss.number and miss.public is not None:  # compiled at the top level
                 program = Program(entry.key, None, None, miss.ops, miss.structure, miss.number)  # fmt: skip
