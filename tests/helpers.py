@@ -105,6 +105,11 @@ class XlaCompiles:
     def count(self) -> int:
         return len(_compiled) - self.start
 
+    @property
+    def names(self) -> list[str]:
+        """The name JAX gave each program it compiled since, in order."""
+        return _compiled[self.start :]
+
     def of(self, name: str) -> int:
         """Compiles of programs of a function named `name`: JAX names them
         `jit(<name>)`, and `es.jit` names its programs by the function's dotted

@@ -479,6 +479,57 @@ def test_every_kind_of_callable_is_booked_and_budgeted(kind):
         assert str(info.value).startswith(f"{NAMES[kind]}: compile 2"), info.value
 
 
+# The name JAX gives each kind's program, in its compile events, profiles and dumps:
+# the function's qualified name, with its module in front of a name without a dot,
+# and `partial.` in front of a partial's function; a number after it from the second
+# live function of that name on (the filter_grad wrapper is named after the lambda it
+# wraps, as the "lambda" kind is).
+PROGRAM_NAMES = {
+    "function": f"{__name__}._sine",
+    "lambda": "<lambda>.<locals>.<lambda>",
+    "module": "_Scale.__call__",
+    "bound method of a module": "_Scale.shifted",
+    "functools.partial": "partial._times",
+    "callable instance": "_Doubler.__call__",
+    "eqx.filter_grad": "<lambda>.<locals>.<lambda>",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CALLABLES))
+def test_jax_names_each_kind_of_callable_s_program_after_it(kind):
+    """A program's name is the function's, readable in a profile or a dump, and
+    the package books JAX's compile events to the function by it."""
+    f, x = (
+        es.jit(CALLABLES[kind]()),
+        jnp.ones((3, 11)),
+    )  # a shape no other test here has
+    compiles = XlaCompiles()
+    f(x)
+    [name] = compiles.names
+    assert re.fullmatch(rf"jit\({re.escape(PROGRAM_NAMES[kind])}(#\d+)?\)", name), name
+    assert f.compile_info().compiles == 1
+
+
+def test_live_functions_of_one_name_get_a_number_each():
+    """Two functions alive at once with one qualified name: each program is booked
+    to its own function, by a name with a number from the second on."""
+
+    def make():
+        def twin(x):
+            return x + 1
+
+        return twin
+
+    twins = [es.jit(make()) for _ in range(3)]
+    compiles = XlaCompiles()
+    outs = [f(X) for f in twins]
+    name = f"{make.__qualname__}.<locals>.twin"
+    assert compiles.names == [f"jit({name})", f"jit({name}#2)", f"jit({name}#3)"]
+    for out in outs:
+        np.testing.assert_array_equal(out, X + 1)
+    assert [f.compile_info().compiles for f in twins] == [1, 1, 1]
+
+
 def test_calls_refused_before_they_are_keyed_are_neither_hits_nor_misses():
     """As `functools.lru_cache` raises on an unhashable argument before it counts:
     a call refused for an unhashable or a cyclic argument is not booked."""
