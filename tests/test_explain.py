@@ -362,6 +362,39 @@ def test_a_key_that_reuses_a_program_says_so(caplog):
     ]
 
 
+class _Weight(eqx.Module):
+    w: jax.Array
+
+    def __call__(self, x):
+        return (self.w * x).sum()
+
+
+def test_a_key_first_traced_under_a_transformation_says_so(caplog):
+    """A new key under `jax.grad` is traced into the outer program (nothing of its
+    own compiles): its line says so, with what changed from the closest key."""
+    f = _fresh()
+    with caplog.at_level(logging.INFO, logger="eqx_static"):
+        f(X, "a")
+        jax.grad(lambda x: f(x, "b").sum())(X)
+        jax.grad(lambda x: f(x, "b").sum())(jnp.ones(3))
+    got = [r.getMessage() for r in caplog.records if r.name == "eqx_static"]
+    line = f"{f.qualname}: traced under a transformation (1 cached): argument y "
+    assert got == [
+        line + "changed 'a' -> 'b'",
+        line + "changed 'a' -> 'b'; argument x shape (2,) -> (3,)",
+    ]
+    caplog.clear()
+    model = es.jit(_Weight(jnp.float32(2.0)))  # the function's own leaf comes first
+    with caplog.at_level(logging.INFO, logger="eqx_static"):
+        model(X)
+        jax.grad(model)(jnp.ones(3))
+    got = [r.getMessage() for r in caplog.records if r.name == "eqx_static"]
+    assert got == [
+        "_Weight.__call__: traced under a transformation (1 cached): argument x "
+        "shape (2,) -> (3,)"
+    ]
+
+
 # --- the log line of a method ------------------------------------------------------
 
 
