@@ -697,3 +697,13 @@ def test_one_change_seen_through_an_optimiser_s_copies_is_named_once(caplog):
         "field 'model.layers[0].weight' shape (4, 2) -> (6, 2) (and 2 copies)" in line
     )
     assert "opt_state" not in line
+
+
+def test_a_trace_under_a_transformation_is_named_after_the_class_called(seed_log):
+    x = jnp.array(1.0)
+    Child(dp=2.0, sp=False, dc=3.0, sc=False)(x)
+    jax.grad(lambda c: c(x))(Child(dp=2.0, sp=True, dc=3.0, sc=False))
+    assert seed_log() == [
+        "Child.__call__: traced under a transformation (1 cached): static field "
+        "'sp' changed False -> True"
+    ]
