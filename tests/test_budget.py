@@ -140,6 +140,20 @@ def test_storm_warning_names_the_field_once(caplog):
     assert cls.traces[0] == 12  # one per call: the warning traced nothing more
 
 
+def test_storm_warning_names_the_class_called(caplog):
+    """A method jitted on a parent, called on a subclass: the warning names the
+    subclass's method, as the compile lines do."""
+
+    class Sub(_stormy()):
+        pass
+
+    with caplog.at_level(logging.WARNING, logger="eqx_static"):
+        for i in range(8):
+            Sub(w=jnp.ones(3), scale=float(i))(X)
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.startswith(f"{Sub.__qualname__}.__call__ has compiled 8 times")
+
+
 def test_storm_warning_says_why_a_structural_field_must_stay_static(caplog):
     class Looped(es.Module):
         w: jax.Array
