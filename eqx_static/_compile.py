@@ -124,7 +124,7 @@ class Entry:
     """One key: its dispatcher, its guard, and the program it runs for each
     signature (avals and JAX's context) it ran."""
 
-    __slots__ = ("call", "dispatch", "helper", "key", "runs", "used")
+    __slots__ = ("call", "dispatch", "helper", "key", "reversible", "runs", "used")
 
     def __init__(self, key: Key):
         self.key, self.used = key, 0  # `used`: when last called, for `maxsize`
@@ -132,6 +132,7 @@ class Entry:
         self.dispatch: Any = None
         self.helper: Any = None  # its `jax.jit`, for the miss path only
         self.runs: dict[tuple, Program] = {}
+        self.reversible: set[tuple] = set()  # signatures checked under reverse mode
 
 
 class Guards(Protocol):
@@ -613,19 +614,20 @@ def _backward(g: Callable) -> Callable:
     return backward
 
 
-def _check_reverse_mode(f: Function, entry: Entry, helper: Any, leaves: tuple) -> None:
+def _check_reverse_mode(f: Function, entry: Entry, helper: Any, miss: "_Miss") -> None:
     """Under reverse-mode differentiation, a program whose loop bound is a traced
     number (`lax.fori_loop(0, self.n, ...)`) fails in the backward pass, outside
-    this package: find that now, and name the fields."""
+    this package: find that now, and name the fields. Checked at each call until
+    a signature passes (its program, the same each time, then passes again)."""
     call = _in_hand(entry)
-    if call is None or not _numbers(call):
+    if call is None or miss.sig in entry.reversible:
         return
-    if not any(
-        op.name == "while" for op in _report.ops_of(helper.trace(*leaves).jaxpr)
-    ):
-        return
-    e = _replay(f, call, set(), reverse=True)
+    loops = _numbers(call) and any(
+        op.name == "while" for op in _report.ops_of(helper.trace(*miss.leaves).jaxpr)
+    )
+    e = _replay(f, call, set(), reverse=True) if loops else None
     if e is None or "Reverse-mode differentiation does not work" not in str(e):
+        entry.reversible.add(miss.sig)
         return
     visits = leaf_visits(entry.key, f.argnames)
     error = _report.traced_field_error(
@@ -870,8 +872,8 @@ def _booked(miss: _Miss, run: Callable, jitted: Any) -> Any:
     try:
         with miss:
             out = run()
-        if miss.traced and miss.public is None and _jax.reverse_mode():
-            _check_reverse_mode(f, entry, jitted, miss.leaves)
+        if miss.public is None and _jax.reverse_mode():
+            _check_reverse_mode(f, entry, jitted, miss)
         return out
     finally:
         if miss.missed:

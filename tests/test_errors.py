@@ -576,6 +576,21 @@ def test_every_concrete_use_of_a_traced_int_field_names_it(use):
     assert "'w'" not in message.split("JAX said")[0]
 
 
+@pytest.mark.parametrize("evaluated_first", [False, True], ids=["grad", "eval, grad"])
+def test_a_loop_over_a_traced_int_field_is_named_at_every_grad(evaluated_first):
+    """A model evaluated, then trained (its program already traced), and a second
+    step after the first error: each `grad` meets `TracedFieldError`, not JAX's
+    error from the backward pass."""
+    loop, m = es.jit(_Port.loop), _Port(3, jnp.array(2.0))
+    if evaluated_first:
+        np.testing.assert_array_equal(loop(m, X), 8 * X)
+    for _ in range(2):
+        with pytest.raises(
+            es.TracedFieldError, match="the traced field 'n' of `_Port`"
+        ):
+            eqx.filter_grad(lambda m, x: loop(m, x).sum())(m, X)
+
+
 class _Block(es.Module):
     depth: int
     width: int
