@@ -4,6 +4,7 @@
 failed callback, and honour `EQX_ON_ERROR` (read when Equinox is imported: each
 mode runs in a process of its own). Every case is compared with `eqx.filter_jit`."""
 
+import functools
 import logging
 import re
 import textwrap
@@ -589,6 +590,22 @@ def test_a_loop_over_a_traced_int_field_is_named_at_every_grad(evaluated_first):
             es.TracedFieldError, match="the traced field 'n' of `_Port`"
         ):
             eqx.filter_grad(lambda m, x: loop(m, x).sum())(m, X)
+
+
+@pytest.mark.parametrize("transform", ["jvp", "vmap"])
+def test_a_loop_over_a_traced_int_field_runs_where_only_reverse_mode_fails(transform):
+    """Forward mode and `vmap` of such a loop work, as under `eqx.filter_jit`:
+    nothing is said of the field."""
+    m = _Port(3, jnp.array(2.0))
+    for loop in (es.jit(_Port.loop), eqx.filter_jit(_Port.loop)):
+        if transform == "jvp":
+            out, tangent = jax.jvp(
+                functools.partial(loop, m), (X,), (jnp.ones_like(X),)
+            )
+            np.testing.assert_array_equal(tangent, jnp.full_like(X, 8.0))
+        else:
+            out = jax.vmap(loop, in_axes=(None, 0))(m, jnp.stack([X, X]))[0]
+        np.testing.assert_array_equal(out, 8 * X)
 
 
 class _Block(es.Module):
