@@ -577,18 +577,23 @@ def test_every_concrete_use_of_a_traced_int_field_names_it(use):
     assert "'w'" not in message.split("JAX said")[0]
 
 
+class _SubPort(_Port):
+    pass
+
+
+@pytest.mark.parametrize("cls", [_Port, _SubPort])
 @pytest.mark.parametrize("evaluated_first", [False, True], ids=["grad", "eval, grad"])
-def test_a_loop_over_a_traced_int_field_is_named_at_every_grad(evaluated_first):
+def test_a_loop_over_a_traced_int_field_is_named_at_every_grad(evaluated_first, cls):
     """A model evaluated, then trained (its program already traced), and a second
     step after the first error: each `grad` meets `TracedFieldError`, not JAX's
-    error from the backward pass."""
-    loop, m = es.jit(_Port.loop), _Port(3, jnp.array(2.0))
+    error from the backward pass, naming the class called."""
+    loop, m = es.jit(_Port.loop), cls(3, jnp.array(2.0))
     if evaluated_first:
         np.testing.assert_array_equal(loop(m, X), 8 * X)
     for _ in range(2):
         with pytest.raises(
             es.TracedFieldError,
-            match=r"^_Port.loop used the traced field 'n' of `_Port` \(at",
+            match=rf"^{cls.__name__}.loop used the traced field 'n' of `{cls.__name__}` \(at",
         ):
             eqx.filter_grad(lambda m, x: loop(m, x).sum())(m, X)
 
