@@ -510,6 +510,17 @@ def test_jax_names_each_kind_of_callable_s_program_after_it(kind):
     assert f.compile_info().compiles == 1
 
 
+def test_a_function_without_a_module_is_named_in_the_package_s_own():
+    def double(x):
+        return 2 * x
+
+    double.__qualname__, double.__module__ = "double", None  # as `exec` can leave it
+    f = es.jit(double)
+    compiles = XlaCompiles()
+    f(X)
+    assert compiles.names == ["jit(es.double)"]
+
+
 def test_live_functions_of_one_name_get_a_number_each():
     """Two functions alive at once with one qualified name: each program is booked
     to its own function, by a name with a number from the second on."""
