@@ -429,7 +429,8 @@ def test_the_storm_culprit_is_the_field_never_seen_changing_alone_for_free():
 
         @es.jit(warn_after=3)
         def __call__(self, x):
-            return x * self.lr
+            scale = self.lr
+            return x * scale  # where the programs differ: neither field is named
 
     with caplog_at_warning() as records:
         Tagged(0, 0.0)(X)
