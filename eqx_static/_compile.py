@@ -132,7 +132,7 @@ class Entry:
         self.dispatch: Any = None
         self.helper: Any = None  # its `jax.jit`, for the miss path only
         self.runs: dict[tuple, Program] = {}
-        self.reversible: set[tuple] = set()  # signatures checked under reverse mode
+        self.reversible: tuple = ()  # signatures checked under reverse mode (few)
 
 
 class Guards(Protocol):
@@ -614,12 +614,12 @@ def _backward(g: Callable) -> Callable:
     return backward
 
 
-def _check_reverse_mode(f: Function, entry: Entry, helper: Any, miss: "_Miss") -> None:
+def _check_reverse_mode(miss: "_Miss", helper: Any) -> None:
     """Under reverse-mode differentiation, a program whose loop bound is a traced
     number (`lax.fori_loop(0, self.n, ...)`) fails in the backward pass, outside
     this package: find that now, and name the fields. Checked at each call until
     a signature passes (its program, the same each time, then passes again)."""
-    call = _in_hand(entry)
+    f, entry, call = miss.f, miss.entry, _in_hand(miss.entry)
     if call is None or miss.sig in entry.reversible:
         return
     loops = _numbers(call) and any(
@@ -627,7 +627,7 @@ def _check_reverse_mode(f: Function, entry: Entry, helper: Any, miss: "_Miss") -
     )
     e = _replay(f, call, set(), reverse=True) if loops else None
     if e is None or "Reverse-mode differentiation does not work" not in str(e):
-        entry.reversible.add(miss.sig)
+        entry.reversible += (miss.sig,)
         return
     visits = leaf_visits(entry.key, f.argnames)
     error = _report.traced_field_error(
@@ -873,7 +873,7 @@ def _booked(miss: _Miss, run: Callable, jitted: Any) -> Any:
         with miss:
             out = run()
         if miss.public is None and _jax.reverse_mode():
-            _check_reverse_mode(f, entry, jitted, miss)
+            _check_reverse_mode(miss, jitted)
         return out
     finally:
         if miss.missed:

@@ -499,10 +499,8 @@ PROGRAM_NAMES = {
 def test_jax_names_each_kind_of_callable_s_program_after_it(kind):
     """A program's name is the function's, readable in a profile or a dump, and
     the package books JAX's compile events to the function by it."""
-    f, x = (
-        es.jit(CALLABLES[kind]()),
-        jnp.ones((3, 11)),
-    )  # a shape no other test here has
+    f = es.jit(CALLABLES[kind]())
+    x = jnp.ones((3, 11))  # a shape no other test here has
     compiles = XlaCompiles()
     f(x)
     [name] = compiles.names
