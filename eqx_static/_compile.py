@@ -497,11 +497,18 @@ def _traced(
         try:
             return split(f.layout.call(fn, values))
         except Exception as e:
-            if isinstance(e, _report.RecompileError | _report.TracedFieldError):
+            if isinstance(e, _report.RecompileError):
                 raise
-            # Which numbers had to be concrete, if JAX's error is about a tracer.
-            tracer = isinstance(e, jax.errors.ConcretizationTypeError) or "Tracer" in str(e)  # fmt: skip
+            # Which numbers had to be concrete, if JAX's error is about a tracer, a
+            # loop bound under `grad`, or a nested call's fields: those are leaves
+            # of this call too, named here with the rest, if these are concrete.
+            nested = isinstance(e, _report.TracedFieldError)
+            tracer = isinstance(e, jax.errors.ConcretizationTypeError) or any(
+                s in str(e) for s in ("Tracer", _report.REVERSE)
+            )
             found = _needs_concrete(f, call, False) if tracer and not eager_now else ()
+            if nested and not found:
+                raise
             visits = leaf_visits(entry.key, f.argnames)
             error = _report.traced_field_error(f.name(entry.key), e, visits, f.n_fn, f.where, found)  # fmt: skip
             if error is None:
@@ -562,8 +569,11 @@ def _numbers(call: Call) -> list[int]:
 
 def _needs_concrete(f: Function, call: Call, reverse: bool) -> list[int]:
     """The numbers of the call that must be Python values for its trace (if
-    `reverse`: its reverse-mode derivative) to succeed; none if that is not enough."""
+    `reverse`: its reverse-mode derivative) to succeed; none if that is not enough.
+    Floats are put back first: a float made a constant may only hide the failure
+    (a `grad` left with nothing to differentiate), where an int was the cause."""
     numbers = _numbers(call)
+    numbers.sort(key=lambda i: not jnp.issubdtype(call.leaves[i].dtype, jnp.inexact))
     if not numbers or len(numbers) > _MAX_DIAGNOSED:
         return []
     concrete = set(numbers)

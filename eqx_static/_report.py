@@ -609,6 +609,8 @@ class TracedFieldError(jax.errors.ConcretizationTypeError):
         ```
     """
 
+    said = ""  # JAX's own message, in our terms: a call around this one quotes it
+
     def __init__(self, message: str):  # pyright: ignore[reportMissingSuperCall]
         TypeError.__init__(self, message)
 
@@ -624,7 +626,12 @@ def _traced_field_error_type(jax_error: type) -> type:
 # (`_dynamic[0].hidden_size`).
 _ARGUMENT: Final = re.compile(r"argument ([\w.\[\]'\"]*[\w\]])")
 _LEAF_INDEX: Final = re.compile(r"_es_leaves\[(\d+)\]")
-_OURS: Final = re.compile(r"function \w+ at \S*eqx_static\S*?:\d+")
+# JAX names the function it traced by its code's place: ours, whatever the folder.
+_OURS: Final = re.compile(
+    r"(?<!\S)\S+ at " + re.escape(os.path.dirname(__file__)) + r"[\\/]\S+?\.py:\d+"
+)
+# JAX's error in the backward pass of a loop whose bound is traced.
+REVERSE: Final = "Reverse-mode differentiation does not work"
 
 
 def traced_field_error(
@@ -637,12 +644,11 @@ def traced_field_error(
 ) -> TracedFieldError | None:
     """`TracedFieldError` for the fields and arguments that had to be concrete: the
     leaves in `found` (found by tracing again with numbers in their place) and the
-    one `e` names; None if none, or if `e` is one already. `n_fn` leaves of the
-    function come first. JAX's message follows, with our names for the leaves and
-    `where` for the traced function."""
-    if isinstance(e, TracedFieldError):
-        return None
-    named = _origin(str(e), origins, n_fn)
+    one `e` names; None if none. `n_fn` leaves of the function come first. JAX's
+    message follows, with our names for the leaves and `where` for the traced
+    function; if `e` is already one (a nested call's), as `e` quoted it."""
+    nested = isinstance(e, TracedFieldError)  # its leaves are not this call's
+    named = None if nested else _origin(str(e), origins, n_fn)
     seen = [origins[i - n_fn] for i in found if 0 <= i - n_fn < len(origins)]
     culprits = list({o.path: o for o in [*seen, *([named] if named else [])]}.values())
     if not culprits:
@@ -661,9 +667,15 @@ def traced_field_error(
             "compiling: pass a Python value instead (static: one compile per value), "
             "or keep the array and use `jnp.where` or `jax.lax.cond`."
         )
-    said = _LEAF_INDEX.sub(lambda m: _leaf_path(m, origins, n_fn), str(e))
-    said = _OURS.sub(f"function {name}" + (f" at {where}" if where else ""), said)
-    return _traced_field_error_type(type(e))("\n".join(parts) + f"\n\nJAX said: {said}")
+    if isinstance(e, TracedFieldError):
+        said, kind = e.said, type(e)
+    else:
+        said = _LEAF_INDEX.sub(lambda m: _leaf_path(m, origins, n_fn), str(e))
+        said = _OURS.sub(name + (f" at {where}" if where else ""), said)
+        kind = _traced_field_error_type(type(e))
+    error = kind("\n".join(parts) + f"\n\nJAX said: {said}")
+    error.said = said
+    return error
 
 
 def _fields_message(name: str, fields: Sequence[Visit], need: str) -> str:
