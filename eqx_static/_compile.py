@@ -31,6 +31,7 @@ from typing import Any, Final, NamedTuple, Protocol
 
 import equinox as eqx
 import jax
+import jax.extend.core as jex
 import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax.core import Tracer
@@ -627,14 +628,15 @@ def _backward(g: Callable) -> Callable:
 def _check_reverse_mode(miss: "_Miss", helper: Any) -> None:
     """Under reverse-mode differentiation, a program whose loop bound is a traced
     number (`lax.fori_loop(0, self.n, ...)`) fails in the backward pass, outside
-    this package: find that now, and name the fields. Checked at each call until
-    a signature passes (its program, the same each time, then passes again)."""
+    this package: find that now, and name the fields. The call is traced again
+    only if its program can fail so: a trace is the user's code run once more.
+    Checked at each call until a signature passes (its program, the same each
+    time, then passes again)."""
     f, entry, call = miss.f, miss.entry, _in_hand(miss.entry)
     if call is None or miss.sig in entry.reversible:
         return
-    loops = _numbers(call) and any(
-        op.name == "while" for op in _report.ops_of(helper.trace(*miss.leaves).jaxpr)
-    )
+    wrt = [isinstance(x, Tracer) for x in miss.leaves]  # the rest is constant
+    loops = _numbers(call) and _transposes_a_loop(helper.trace(*miss.leaves).jaxpr, wrt)
     e = _replay(f, call, set(), reverse=True) if loops else None
     if e is None or "Reverse-mode differentiation does not work" not in str(e):
         entry.reversible += (miss.sig,)
@@ -645,6 +647,56 @@ def _check_reverse_mode(miss: "_Miss", helper: Any) -> None:
     )
     if error is not None:
         raise error from None
+
+
+# Operations whose nested programs take their inputs one for one (after a `cond`'s
+# index), and those differentiated by a rule of their own.
+_CALLS: Final = frozenset(
+    "pjit jit closed_call core_call remat remat2 checkpoint".split()
+)
+_OWN_RULE: Final = frozenset(
+    "custom_jvp_call custom_vjp_call custom_vjp_call_jaxpr".split()
+)
+
+
+def _transposes_a_loop(jaxpr: Any, wrt: Sequence[bool]) -> bool:
+    """Whether the reverse mode of `jaxpr` in the inputs flagged in `wrt` may meet a
+    `while` loop that a derivative flows into: JAX transposes none. Followed into
+    calls and `cond`s; another nested program (a `scan`'s) counts if it holds a
+    `while` at all."""
+    inner = _jax.open_jaxpr(jaxpr)
+    if len(inner.invars) != len(wrt):
+        return True
+    varied = {v for v, d in zip(inner.invars, wrt) if d}
+    for eqn in inner.eqns:
+        ins = [not isinstance(v, jex.Literal) and v in varied for v in eqn.invars]
+        if not any(ins):
+            continue
+        varied.update(eqn.outvars)
+        name, subs = eqn.primitive.name, list(_jax.nested_jaxprs(eqn.params))
+        if name == "while":  # a derivative of its condition's inputs is dropped
+            flows = list(zip(ins, eqn.invars))[eqn.params["cond_nconsts"] :]
+            if any(d and _inexact(v) for d, v in flows):
+                return True
+        elif name in _CALLS or name == "cond":
+            given = ins[1:] if name == "cond" else ins
+            if any(_transposes_a_loop(sub, given) for sub in subs):
+                return True
+        elif name not in _OWN_RULE and any(map(_holds_while, subs)):
+            return True
+    return False
+
+
+def _inexact(v: Any) -> bool:
+    return jnp.issubdtype(v.aval.dtype, jnp.inexact)
+
+
+def _holds_while(jaxpr: Any) -> bool:
+    eqns = _jax.open_jaxpr(jaxpr).eqns
+    subs = [sub for eqn in eqns for sub in _jax.nested_jaxprs(eqn.params)]
+    return any(e.primitive.name == "while" for e in eqns) or any(
+        map(_holds_while, subs)
+    )
 
 
 # ----------------------------------------------------------------------------------

@@ -6,7 +6,9 @@ mode runs in a process of its own). Every case is compared with `eqx.filter_jit`
 
 import functools
 import logging
+import os
 import re
+import shutil
 import textwrap
 import traceback
 
@@ -407,9 +409,9 @@ def test_a_traced_value_error_in_full(call, message):
     assert jax_said.startswith("Attempted boolean conversion of traced array")
 
 
-def test_a_traced_field_error_in_a_nested_call_is_the_inner_one():
-    """The inner `es.jit` names its field; the outer call passes that error on as
-    it is, not wrapped again around its own argument."""
+def test_a_traced_field_error_in_a_nested_call_is_named_by_the_outer_one():
+    """The outer call, whose numbers are concrete, names the inner `es.jit`'s field
+    by its own argument; JAX's message is the inner one's, at the inner function."""
 
     @es.jit
     def outer(m, x):
@@ -417,8 +419,43 @@ def test_a_traced_field_error_in_a_nested_call_is_the_inner_one():
 
     with pytest.raises(es.TracedFieldError) as info:
         outer(_Number(1.0), jnp.ones(2))
+    ours, said = str(info.value).split("\n\nJAX said: ")
+    fix = _field_fix("s", "_Number", "a number stored as an array", "float")
+    assert ours == fix.replace("_Number.__call__", outer.__qualname__).replace(
+        "(at self.s)", "(at m.s)"
+    )
+    assert f"function _Number.__call__ at {__file__}:" in said
+
+
+class _Sized(es.Module):
+    n: int
+    m: int
+
+    @es.jit
+    def __call__(self, x):
+        return jnp.zeros((self.n,)) + x[: self.m]
+
+
+class _Holder(es.Module):
+    sized: _Sized
+
+    @es.jit
+    def __call__(self, x):
+        return self.sized(x)
+
+
+@pytest.mark.parametrize("depth", [0, 1, 2])
+def test_every_field_of_a_nested_call_is_named_in_one_error(depth):
+    """Called directly, inside one `es.jit` call or inside two: both int fields the
+    innermost call needs concrete are named, by the outermost call's paths."""
+    model, path = _Sized(2, 2), "self"
+    for _ in range(depth):
+        model, path = _Holder(model), path + ".sized"
+    with pytest.raises(es.TracedFieldError) as info:
+        model(X)
     ours = str(info.value).split("\n\nJAX said: ")[0]
-    assert ours == _field_fix("s", "_Number", "a number stored as an array", "float")
+    assert f"2 traced fields {_NEED}: " in ours
+    assert f"'n' of `_Sized` (at {path}.n), 'm' of `_Sized` (at {path}.m)" in ours
 
 
 def test_a_traced_leaf_of_the_function_itself_raises_jax_s_error():
@@ -450,8 +487,51 @@ def test_a_traced_field_error_shows_no_internals():
     with pytest.raises(es.TracedFieldError) as info:
         Model(3)(jnp.ones(3))
     said = str(info.value).split("JAX said: ", 1)[1]
-    assert "self.n" in said and "_es_leaves" not in said and "eqx_static" not in said
-    assert ".Model.__call__ at " in said and __file__ in said
+    package = os.path.dirname(es.__file__)
+    assert "self.n" in said and "_es_leaves" not in said and package not in said
+    assert f".Model.__call__ at {__file__}:" in said
+
+
+_PLACE = textwrap.dedent(
+    """
+    import os
+    import jax.numpy as jnp
+    import eqx_static as es
+
+    class Model(es.Module):
+        n: int
+
+        @es.jit
+        def __call__(self, x):
+            return jnp.zeros((self.n,)) + x
+
+    try:
+        Model(3)(jnp.ones(3))
+    except es.TracedFieldError as e:
+        said = str(e).split("JAX said: ", 1)[1]
+        assert os.path.dirname(es.__file__) not in said, said
+        assert f"function Model.__call__ at {__file__}:" in said, said
+        print("named")
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_traced_field_error_names_the_user_s_place_without_the_import_hook(
+    tmp_path,
+):
+    """A script (no type-checking import hook, as the suite has) run from a folder
+    named as the package, as a clone is: the place named is the script's."""
+    clone = tmp_path / "eqx_static"
+    shutil.copytree(
+        os.path.dirname(es.__file__),
+        clone / "eqx_static",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    (clone / "place.py").write_text(_PLACE)
+    done = run_python("place.py", env={"PYTHONPATH": str(clone)}, cwd=clone)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == "named\n"
 
 
 def _library_frames(e: BaseException) -> list[str]:
@@ -596,6 +676,56 @@ def test_a_loop_over_a_traced_int_field_is_named_at_every_grad(evaluated_first, 
             match=rf"^{cls.__name__}.loop used the traced field 'n' of `{cls.__name__}` \(at",
         ):
             eqx.filter_grad(lambda m, x: loop(m, x).sum())(m, X)
+
+
+def _grad_inside(m, x):
+    return eqx.filter_grad(lambda m, x: m.loop(x).sum())(m, x).w
+
+
+def test_a_loop_over_a_traced_int_field_is_named_under_a_grad_inside_the_call():
+    """The grad taken inside the compiled function: JAX's error (as under
+    `eqx.filter_jit`) becomes `TracedFieldError`, naming `n`, not the float `w`
+    whose being a constant would leave nothing to differentiate."""
+    m = _Port(3, jnp.array(2.0))
+    with pytest.raises(ValueError, match="Reverse-mode differentiation"):
+        eqx.filter_jit(_grad_inside)(m, X)
+    with pytest.raises(es.TracedFieldError) as info:
+        es.jit(_grad_inside)(m, X)
+    ours = str(info.value).split("\n\nJAX said: ")[0]
+    assert "the traced field 'n' of `_Port` (at m.n)" in ours
+    assert "`n: int = eqx.field(static=True)`" in ours and "'w'" not in ours
+
+
+class _Counted(eqx.Module):
+    n: jax.Array  # a concrete 0-d number
+    w: jax.Array
+
+
+def _grads_counted(wrap, grad: str) -> tuple[list, int]:
+    """Two grads of a wrapped program with a `while` loop and a concrete number,
+    and how many times it was traced."""
+    m, traces = _Counted(jnp.array(3), jnp.array(2.0)), []
+
+    @wrap
+    def f(m, x):
+        traces.append(None)
+        i = jax.lax.while_loop(lambda i: i < m.n, lambda i: i + 1, 0)
+        return (x * m.w * i).sum()
+
+    if grad == "jax.grad":
+        return [jax.grad(lambda x: f(m, x))(X) for _ in range(2)], len(traces)
+    return [eqx.filter_grad(f)(m, X).w for _ in range(2)], len(traces)
+
+
+@pytest.mark.parametrize("grad", ["jax.grad", "eqx.filter_grad"])
+def test_a_grad_traces_a_call_with_a_while_loop_as_often_as_filter_jit(grad):
+    """A program with a `while` loop and a concrete number works under reverse
+    mode: the check for a loop bound that could not be differentiated traces it no
+    more than `eqx.filter_jit` does (a trace runs the user's code once more)."""
+    ours, traced = _grads_counted(es.jit, grad)
+    theirs, traced_by_equinox = _grads_counted(eqx.filter_jit, grad)
+    np.testing.assert_array_equal(ours, theirs)
+    assert traced == traced_by_equinox > 0
 
 
 @pytest.mark.parametrize("transform", ["jvp", "vmap"])
