@@ -652,51 +652,35 @@ def _check_reverse_mode(miss: "_Miss", helper: Any) -> None:
 # Operations whose nested programs take their inputs one for one (after a `cond`'s
 # index), and those differentiated by a rule of their own.
 _CALLS: Final = frozenset(
-    "pjit jit closed_call core_call remat remat2 checkpoint".split()
+    "pjit jit closed_call core_call remat2 checkpoint cond".split()
 )
-_OWN_RULE: Final = frozenset(
-    "custom_jvp_call custom_vjp_call custom_vjp_call_jaxpr".split()
-)
+_OWN_RULE: Final = frozenset("custom_jvp_call custom_vjp_call".split())
 
 
 def _transposes_a_loop(jaxpr: Any, wrt: Sequence[bool]) -> bool:
     """Whether the reverse mode of `jaxpr` in the inputs flagged in `wrt` may meet a
     `while` loop that a derivative flows into: JAX transposes none. Followed into
-    calls and `cond`s; another nested program (a `scan`'s) counts if it holds a
-    `while` at all."""
+    calls and `cond`s; any input of another nested program (a `scan`'s) counts."""
     inner = _jax.open_jaxpr(jaxpr)
-    if len(inner.invars) != len(wrt):
-        return True
     varied = {v for v, d in zip(inner.invars, wrt) if d}
     for eqn in inner.eqns:
         ins = [not isinstance(v, jex.Literal) and v in varied for v in eqn.invars]
+        name = eqn.primitive.name
         if not any(ins):
             continue
         varied.update(eqn.outvars)
-        name, subs = eqn.primitive.name, list(_jax.nested_jaxprs(eqn.params))
+        if name in _OWN_RULE:
+            continue
         if name == "while":  # a derivative of its condition's inputs is dropped
             flows = list(zip(ins, eqn.invars))[eqn.params["cond_nconsts"] :]
-            if any(d and _inexact(v) for d, v in flows):
+            if any(d and jnp.issubdtype(v.aval.dtype, jnp.inexact) for d, v in flows):
                 return True
-        elif name in _CALLS or name == "cond":
-            given = ins[1:] if name == "cond" else ins
-            if any(_transposes_a_loop(sub, given) for sub in subs):
+            continue
+        for sub in _jax.nested_jaxprs(eqn.params):
+            n = len(_jax.open_jaxpr(sub).invars)
+            if _transposes_a_loop(sub, ins[-n:] if name in _CALLS else [True] * n):
                 return True
-        elif name not in _OWN_RULE and any(map(_holds_while, subs)):
-            return True
     return False
-
-
-def _inexact(v: Any) -> bool:
-    return jnp.issubdtype(v.aval.dtype, jnp.inexact)
-
-
-def _holds_while(jaxpr: Any) -> bool:
-    eqns = _jax.open_jaxpr(jaxpr).eqns
-    subs = [sub for eqn in eqns for sub in _jax.nested_jaxprs(eqn.params)]
-    return any(e.primitive.name == "while" for e in eqns) or any(
-        map(_holds_while, subs)
-    )
 
 
 # ----------------------------------------------------------------------------------

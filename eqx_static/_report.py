@@ -609,10 +609,11 @@ class TracedFieldError(jax.errors.ConcretizationTypeError):
         ```
     """
 
-    said = ""  # JAX's own message, in our terms: a call around this one quotes it
-
-    def __init__(self, message: str):  # pyright: ignore[reportMissingSuperCall]
+    def __init__(  # pyright: ignore[reportMissingSuperCall]
+        self, message: str, said: str = ""
+    ):
         TypeError.__init__(self, message)
+        self.said = said  # JAX's message in our terms, for a call around this one
 
 
 @functools.cache
@@ -628,7 +629,7 @@ _ARGUMENT: Final = re.compile(r"argument ([\w.\[\]'\"]*[\w\]])")
 _LEAF_INDEX: Final = re.compile(r"_es_leaves\[(\d+)\]")
 # JAX names the function it traced by its code's place: ours, whatever the folder.
 _OURS: Final = re.compile(
-    r"(?<!\S)\S+ at " + re.escape(os.path.dirname(__file__)) + r"[\\/]\S+?\.py:\d+"
+    rf"(?<!\S)\S+ at {re.escape(os.path.dirname(__file__))}\S+:\d+"
 )
 # JAX's error in the backward pass of a loop whose bound is traced.
 REVERSE: Final = "Reverse-mode differentiation does not work"
@@ -667,15 +668,11 @@ def traced_field_error(
             "compiling: pass a Python value instead (static: one compile per value), "
             "or keep the array and use `jnp.where` or `jax.lax.cond`."
         )
-    if isinstance(e, TracedFieldError):
-        said, kind = e.said, type(e)
-    else:
-        said = _LEAF_INDEX.sub(lambda m: _leaf_path(m, origins, n_fn), str(e))
-        said = _OURS.sub(name + (f" at {where}" if where else ""), said)
-        kind = _traced_field_error_type(type(e))
-    error = kind("\n".join(parts) + f"\n\nJAX said: {said}")
-    error.said = said
-    return error
+    said = e.said if isinstance(e, TracedFieldError) else str(e)
+    said = _LEAF_INDEX.sub(lambda m: _leaf_path(m, origins, n_fn), said)
+    said = _OURS.sub(name + (f" at {where}" if where else ""), said)
+    kind = type(e) if nested else _traced_field_error_type(type(e))
+    return kind("\n".join(parts) + f"\n\nJAX said: {said}", said)
 
 
 def _fields_message(name: str, fields: Sequence[Visit], need: str) -> str:
