@@ -728,6 +728,39 @@ def test_a_grad_traces_a_call_with_a_while_loop_as_often_as_filter_jit(grad):
     assert traced == traced_by_equinox > 0
 
 
+def _solves_counted(wrap) -> tuple[jax.Array, int]:
+    import diffrax
+
+    m, traces = _Counted(jnp.array(1), jnp.array(1.5)), []
+
+    @wrap
+    def solve(m, y0):
+        traces.append(None)
+        sol = diffrax.diffeqsolve(
+            diffrax.ODETerm(lambda t, y, a: -a * y),
+            diffrax.Tsit5(),
+            0.0,
+            1.0,
+            0.1,
+            y0,
+            args=m.w * m.n,
+            stepsize_controller=diffrax.PIDController(rtol=1e-5, atol=1e-5),
+        )
+        return sol.ys[-1].sum()
+
+    return jax.grad(lambda y: solve(m, y))(jnp.ones(3)), len(traces)
+
+
+@pytest.mark.slow
+def test_a_grad_of_an_adaptive_diffrax_solve_traces_it_as_often_as_filter_jit():
+    """Its loop, checkpointed, is differentiated by a rule of its own: no trace
+    more than under `eqx.filter_jit`."""
+    ours, traced = _solves_counted(es.jit)
+    theirs, traced_by_equinox = _solves_counted(eqx.filter_jit)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6)
+    assert traced == traced_by_equinox > 0
+
+
 @pytest.mark.parametrize("transform", ["jvp", "vmap"])
 def test_a_loop_over_a_traced_int_field_runs_where_only_reverse_mode_fails(transform):
     """Forward mode and `vmap` of such a loop work, as under `eqx.filter_jit`:
