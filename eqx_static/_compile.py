@@ -18,6 +18,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import inspect
 import itertools
 import os
 import re
@@ -166,8 +167,8 @@ class Function:
         self.qualname: str = qualname(fn)
         self.short: str = getattr(fn, "__name__", None) or self.qualname
         self.method = layout.names[:1] == ("self",)
-        code = getattr(fn, "__code__", None)  # where the user's function is
-        self.where = f"{code.co_filename}:{code.co_firstlineno}" if code else ""
+        self.where = _where(fn)
+        code = getattr(fn, "__code__", None)
         # A plain function made again and again (a lambda in a loop): its code, and
         # the user's line that wraps it, once it has been wrapped before.
         self.code = code if type(fn) is types.FunctionType else None
@@ -339,6 +340,18 @@ class Function:
             same[:] = [q for q in same if q is not p]
             if not same:
                 self.programs.pop(p.fingerprint.digest, None)
+
+
+def _where(fn: Any) -> str:
+    """Where the user's function is, found as JAX finds it: through partials and
+    `functools.wraps`; empty for a callable object."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    try:
+        code = getattr(inspect.unwrap(fn), "__code__", None)
+    except ValueError:  # a chain of `__wrapped__` without end
+        code = None
+    return f"{code.co_filename}:{code.co_firstlineno}" if code else ""
 
 
 def qualname(fn: Callable) -> str:

@@ -492,6 +492,19 @@ def test_a_traced_field_error_shows_no_internals():
     assert f".Model.__call__ at {__file__}:" in said
 
 
+def test_a_traced_field_error_names_the_place_of_a_partial_s_function():
+    """As JAX finds a function through `functools.partial`, so is its place named."""
+
+    def sized(m, x, k):
+        return jnp.zeros((m.n,)) + x * k
+
+    with pytest.raises(es.TracedFieldError) as info:
+        es.jit(functools.partial(sized, k=2.0))(_Port(3, X), jnp.ones(3))
+    said = str(info.value).split("JAX said: ", 1)[1]
+    line = sized.__code__.co_firstlineno
+    assert f" at {__file__}:{line} " in said, said
+
+
 _PLACE = textwrap.dedent(
     """
     import os
