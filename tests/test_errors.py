@@ -725,12 +725,27 @@ def _grads_counted(wrap, grad: str) -> tuple[list, int]:
         i = jax.lax.while_loop(lambda i: i < m.n, lambda i: i + 1, 0)
         return (x * m.w * i).sum()
 
-    if grad == "jax.grad":
-        return [jax.grad(lambda x: f(m, x))(X) for _ in range(2)], len(traces)
-    return [eqx.filter_grad(f)(m, X).w for _ in range(2)], len(traces)
+    @wrap
+    def in_jit(m, x):  # the loop carries `m.w`, a constant under `jax.grad` in `x`
+        traces.append(None)
+
+        def scaled(w, x):
+            def step(c):
+                return c[0] + 1, c[1] * w
+
+            return (x * jax.lax.while_loop(lambda c: c[0] < m.n, step, (0, w))[1]).sum()
+
+        return jax.jit(scaled)(m.w, x)
+
+    if grad == "eqx.filter_grad":
+        return [eqx.filter_grad(f)(m, X).w for _ in range(2)], len(traces)
+    g = in_jit if grad == "jax.grad, loop in jax.jit" else f
+    return [jax.grad(lambda x: g(m, x))(X) for _ in range(2)], len(traces)
 
 
-@pytest.mark.parametrize("grad", ["jax.grad", "eqx.filter_grad"])
+@pytest.mark.parametrize(
+    "grad", ["jax.grad", "eqx.filter_grad", "jax.grad, loop in jax.jit"]
+)
 def test_a_grad_traces_a_call_with_a_while_loop_as_often_as_filter_jit(grad):
     """A program with a `while` loop and a concrete number works under reverse
     mode: the check for a loop bound that could not be differentiated traces it no
