@@ -722,7 +722,8 @@ def _grads_counted(wrap, grad: str) -> tuple[list, int]:
     @wrap
     def f(m, x):
         traces.append(None)
-        i = jax.lax.while_loop(lambda i: i < m.n, lambda i: i + 1, 0)
+        bound = m.n + 0.0 * x.sum()  # its derivative in `x`, if any, is dropped
+        i = jax.lax.while_loop(lambda i: i < bound, lambda i: i + 1, 0)
         return (x * m.w * i).sum()
 
     @wrap
