@@ -161,7 +161,8 @@ def test_an_equinox_without_its_private_names_gives_the_same_results():
     """Each private name of Equinox and jaxtyping gone (for `_jax`'s look-ups): one
     warning at import naming them, and a module whose instance dictionary holds
     more than its fields (keyed as JAX flattens it), a method read off an
-    `es.Module` and `eqx.error_if` still give their results."""
+    `es.Module`, `eqx.error_if` and `with_dynamic` still give their results; an
+    `es.edit` block raises `FrozenInstanceError`, as the docs say."""
     code = """
 import importlib, warnings
 import equinox, jax, jaxtyping  # loaded whole first: only `_jax`'s look-ups fail
@@ -192,12 +193,20 @@ try:
     g(jnp.ones(()))
 except Exception as e:
     print("ERROR", type(e).__name__, "positive" in str(e))
+print("UPDATE", float(m.with_dynamic(w=jnp.zeros(2)).w.sum()))
+try:  # what degrades: an edit cannot assign
+    with es.edit(m) as m2:
+        m2.w = jnp.zeros(2)
+except Exception as e:
+    print("EDIT", type(e).__name__)
 """
     out = run_python(code=code)
     assert out.returncode == 0, output(out)
     assert "WARNINGS 1 True" in out.stdout, output(out)
     assert "RESULT [1.0, 1.0] [1.0, 1.0] CacheInfo(hits=1, misses=1" in out.stdout
     assert "ERROR EquinoxRuntimeError True" in out.stdout, output(out)
+    assert "UPDATE 0.0" in out.stdout, output(out)
+    assert "EDIT FrozenInstanceError" in out.stdout, output(out)
 
 
 @pytest.mark.slow
