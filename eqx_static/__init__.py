@@ -2,6 +2,8 @@
 compile once per distinct program, and one-line updates."""
 
 import importlib.metadata
+import pathlib
+import tomllib
 
 from ._compile import CacheInfo as CacheInfo, CompileInfo as CompileInfo
 from ._diverge import DivergenceError as DivergenceError
@@ -32,4 +34,21 @@ __all__ = [
     "with_dynamic",
     "with_static",
 ]
-__version__ = importlib.metadata.version("eqx_static")
+
+
+def _version() -> str:
+    """The installed version; imported from a checkout that is not installed (put
+    on `sys.path`), the version in the checkout's `pyproject.toml`, else "unknown"."""
+    try:
+        return importlib.metadata.version("eqx_static")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    path = pathlib.Path(__file__).resolve().parent.parent / "pyproject.toml"
+    try:
+        project = tomllib.loads(path.read_text())["project"]
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return "unknown"
+    return project["version"] if project.get("name") == "eqx_static" else "unknown"
+
+
+__version__ = _version()
