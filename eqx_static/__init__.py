@@ -35,20 +35,14 @@ __all__ = [
     "with_static",
 ]
 
-
-def _version() -> str:
-    """The installed version; imported from a checkout that is not installed (put
-    on `sys.path`), the version in the checkout's `pyproject.toml`, else "unknown"."""
+try:
+    __version__ = importlib.metadata.version("eqx_static")
+except importlib.metadata.PackageNotFoundError:
+    # A checkout put on `sys.path`, not installed: the version its pyproject declares.
+    _pyproject = pathlib.Path(__file__).parent.parent / "pyproject.toml"
     try:
-        return importlib.metadata.version("eqx_static")
-    except importlib.metadata.PackageNotFoundError:
-        pass
-    path = pathlib.Path(__file__).resolve().parent.parent / "pyproject.toml"
-    try:
-        project = tomllib.loads(path.read_text())["project"]
-    except (OSError, KeyError, tomllib.TOMLDecodeError):
-        return "unknown"
-    return project["version"] if project.get("name") == "eqx_static" else "unknown"
-
-
-__version__ = _version()
+        _project = tomllib.loads(_pyproject.read_text()).get("project", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        _project = {}
+    _ours = _project.get("name") == "eqx_static"
+    __version__ = _project.get("version", "unknown") if _ours else "unknown"
