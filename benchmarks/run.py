@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="output JSON (default: see above)")
     parser.add_argument(
         "--only",
-        help=f"comma-separated groups among {', '.join(GROUPS)} (and {', '.join(EXTRA)})",
+        help=f"comma-separated groups among {', '.join([*GROUPS, *EXTRA])}",
     )
     parser.add_argument("--plot", action="store_true", help="write results/scaling.svg")
     parser.add_argument(

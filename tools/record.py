@@ -5,7 +5,7 @@
     python tools/record.py --quick          # a few test files, the quick benchmarks
     python tools/record.py --out DIR        # the JSON into DIR instead
     python tools/record.py --parts fast,bench   # some parts (below)
-    python tools/record.py --merge A.json B.json --out DIR   # parts of two runs, one JSON
+    python tools/record.py --merge A.json B.json --out DIR  # two runs' parts, one
 
 The parts, in this order, one process at a time (an accelerator is held by one
 process; this one never imports JAX itself):
@@ -58,7 +58,8 @@ PYTEST = {
 QUICK_TESTS = {
     "fast": ["tests/test_module.py", "tests/test_where.py"],
     "slow": [
-        "tests/test_fallback.py::test_a_checkout_that_is_not_installed_imports_with_a_version"
+        "tests/test_fallback.py::test_a_checkout_that_is_not_installed_imports_with_"
+        "a_version"
     ],
 }
 BENCH = {"full": [["--only", "call,training"], ["--only", "sgd"]]}
