@@ -10,6 +10,8 @@ that:
   tests/test_docs_site.py` runs these blocks too, to show which ones do);
 - `<!-- test: requires MODULE -->`: the block uses another library (flax,
   jax_dataclasses, ...); it runs only where `MODULE` can be imported;
+- `<!-- test: cpu (REASON) -->`: the block shows what JAX does on the CPU only; it
+  is skipped on other platforms, with REASON;
 - `<!-- test: skip (REASON) -->`: never run.
 
 Blocks in other languages (```bash) are not run. A last test builds the site
@@ -104,6 +106,8 @@ def _skip_reason(block: Block) -> str | None:
         if importlib.util.find_spec(module.split(".")[0]) is None:
             return f"needs `{module}`"
         return None
+    if marker.startswith("cpu"):
+        return None if jax.default_backend() == "cpu" else marker
     if marker.startswith("skip"):
         return marker
     raise ValueError(f"{block.page}:{block.line}: unknown marker {marker!r}")

@@ -4,6 +4,11 @@ sharing off and one warning, and its results, books, budgets and explanations
 stay right. (`tests/canary/` says which name changed.)"""
 
 import logging
+import os
+import shutil
+import sysconfig
+import tomllib
+from pathlib import Path
 
 import equinox as eqx
 import eqx_static as es
@@ -12,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from eqx_static import _jax
-from helpers import free_address, output, run_python, XlaCompiles
+from helpers import free_address, output, ROOT, run_python, XlaCompiles
 
 
 @pytest.fixture
@@ -235,3 +240,28 @@ print("COMPILES", f.compile_info().compiles)
     assert "SHARING False warnings 1" in out.stdout, output(out)
     assert "MLIR or HLO printer cannot be imported" in out.stdout, output(out)
     assert "RESULT [2.0, 2.0] [2.0, 2.0]\nCOMPILES 2" in out.stdout, output(out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pyproject", [True, False], ids=["pyproject", "bare"])
+def test_a_checkout_that_is_not_installed_imports_with_a_version(tmp_path, pyproject):
+    """Put on `sys.path` without being installed (no metadata), the package still
+    imports: its version is the checkout's `pyproject.toml`'s, else "unknown".
+    The process sees the test environment's packages, less this one's metadata."""
+    checkout, packages = tmp_path / "checkout", tmp_path / "site"
+    shutil.copytree(ROOT / "eqx_static", checkout / "eqx_static")
+    if pyproject:
+        shutil.copy(ROOT / "pyproject.toml", checkout)
+    packages.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if not entry.name.startswith(("eqx_static", "_editable_impl_eqx_static")):
+            (packages / entry.name).symlink_to(entry)
+    code = "import eqx_static as es; print(es.__file__); print(es.__version__)"
+    path = f"{checkout}{os.pathsep}{packages}"
+    out = run_python("-S", "-c", code, env={"PYTHONPATH": path}, cwd=tmp_path)
+    assert out.returncode == 0, output(out)
+    where, version = out.stdout.split()
+    assert Path(where).parent == checkout / "eqx_static"
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        declared = tomllib.load(f)["project"]["version"]
+    assert version == (declared if pyproject else "unknown")
