@@ -263,7 +263,8 @@ def end_of(key: Key, i: int) -> int:
 class Visit(NamedTuple):
     """A node of a key, where it is, and the module field it belongs to."""
 
-    path: str  # printable: `x`, `self.encoder.w`, `y['a'][0]`
+    path: str  # as the function's body reads it: `x`, `self.encoder.w`, `y['a'][0]`,
+    # `args[1]` (of `*args`), `opt_state[0].mu` (a named tuple's item)
     node: Node
     cls: type | None  # the class of the nearest module holding it
     field: str | None  # and the field of that module
@@ -294,6 +295,9 @@ def _labels(path: str, node: Node, cls: Any, field: Any) -> list[tuple]:
         return [(f"{path}.{k}", info.cls, k) for k in info.dynamic_names]
     if node.kind == DICT.name:
         return [(f"{path}[{value_of(k)!r}]", cls, field) for k in node.head[1]]
+    names = getattr(node.head[1], "_fields", ()) if node.kind == NAMED.name else ()
+    if names and len(names) == node.children:  # by name, as JAX's paths name them
+        return [(f"{path}.{k}", cls, field) for k in names]
     count = node.leaves if node.kind == ARRAYS.name else node.children
     return [(f"{path}[{j}]", cls, field) for j in range(count)]
 

@@ -103,7 +103,9 @@ def _compare(a: Node, b: Node, v: Visit, method: bool, out: list[Change]) -> boo
     path = v.path
     is_self = method and path == "self"
     name = path.removeprefix("self.") if method else path
-    argument = "." not in path and "[" not in path
+    # A value in no module's field is in an argument: named as the body reads it
+    # (`x`, `args[1]` of `*args`, `cfg['lr']`), never as a field.
+    argument = v.cls is None
     what = "self" if is_self else f"argument {path}" if argument else f"field {name!r}"
     ka, kb = _kind(a), _kind(b)
     if ka == kb == "module" and module_info(a.head) is module_info(b.head):
@@ -212,7 +214,8 @@ def _distance(seen: Seen, key: Key, sig: tuple) -> int:
 def merge_copies(changes: Sequence[Change]) -> list[Change]:
     """One change reached through several paths (a model, and its copies in an
     optimiser's state: `opt_state[0].mu.<the model's path>`) named once, at its
-    shortest path, "and 2 copies": the same change, at paths that end alike."""
+    shortest path, "and the same under opt_state[0].mu and opt_state[0].nu": the
+    same change, at paths that end alike, named by where they part."""
     groups: list[list[Change]] = []
     for c in changes:
         group = next((g for g in groups if c.detail and _copies(g[0], c)), None)
@@ -223,11 +226,10 @@ def merge_copies(changes: Sequence[Change]) -> list[Change]:
     out = []
     for group in groups:
         first = min(group, key=lambda c: len(c.path))
-        n = len(group) - 1
-        if n:
-            first = first._replace(
-                phrase=f"{first.phrase} (and {n} cop{'y' if n == 1 else 'ies'})"
-            )
+        tail = len(first.path) - len(re.match(r"\w*", first.path)[0])  # pyright: ignore
+        if heads := [c.path[: len(c.path) - tail] for c in group if c is not first]:
+            also = f"(and the same under {' and '.join(heads)})"
+            first = first._replace(phrase=f"{first.phrase} {also}")
         out.append(first)
     return out
 
