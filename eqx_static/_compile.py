@@ -40,9 +40,11 @@ from ._fields import ARRAY_TYPES, is_array_type, Sentinel
 from ._key import first_class, Key, Layout, leaf_visits, leaves_of_first
 from ._report import Change, Compile, Seen
 from ._sharing import (
+    checks_errors,
     digest,
     Fingerprint,
     fingerprint,
+    host_callbacks,
     same_compiled,
     same_program,
     structure,
@@ -685,6 +687,7 @@ class _Miss:
         self.mark: list[bytes] = []  # the module it marked as compiling
         self.public: _Public | None = None  # a top-level call on a public `jax.jit`
         self.ops: tuple = ()  # its program, operation by operation
+        self.checks = True  # its program may hold `eqx.error_if`: wait for it
         self.previous: _Miss | None = None
 
     @functools.cached_property
@@ -746,7 +749,9 @@ def _decide(miss: _Miss) -> Program:
     """A compiled program provably the same, or a new compile."""
     f = miss.f
     lowering = _jax.lowering_of(miss.lowered)
-    fp = None if _jax.pgle_enabled() else fingerprint(lowering)
+    callbacks = host_callbacks(lowering, miss.jaxpr)
+    miss.checks = checks_errors(callbacks)
+    fp = None if _jax.pgle_enabled() else fingerprint(lowering, callbacks)
     # JAX's lowering cache may give a lowering compiled already (a new sharding
     # that compares equal to one this key ran: `P()`, `P(None)`).
     program = f.running(lowering)
@@ -825,7 +830,7 @@ def _install_and_run(miss: _Miss, program: Program) -> tuple:
     if miss.shared is not None and miss.traced:
         again = f"same program as compile {program.number}, not compiled again"
         _report.log(f.name(entry.key), "traced", miss.known, miss.why, again)
-    if program.fingerprint is None or program.fingerprint.callbacks:
+    if miss.checks:  # else JAX's asynchronous dispatch: nothing to raise
         entry.call = _calling(f, entry, reports=True)
     if miss.shared is None or program.fingerprint is None:
         entry.helper = miss.helper  # a key that shares a program keeps no lowering
@@ -932,7 +937,7 @@ class _Public:
 
     def __init__(self, entry: Entry, jitted: Any):
         self.entry, self.jitted = entry, jitted
-        self.reports = False  # a program holds a host callback: wait for it
+        self.reports = False  # a program may hold `eqx.error_if`: wait for it
         self.staged = False  # it was called under a transformation
 
 
@@ -977,7 +982,8 @@ def _explain_public(miss: _Miss, public: _Public) -> None:
     _diverge.check(miss, _jax.lowering_of(lowered), None, None)  # alike, or raise
     _record(miss, module, traced.jaxpr)
     _plan(miss)
-    public.reports = public.reports or any("callback" in op.name for op in miss.ops)
+    callbacks = host_callbacks(_jax.lowering_of(lowered), traced.jaxpr)
+    public.reports = public.reports or checks_errors(callbacks)
     f.make_room(entry, sig)
 
 

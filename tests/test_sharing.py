@@ -509,12 +509,12 @@ def test_a_compile_argument_unknown_to_the_list_makes_a_program_unshareable(
     from eqx_static._sharing import fingerprint
 
     lowering = _lowered(lambda x: x * 2)
-    assert fingerprint(lowering) is not None
+    assert fingerprint(lowering, ()) is not None
     known = _jax.compile_arguments
     monkeypatch.setattr(
         _jax, "compile_arguments", lambda lo: {**known(lo), "new_in_jax": 1}
     )
-    assert fingerprint(lowering) is None
+    assert fingerprint(lowering, ()) is None
 
 
 @pytest.mark.sharing
@@ -524,7 +524,7 @@ def test_the_fingerprint_holds_the_compile_arguments():
     from eqx_static._sharing import fingerprint
 
     def arguments(**options):
-        fp = fingerprint(_lowered(lambda x: x * 2, **options))
+        fp = fingerprint(_lowered(lambda x: x * 2, **options), ())
         assert fp is not None
         return dict(fp.arguments)
 
