@@ -719,7 +719,8 @@ def _top_level(f: Function, entry: Entry, leaves: tuple) -> tuple:
     try:
         with miss:
             if _jax.pgle_enabled() and entry.helper is not None:
-                return _run(entry.helper, leaves)  # JAX compiles with its profile
+                # JAX compiles with its profile; what it runs is not read here
+                return _run(entry.helper, leaves, wait=True)
             _trace_and_lower(miss)
             program = _decide(miss)
             return _install_and_run(miss, program)
@@ -835,7 +836,7 @@ def _install_and_run(miss: _Miss, program: Program) -> tuple:
     if miss.shared is None or program.fingerprint is None:
         entry.helper = miss.helper  # a key that shares a program keeps no lowering
     try:
-        out = _run(miss.helper, miss.leaves)
+        out = _run(miss.helper, miss.leaves, miss.checks)
     except BaseException as e:
         # JAX's dispatcher falls back to Python for a signature whose first run
         # raised: later calls come here, through this `jax.jit`.
@@ -892,11 +893,12 @@ def _booked(miss: _Miss, run: Callable, jitted: Any) -> Any:
             _report.log(f.name(entry.key), "traced under a transformation", f.size, why)
 
 
-def _run(helper: Any, leaves: tuple) -> tuple:
-    """`helper`'s own miss: it runs the call, and returns what a dispatcher keeps."""
+def _run(helper: Any, leaves: tuple, wait: bool) -> tuple:
+    """`helper`'s own miss: it runs the call (waited for if `wait`: its program may
+    hold `eqx.error_if`), and returns what a dispatcher keeps."""
     __tracebackhide__ = True
     run = functools.partial(_jax.jit_miss, helper)
-    return _report.reporting_errors(run, wait=lambda: False)(*leaves)
+    return _report.reporting_errors(run, wait=lambda: wait)(*leaves)
 
 
 def _signature(leaves: tuple) -> tuple:
