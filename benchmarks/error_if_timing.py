@@ -1,13 +1,15 @@
 """When a failing `eqx.error_if` surfaces, under `es.jit` and `eqx.filter_jit`, on
 the backend JAX picks: at the call, at the read of the result, not at all (the
-call returns values), or never (the process waits; Equinox waits on `input()` on
-a TPU, whose runtime does not raise from a host callback).
+call returns values), or never (the process waits: on a TPU Equinox asks for a
+line on stdin after the error, and stays in a loop until it gets one).
 
-Each wrapper runs in a process of its own, with a timeout: stdin closed
-(`--stdin closed`, `input()` then fails at once) or a pipe nobody writes to
-(`--stdin open`, as a terminal nobody answers). Prints a table, then JSON:
+Each case runs in a process of its own, with a timeout: the failing call is the
+first (it traces and compiles) or a later one (a cache hit), with stdin closed
+(`input()` then fails at once) or open, a pipe nobody writes to (a terminal nobody
+answers). After the failure, a passing call shows whether the process can go on.
+Prints a table, then the rows as JSON:
 
-    python benchmarks/error_if_timing.py [--timeout 120] [--stdin closed open]
+    python benchmarks/error_if_timing.py [--timeout 60] [--stdin closed open]
 """
 
 import argparse
@@ -19,10 +21,11 @@ import time
 
 
 WRAPPERS = ("es.jit", "eqx.filter_jit")
+CALLS = ("first", "hit")
 
 
-def child(wrapper: str) -> dict:
-    """Run one failing `error_if` program once: what surfaced, where, how fast."""
+def child(wrapper: str, call: str) -> None:
+    """Fail once, then pass once; print a JSON line as each step ends."""
     import equinox as eqx
     import eqx_static as es
     import jax
@@ -32,65 +35,67 @@ def child(wrapper: str) -> dict:
         return eqx.error_if(x * 2.0, x > 0.0, "x must be <= 0") + 1.0
 
     f = es.jit(body) if wrapper == "es.jit" else eqx.filter_jit(body)
-    ok = f(jnp.float32(-1.0))  # compiles; passes
-    jax.block_until_ready(ok)
-    row = {"wrapper": wrapper, "backend": jax.default_backend(), "passing": float(ok)}
-    start = time.perf_counter()
+    if call == "hit":
+        jax.block_until_ready(f(jnp.float32(-1.0)))  # compiles; passes
+    print(json.dumps({"backend": jax.default_backend()}), flush=True)
+    for step, x in (("failing", 1.0), ("next", -1.0)):
+        print(json.dumps({step: _outcome(f, jnp.float32(x))}), flush=True)
+
+
+def _outcome(f, x) -> str:
     try:
-        out = f(jnp.float32(1.0))
+        out = f(x)
     except Exception as e:
-        return row | _raised("raises at the call", e, start)
-    row["call_s"] = time.perf_counter() - start
+        return f"raises at the call: {type(e).__name__}"
     try:
-        value = float(jax.block_until_ready(out))
+        value = float(out)  # the read
     except Exception as e:
-        return row | _raised("raises at the read", e, start)
-    return row | {"outcome": "returns without raising", "value": value}
+        return f"raises at the read: {type(e).__name__}"
+    return f"returns {value}"
 
 
-def _raised(outcome: str, e: Exception, start: float) -> dict:
-    first = (str(e).strip().splitlines() or [""])[0][:120]
-    seconds = time.perf_counter() - start
-    return {"outcome": outcome, "error": type(e).__name__, "first_line": first} | {
-        "raised_after_s": seconds
-    }
-
-
-def run(wrapper: str, stdin: str, timeout: float) -> dict:
-    """`child(wrapper)` in a process of its own; "hangs" past `timeout`."""
-    command = [sys.executable, os.path.abspath(__file__), "--child", wrapper]
+def run(wrapper: str, call: str, stdin: str, timeout: float) -> dict:
+    """`child` in a process of its own; a step unfinished at `timeout` "hangs"."""
+    command = [sys.executable, os.path.abspath(__file__), "--child", wrapper, call]
     pipe = subprocess.DEVNULL if stdin == "closed" else subprocess.PIPE
-    row = {"wrapper": wrapper, "stdin": stdin}
+    row = {"wrapper": wrapper, "call": call, "stdin": stdin}
+    start = time.perf_counter()
     with subprocess.Popen(
         command, stdin=pipe, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     ) as p:
-        try:
-            out, err = p.communicate(timeout=timeout)  # never writes to an open stdin
+        try:  # writes nothing to an open stdin, and keeps it open
+            out, err = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             p.kill()
             out, err = p.communicate()
-            return row | {"outcome": "hangs", "timeout_s": timeout}
-    lines = [line for line in out.splitlines() if line.startswith("{")]
-    if p.returncode or not lines:
-        tail = err.strip().splitlines()[-3:]
-        return row | {"outcome": f"exits with {p.returncode}", "stderr": tail}
-    return row | json.loads(lines[-1])
+    for line in out.splitlines():
+        if line.startswith("{"):
+            row.update(json.loads(line))
+    for step in ("failing", "next"):
+        if step not in row:
+            row[step] = "hangs" if p.returncode == -9 else f"exits {p.returncode}"
+    if p.returncode not in (0, -9):
+        row["stderr"] = err.strip().splitlines()[-3:]
+    return row | {"seconds": round(time.perf_counter() - start, 1)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--child", choices=WRAPPERS)
-    parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--child", nargs=2, metavar=("WRAPPER", "CALL"))
+    parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--stdin", nargs="+", default=["closed", "open"])
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child)), flush=True)
-        return
-    rows = [run(w, s, args.timeout) for s in args.stdin for w in WRAPPERS]
+        return child(*args.child)
+    rows = [
+        run(w, c, s, args.timeout) for s in args.stdin for c in CALLS for w in WRAPPERS
+    ]
+    print("| wrapper | backend | failing call | stdin | the failing call | the next call |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for r in rows:
         where = r.get("backend", "?")
-        detail = r.get("error") or r.get("value", "")
-        print(f"{r['wrapper']:15} {where:4} stdin {r['stdin']:6}: {r['outcome']} {detail}")
+        cells = (r["wrapper"], where, r["call"], r["stdin"], r["failing"], r["next"])
+        print("| " + " | ".join(cells) + " |")
     print(json.dumps(rows, indent=1))
 
 
