@@ -40,7 +40,6 @@ from ._fields import ARRAY_TYPES, is_array_type, Sentinel
 from ._key import first_class, Key, Layout, leaf_visits, leaves_of_first
 from ._report import Change, Compile, Seen
 from ._sharing import (
-    checks_errors,
     digest,
     Fingerprint,
     fingerprint,
@@ -750,8 +749,7 @@ def _decide(miss: _Miss) -> Program:
     """A compiled program provably the same, or a new compile."""
     f = miss.f
     lowering = _jax.lowering_of(miss.lowered)
-    callbacks = host_callbacks(lowering, miss.jaxpr)
-    miss.checks = checks_errors(callbacks)
+    callbacks, miss.checks = host_callbacks(lowering, miss.jaxpr)
     fp = None if _jax.pgle_enabled() else fingerprint(lowering, callbacks)
     # JAX's lowering cache may give a lowering compiled already (a new sharding
     # that compares equal to one this key ran: `P()`, `P(None)`).
@@ -984,8 +982,7 @@ def _explain_public(miss: _Miss, public: _Public) -> None:
     _diverge.check(miss, _jax.lowering_of(lowered), None, None)  # alike, or raise
     _record(miss, module, traced.jaxpr)
     _plan(miss)
-    callbacks = host_callbacks(_jax.lowering_of(lowered), traced.jaxpr)
-    public.reports = public.reports or checks_errors(callbacks)
+    public.reports |= host_callbacks(_jax.lowering_of(lowered), traced.jaxpr)[1]
     f.make_room(entry, sig)
 
 

@@ -533,32 +533,23 @@ def callbacks_in(jaxpr: Any) -> list[tuple[Callable, Any]] | None:
     callback of another kind (`jax.debug.callback`, `inspect_array_sharding`)."""
     if _dce is None:  # pragma: no cover
         return None
-    inner = open_jaxpr(jaxpr)
-    found: list[tuple[Callable, Any]] = []
-    stack = [iter(_dce(inner, [True] * len(inner.outvars))[0].eqns)]
-    while stack:  # each equation, then the jaxprs it holds, in order
-        eqn = next(stack[-1], None)
-        if eqn is None:
-            stack.pop()
-            continue
-        if "callback" in eqn.params:
-            host = eqn.params["callback"]
+    inner, found = open_jaxpr(jaxpr), []
+    stack = _dce(inner, [True] * len(inner.outvars))[0].eqns[::-1]
+    while stack:  # each equation, then those of the jaxprs it holds, in order
+        eqn = stack.pop()
+        host = eqn.params.get("callback")
+        if host is not None:
             if eqn.primitive not in _CALLBACKS or type(host) is not _FlatCallback:
                 return None
             found.append((host.callback_func, host.in_tree))
-        nested = [iter(open_jaxpr(j).eqns) for j in nested_jaxprs(eqn.params)]
-        stack.extend(reversed(nested))
+        for nested in reversed(list(nested_jaxprs(eqn.params))):
+            stack += open_jaxpr(nested).eqns[::-1]
     return found
 
 
 # `eqx.error_if` stages host callbacks defined beside it (in `equinox._errors`):
-# `raises`, and on a TPU, whose runtime does not raise, `tpu_msg`.
-_ERROR_CHECKS: Final = eqx.error_if.__module__
-
-
-def error_check(function: Any) -> bool:
-    """Whether a callback's function is Equinox's run-time error check."""
-    return getattr(function, "__module__", None) == _ERROR_CHECKS
+# `raises`, and on a TPU, whose runtime may not raise, `tpu_msg`.
+ERROR_CHECKS: Final = eqx.error_if.__module__
 
 
 _NOT_USER: Final = tuple(

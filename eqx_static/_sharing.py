@@ -50,25 +50,23 @@ _ARGUMENTS: Final = {
 }  # fmt: skip
 
 
-def host_callbacks(lowering: Any, jaxpr: Any) -> tuple | None:
+def host_callbacks(lowering: Any, jaxpr: Any) -> tuple[tuple | None, bool]:
     """(function, `in_tree` token) of each host callback of a lowering, read from
-    the jaxpr it was lowered from; None unless every host callback is so accounted
-    for (`jax.debug.print`, checkify, a kind JAX adds later are not)."""
+    the jaxpr it was lowered from, or None unless every host callback is so
+    accounted for (`jax.debug.print`, checkify, a kind JAX adds later are not);
+    and whether the program may then hold Equinox's error check, which may raise
+    only as its results are waited for."""
     found = None if lowering is None else _jax.callbacks_in(jaxpr)
     if found is None:
-        return None
+        return None, True
     if len(found) != len(_jax.compile_arguments(lowering)["host_callbacks"] or ()):
-        return None
+        return None, True
     try:
-        return tuple((function, token(tree)) for function, tree in found)
+        callbacks = tuple((function, token(tree)) for function, tree in found)
     except TypeError:  # an `in_tree` that cannot be a key
-        return None
-
-
-def checks_errors(callbacks: tuple | None) -> bool:
-    """Whether a program with these host callbacks (None: not all known) may hold
-    Equinox's error check, and so may raise only as its results are waited for."""
-    return callbacks is None or any(_jax.error_check(f) for f, _ in callbacks)
+        return None, True
+    checks = (getattr(f, "__module__", None) == _jax.ERROR_CHECKS for f, _ in found)
+    return callbacks, any(checks)
 
 
 def fingerprint(lowering: Any, callbacks: tuple | None) -> Fingerprint | None:

@@ -891,9 +891,7 @@ def test_error_if_programs_share_where_host_callbacks_are_opaque(opaque):
 
 
 @pytest.mark.sharing
-def test_callbacks_are_told_apart_where_host_callbacks_are_opaque(
-    opaque, capfd
-):
+def test_callbacks_are_told_apart_where_host_callbacks_are_opaque(opaque, capfd):
     """The identical function shares; a new closure per key, another function over
     the same code, or a print beside a callback JAX drops, does not."""
     test_the_identical_callback_is_shared()
