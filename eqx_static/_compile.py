@@ -45,6 +45,7 @@ from ._sharing import (
     digest,
     Fingerprint,
     fingerprint,
+    host_callbacks,
     same_compiled,
     same_program,
     structure,
@@ -744,6 +745,7 @@ class _Miss:
         self.mark: list[bytes] = []  # the module it marked as compiling
         self.public: _Public | None = None  # a top-level call on a public `jax.jit`
         self.ops: tuple = ()  # its program, operation by operation
+        self.checks = True  # its program may hold `eqx.error_if`: wait for it
         self.previous: _Miss | None = None
 
     @functools.cached_property
@@ -775,7 +777,8 @@ def _top_level(f: Function, entry: Entry, leaves: tuple) -> tuple:
     try:
         with miss:
             if _jax.pgle_enabled() and entry.helper is not None:
-                return _run(entry.helper, leaves)  # JAX compiles with its profile
+                # JAX compiles with its profile; what it runs is not read here
+                return _run(entry.helper, leaves, wait=True)
             _trace_and_lower(miss)
             program = _decide(miss)
             return _install_and_run(miss, program)
@@ -805,7 +808,8 @@ def _decide(miss: _Miss) -> Program:
     """A compiled program provably the same, or a new compile."""
     f = miss.f
     lowering = _jax.lowering_of(miss.lowered)
-    fp = None if _jax.pgle_enabled() else fingerprint(lowering)
+    callbacks, miss.checks = host_callbacks(lowering, miss.jaxpr)
+    fp = None if _jax.pgle_enabled() else fingerprint(lowering, callbacks)
     # JAX's lowering cache may give a lowering compiled already (a new sharding
     # that compares equal to one this key ran: `P()`, `P(None)`).
     program = f.running(lowering)
@@ -884,12 +888,12 @@ def _install_and_run(miss: _Miss, program: Program) -> tuple:
     if miss.shared is not None and miss.traced:
         again = f"same program as compile {program.number}, not compiled again"
         _report.log(f.name(entry.key), "traced", miss.known, miss.why, again)
-    if program.fingerprint is None or program.fingerprint.callbacks:
+    if miss.checks:  # else JAX's asynchronous dispatch: nothing to raise
         entry.call = _calling(f, entry, reports=True)
     if miss.shared is None or program.fingerprint is None:
         entry.helper = miss.helper  # a key that shares a program keeps no lowering
     try:
-        out = _run(miss.helper, miss.leaves)
+        out = _run(miss.helper, miss.leaves, miss.checks)
     except BaseException as e:
         # JAX's dispatcher falls back to Python for a signature whose first run
         # raised: later calls come here, through this `jax.jit`.
@@ -946,11 +950,12 @@ def _booked(miss: _Miss, run: Callable, jitted: Any) -> Any:
             _report.log(f.name(entry.key), "traced under a transformation", f.size, why)
 
 
-def _run(helper: Any, leaves: tuple) -> tuple:
-    """`helper`'s own miss: it runs the call, and returns what a dispatcher keeps."""
+def _run(helper: Any, leaves: tuple, wait: bool) -> tuple:
+    """`helper`'s own miss: it runs the call (waited for if `wait`: its program may
+    hold `eqx.error_if`), and returns what a dispatcher keeps."""
     __tracebackhide__ = True
     run = functools.partial(_jax.jit_miss, helper)
-    return _report.reporting_errors(run, wait=lambda: False)(*leaves)
+    return _report.reporting_errors(run, wait=lambda: wait)(*leaves)
 
 
 def _signature(leaves: tuple) -> tuple:
@@ -991,7 +996,7 @@ class _Public:
 
     def __init__(self, entry: Entry, jitted: Any):
         self.entry, self.jitted = entry, jitted
-        self.reports = False  # a program holds a host callback: wait for it
+        self.reports = False  # a program may hold `eqx.error_if`: wait for it
         self.staged = False  # it was called under a transformation
 
 
@@ -1036,7 +1041,7 @@ def _explain_public(miss: _Miss, public: _Public) -> None:
     _diverge.check(miss, _jax.lowering_of(lowered), None, None)  # alike, or raise
     _record(miss, module, traced.jaxpr)
     _plan(miss)
-    public.reports = public.reports or any("callback" in op.name for op in miss.ops)
+    public.reports |= host_callbacks(_jax.lowering_of(lowered), traced.jaxpr)[1]
     f.make_room(entry, sig)
 
 

@@ -767,7 +767,7 @@ def reporting_errors(
         _callback_logger.addFilter(quiet)
         try:
             out = call(*leaves)
-            for a in (out[0] if type(out) is tuple else [out]) if wait() else ():
+            for a in jax.tree.leaves(out) if wait() else ():
                 if isinstance(a, jax.Array) and not isinstance(a, Tracer):
                     a.block_until_ready()  # one execution: its outputs come together
                     break

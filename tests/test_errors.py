@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import pytest
-from helpers import run_python
+from eqx_static import _jax
+from helpers import opaque_host_callbacks, run_python
 
 
 def _positive(x):
@@ -116,12 +117,88 @@ def test_another_error_after_an_equinox_one_is_raised_as_filter_jit_raises_it():
         eqx.EquinoxRuntimeError
     )
     assert callback_log.filters == filters
-    mine = _failure(lambda: es.jit(_refuse)(jnp.ones(3)))
+    # read: `es.jit` waits only for a program that may hold Equinox's check
+    mine = _failure(lambda: jax.block_until_ready(es.jit(_refuse)(jnp.ones(3))))
     theirs = _failure(lambda: eqx.filter_jit(_refuse)(jnp.ones(3)))
     assert type(mine) is type(theirs) is not eqx.EquinoxRuntimeError
     assert "not an Equinox error" in str(mine) and "not an Equinox error" in str(theirs)
     es.jit(_positive)(-jnp.ones(3))
     assert callback_log.filters == filters
+
+
+def _host_double(a):
+    return np.asarray(a * 2, np.float32)
+
+
+def _user_callback(x):
+    return jax.pure_callback(_host_double, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+
+def _error_if_dropped(x):
+    """An `error_if` whose result is unused: JAX drops its check before lowering."""
+    eqx.error_if(x, x > 0, "never checked")
+    return x * 2
+
+
+class Tagged(es.Module):
+    w: jax.Array
+    tag: str = eqx.field(static=True)  # never read: the keys share one program
+
+    @es.jit
+    def f(self, x):
+        return _positive(self.w * x)
+
+
+@pytest.fixture
+def waits(monkeypatch):
+    """The arrays whose computation was waited for (`block_until_ready`)."""
+    waited = []
+    array = type(jnp.zeros(()))
+    block = array.block_until_ready
+
+    def spy(self):
+        waited.append(self)
+        return block(self)
+
+    monkeypatch.setattr(array, "block_until_ready", spy)
+    return waited
+
+
+@pytest.mark.parametrize("tpu", [False, True], ids=["readable", "opaque"])
+def test_only_a_program_that_may_hold_an_error_check_is_waited_for(
+    waits, monkeypatch, tpu
+):
+    """`eqx.filter_jit` waits for the device on every call, so that `error_if` raises
+    at the call. `es.jit` waits for a program that may hold Equinox's error check
+    (read from the traced jaxpr, also where the lowering's host callbacks are
+    opaque, as on a TPU), on the call that traces, on a hit, and on a key that
+    shares the program; every other program keeps JAX's asynchronous dispatch."""
+    if tpu:
+        opaque_host_callbacks(monkeypatch)
+    x = -jnp.ones(3)
+    cases = [
+        (lambda x: jnp.sin(x) * 2, False),
+        (_user_callback, False),
+        (_error_if_dropped, False),
+        (_positive, True),
+        (_branched, True),
+    ]
+    for body, checks in cases:
+        f = es.jit(body)
+        for _ in range(2):  # the call that traces, then a hit
+            waits.clear()
+            out = f(x)
+            assert bool(waits) is checks, body
+            np.testing.assert_array_equal(out, eqx.filter_jit(body)(x))
+    Tagged.f.cache_clear()
+    for tag in "ab":  # the second key shares the first one's program
+        waits.clear()
+        Tagged(jnp.ones(3), tag).f(x)
+        assert waits
+    with pytest.raises(eqx.EquinoxRuntimeError, match="positive!"):
+        Tagged(jnp.ones(3), "c").f(-x)
+    if _jax.SHARING:
+        assert Tagged.f.compile_info().compiles == 1
 
 
 def test_under_disable_jit_equinox_raises_as_it_does_eagerly():

@@ -160,9 +160,9 @@ def write_problems() -> list[str]:
 # for the package is 3,100 in at most 12 modules; it stands at 3,850, the features
 # filed beside it included.)
 BUDGET: dict[str, int] = {
-    "__init__.py": 40, "_compile.py": 765, "_diverge.py": 149, "_fields.py": 319,
-    "_guard.py": 257, "_jax.py": 340, "_jit.py": 443, "_key.py": 228,
-    "_module.py": 366, "_report.py": 518, "_sharing.py": 141, "_update.py": 354,
+    "__init__.py": 40, "_compile.py": 768, "_diverge.py": 149, "_fields.py": 319,
+    "_guard.py": 257, "_jax.py": 341, "_jit.py": 443, "_key.py": 228,
+    "_module.py": 366, "_report.py": 518, "_sharing.py": 144, "_update.py": 354,
 }  # fmt: skip
 MAX_MODULES = 12
 
