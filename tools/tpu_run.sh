@@ -23,5 +23,5 @@ print(f'jaxlib=={jaxlib.__version__}')" >> /tmp/installed.txt
   "$V/bin/pip" install -q "${index[@]}" -c /tmp/installed.txt flax \
     || echo "flax: not installed (its dependencies did not resolve)"
 fi
-PYTHONUNBUFFERED=1 "$V/bin/python" tools/record.py --out "$OUT" "$@" 2>&1 \
+PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 "$V/bin/python" tools/record.py --out "$OUT" "$@" 2>&1 \
   | tee "$OUT/log.txt"
