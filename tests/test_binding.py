@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import path
 
 
 X = jnp.array([0.5, -1.0, 2.0])
@@ -113,3 +114,133 @@ def test_a_static_int_of_any_size_keys_and_guards():
     for n in (big, big, big + 1, big + 1, big):
         np.testing.assert_array_equal(f(X, n), X * (n % 7))
     assert f.cache_info() == es.CacheInfo(3, 2, None, 2)
+
+
+# ----------------------------------------------------------------------------------
+# Defaults are the function's at the call, as Python reads them.
+
+
+def _same(got, want):
+    """The same tree, leaf types and values (a Python value stays one)."""
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        if isinstance(w, jax.Array):
+            assert isinstance(g, jax.Array) and g.dtype == w.dtype
+            np.testing.assert_array_equal(g, w)
+        else:
+            assert type(g) is type(w) and g == w
+
+
+def _filtered(eager, *args):
+    """`eqx.filter_jit`'s result, traced afresh (its cache keys no default)."""
+    return eqx.filter_jit(lambda *a: eager(*a))(*args)
+
+
+def _scale(s):
+    return jnp.asarray(s, jnp.float32)
+
+
+def _positional():
+    def f(x, scale=2.0):
+        return x * _scale(scale), scale
+
+    return es.jit(f), f, lambda v: setattr(f, "__defaults__", (v,))
+
+
+def _keyword_only(replaced):
+    def f(x, *, scale=2.0):
+        return x * _scale(scale), scale
+
+    def change(v):
+        if replaced:
+            f.__kwdefaults__ = {"scale": v}
+        else:
+            f.__kwdefaults__["scale"] = v  # pyright: ignore[reportOptionalSubscript]
+
+    return es.jit(f), f, change
+
+
+def _partial():
+    p = functools.partial(lambda x, scale: (x * _scale(scale), scale), scale=2.0)
+    return es.jit(p), p, lambda v: p.keywords.__setitem__("scale", v)
+
+
+def _after_one_of_its_own():
+    """A default that is the function's own, then positional-only ones."""
+
+    def f(x, tags=["a"], scale=2.0, /, *rest):  # noqa: B006
+        return x * _scale(scale) * len(tags), scale
+
+    return es.jit(f), f, lambda v: setattr(f, "__defaults__", (["a"], v))
+
+
+def _method(which):
+    class Model(es.Module):
+        w: jax.Array
+
+        @es.jit
+        def __call__(self, x, scale=2.0, *, key=None):
+            return (
+                self.w * x * _scale(scale) + _scale(0.0 if key is None else key),
+                scale,
+                key,
+            )
+
+    m, f = Model(jnp.ones(3)), Model.__call__.__wrapped__  # pyright: ignore
+    if which == "scale":
+        return m, lambda x: f(m, x), lambda v: setattr(f, "__defaults__", (v,))
+    return m, lambda x: f(m, x), lambda v: f.__kwdefaults__.__setitem__("key", v)
+
+
+def _static_method():
+    class Holder:
+        @staticmethod
+        @es.jit
+        def f(x, scale=2.0):
+            return x * _scale(scale), scale
+
+    f = Holder.f.__wrapped__  # pyright: ignore[reportFunctionMemberAccess]
+    return Holder().f, f, lambda v: setattr(f, "__defaults__", (v,))
+
+
+def _callable_module():
+    class Scaled(eqx.Module):
+        def __call__(self, x, scale=2.0):
+            return x * _scale(scale), scale
+
+    m = Scaled()
+    return es.jit(m), m, lambda v: setattr(Scaled.__call__, "__defaults__", (v,))
+
+
+CHANGED = {
+    "__defaults__": _positional,
+    "__kwdefaults__ in place": lambda: _keyword_only(replaced=False),
+    "__kwdefaults__ replaced": lambda: _keyword_only(replaced=True),
+    "a partial's keywords": _partial,
+    "after a default of its own": _after_one_of_its_own,
+    "a method's default": lambda: _method("scale"),
+    "a method's key=None": lambda: _method("key"),
+    "a static method's default": _static_method,
+    "es.jit(module)": _callable_module,
+}
+
+
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+@pytest.mark.parametrize("kind", sorted(CHANGED))
+def test_a_default_changed_after_wrapping_is_the_one_used(where, kind):
+    """Each change is read at the next call, on the general path (a key's first
+    two calls) and through its guard (the third), as eagerly and under a fresh
+    `eqx.filter_jit`: a new key if the default is another value, the same key (a
+    hit) when it comes back or is set to the same value again."""
+    with path(where):
+        f, eager, change = CHANGED[kind]()
+        for v in (2.0, 3.0, 2.0, 3.0, 3.0):
+            change(v)
+            for _ in range(3):
+                _same(f(X), eager(X))
+            _same(f(X), _filtered(eager, X))
+        info = f.__call__.cache_info() if isinstance(f, es.Module) else f.cache_info()
+        assert info == es.CacheInfo(hits=18, misses=2, maxsize=None, currsize=2)
+        change(jnp.asarray(4.0))  # an array: a traced argument
+        for _ in range(3):
+            _same(f(X), eager(X))
