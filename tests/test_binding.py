@@ -166,12 +166,14 @@ def _partial():
 
 
 def _after_one_of_its_own():
-    """A default that is the function's own, then positional-only ones."""
+    """A default that is the function's own (Python cannot hash a set), then a
+    positional-only one, and `*args`."""
+    tags = {"a"}
 
-    def f(x, tags=["a"], scale=2.0, /, *rest):  # noqa: B006
+    def f(x, tags=tags, scale=2.0, /, *rest):
         return x * _scale(scale) * len(tags), scale
 
-    return es.jit(f), f, lambda v: setattr(f, "__defaults__", (["a"], v))
+    return es.jit(f), f, lambda v: setattr(f, "__defaults__", (tags, v))
 
 
 def _method(which):
