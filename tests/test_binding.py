@@ -8,6 +8,8 @@ import functools
 
 import equinox as eqx
 import eqx_static as es
+import hypothesis
+import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -246,3 +248,65 @@ def test_a_default_changed_after_wrapping_is_the_one_used(where, kind):
         change(jnp.asarray(4.0))  # an array: a traced argument
         for _ in range(3):
             _same(f(X), eager(X))
+
+
+class _Settings(es.Module):
+    """A module argument whose static field is changed in place between calls."""
+
+    s: float = eqx.field(static=True)
+
+
+_DEFAULTS = st.sampled_from([2.0, 3.0, 2, True, "array", "set"])
+_CHANGES = st.lists(
+    st.tuples(st.sampled_from(["a", "b in place", "b", "k", "module"]), _DEFAULTS),
+    max_size=4,
+)
+
+
+def _value(v):
+    """A fresh default: a Python value, an array (traced), or a set, which Python
+    cannot hash (the function's own)."""
+    return jnp.asarray(5.0) if v == "array" else {1.0, 2.0} if v == "set" else v
+
+
+def _number(v):
+    return _scale(len(v) if isinstance(v, set) else v)
+
+
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+@hypothesis.settings(max_examples=8, deadline=None)
+@hypothesis.given(changes=_CHANGES, donate=st.sampled_from(["none", "all"]))
+def test_defaults_changed_between_calls_are_seen_as_python_sees_them(
+    where, changes, donate
+):
+    """Defaults (`__defaults__`, `__kwdefaults__` in place or replaced, a partial's
+    keywords) and a module argument's static field, changed between calls: each
+    call returns what the eager call and a fresh `eqx.filter_jit` return, values
+    and leaf types (a Python default comes back a Python value), and a default
+    left out survives `donate="all"`."""
+
+    def f(x, m, a=2.0, *, b=1.0):
+        out = x * _number(a) + _number(b) * _scale(m.s)
+        return out, *(v for v in (a, b) if not isinstance(v, set))
+
+    def g(x, m, k):
+        return x * _number(k) + _scale(m.s), *([] if isinstance(k, set) else [k])
+
+    p, m = functools.partial(g, k=2.0), _Settings(1.0)
+    with path(where):
+        fs = [(es.jit(f, donate=donate), f), (es.jit(p, donate=donate), p)]
+        for what, v in [("a", 2.0), *changes]:
+            if what == "a":
+                f.__defaults__ = (_value(v),)
+            elif what == "b in place":
+                f.__kwdefaults__["b"] = _value(v)  # pyright: ignore[reportOptionalSubscript]
+            elif what == "b":
+                f.__kwdefaults__ = {"b": _value(v)}
+            elif what == "k":
+                p.keywords["k"] = _value(v)
+            else:
+                object.__setattr__(m, "s", _value(v) if v in (2.0, 3.0) else 1.5)
+            for jitted, eager in fs:
+                for _ in range(2):
+                    _same(jitted(jnp.ones(3), m), eager(jnp.ones(3), m))
+                _same(jitted(jnp.ones(3), m), _filtered(eager, jnp.ones(3), m))
