@@ -250,6 +250,35 @@ def test_a_default_changed_after_wrapping_is_the_one_used(where, kind):
             _same(f(X), eager(X))
 
 
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+def test_a_default_taken_away_is_required_until_given_back(where):
+    """Taken away, a default is a missing argument, with Python's own message;
+    given back, it is used again. A partial's keyword taken away is left to the
+    function again, and one added for its `**kwargs` is keyed as an argument."""
+
+    def f(x, scale=2.0, *, shift=0.0):
+        return x * scale + shift
+
+    def g(x, **kwargs):
+        return x * sum(kwargs.values())
+
+    with path(where):
+        jf, p = es.jit(f), functools.partial(g, a=2.0)
+        jp = es.jit(p)
+        f.__defaults__, f.__kwdefaults__ = None, None
+        with pytest.raises(TypeError, match=r"f\(\) missing 1 required positional"):
+            jf(X, shift=1.0)
+        with pytest.raises(TypeError, match=r"f\(\) missing 1 required keyword-only"):
+            jf(X, 2.0)
+        f.__defaults__, f.__kwdefaults__ = (3.0,), {"shift": 1.0}
+        np.testing.assert_array_equal(jf(X), f(X))
+        for change in ({"b": 3.0}, {"b": 4.0}, {"a": 1.0}):
+            p.keywords.clear()
+            p.keywords.update(change)
+            for _ in range(3):
+                np.testing.assert_array_equal(jp(X), p(X))
+
+
 class _Settings(es.Module):
     """A module argument whose static field is changed in place between calls."""
 
