@@ -321,16 +321,16 @@ def test_defaults_changed_between_calls_are_seen_as_python_sees_them(
     def g(x, m, k):
         return x * _number(k) + _scale(m.s), *([] if isinstance(k, set) else [k])
 
-    p, m = functools.partial(g, k=2.0), _Settings(1.0)
+    p, m, kw = functools.partial(g, k=2.0), _Settings(1.0), f.__kwdefaults__
     with path(where):
         fs = [(es.jit(f, donate=donate), f), (es.jit(p, donate=donate), p)]
         for what, v in [("a", 2.0), *changes]:
             if what == "a":
                 f.__defaults__ = (_value(v),)
             elif what == "b in place":
-                f.__kwdefaults__["b"] = _value(v)  # pyright: ignore[reportOptionalSubscript]
+                kw["b"] = _value(v)  # pyright: ignore[reportOptionalSubscript]
             elif what == "b":
-                f.__kwdefaults__ = {"b": _value(v)}
+                f.__kwdefaults__ = kw = {"b": _value(v)}
             elif what == "k":
                 p.keywords["k"] = _value(v)
             else:
