@@ -152,7 +152,7 @@ def _binder(
     if params is None:
         return "*args, **kwargs", "*args, **kwargs", "", [], {}
     keywords, g = _keepers(fn)
-    ns: dict[str, Any] = {"_es_u": _LEFT_OUT}  # what is filled in, then what is checked
+    ns: dict[str, Any] = {"_es_u": _LEFT_OUT}  # what is filled in; `kept`: checked
     kept: dict[str, Any] = {"_es_g": g, "_es_pk": keywords}
     if g is not None:
         kept.update(_es_t=g.__defaults__, _es_kd=g.__kwdefaults__)
@@ -350,8 +350,9 @@ class _Jit(functools.partial, Generic[_P, _R]):
 
     def _again(self, values: tuple, again: Callable) -> Any:
         """A call that left out a default other than the one the generated functions
-        were made with: make them again, from the function's signature as it is
-        now, and call `again` (one of them) as the caller did."""
+        were made with: make them again (one thread at a time), from the function's
+        signature as it is now, and call `again` (one of them) as the caller did;
+        Python's own error if it left out one that has no default now."""
         with _binding:
             now, donating = _layout(self.fn)[1], self._options[0] != "none"
             binder = _binder(self.fn, self._params, now, donating, self._owns)
@@ -360,7 +361,7 @@ class _Jit(functools.partial, Generic[_P, _R]):
                 old.__defaults__, old.__code__ = new.__defaults__, new.__code__
                 old.__kwdefaults__ = new.__kwdefaults__
             self.hot.__globals__.update(_es_hot=self.hot, _es_bind=self._bind)
-        self._layout.call(self.hot.__globals__["_es_strict"], values)  # missing ones
+        self._layout.call(self.hot.__globals__["_es_strict"], values)
         return self._layout.call(again, values)
 
     # The general path, and the guards it leaves for the next calls.
@@ -509,7 +510,9 @@ def _es_bind({params}):
 def _es_strict({strict}):
     pass
 """
-    ns.update(names, _es_miss=_guard.MISS, _es_type=type)  # the values filled in first
+    # The values filled in before those checked: a call that sees a new check made
+    # here sees the new values too.
+    ns.update(names, _es_miss=_guard.MISS, _es_type=type)
     exec(compile(source, f"{GENERATED}/{f.qualname}", "exec"), ns)
     hot, bind = ns["_es_hot"], ns["_es_bind"]
     for made in (hot, bind, ns["_es_strict"]):  # named as `fn` in tracebacks and errors
