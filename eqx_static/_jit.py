@@ -98,31 +98,30 @@ def _layout(fn: Callable) -> tuple[Layout, list[inspect.Parameter] | None]:
 
 def _keepers(fn: Callable) -> tuple[dict | None, Any]:
     """Where `fn`'s defaults are kept: a partial's keywords, and the function (of a
-    method, or of a callable's `__call__`) whose `__defaults__` and
-    `__kwdefaults__` hold the others."""
+    method, of a callable's `__call__`, or the one an `es.jit` method wraps) whose
+    `__defaults__` and `__kwdefaults__` hold the others."""
     keywords = fn.keywords if isinstance(fn, functools.partial) else None
     g = fn.func if isinstance(fn, functools.partial) else fn
     for _ in range(3):
         if type(g) is types.FunctionType:
-            return keywords, g
+            inner = getattr(g, "fn", None) if hasattr(g, "es_jit") else None
+            return keywords, inner if type(inner) is types.FunctionType else g
         g = g.__func__ if isinstance(g, types.MethodType) else type(g).__call__
     return keywords, None
 
 
-def _kept(name: str, default: Any, keywords: dict | None, g: Any) -> str | None:
-    """Where the default of `name` is kept, if it is `default` there: in the
-    partial's `"keywords"`, in the function's `"kw"` or `"pos"` defaults; else None
-    (a callable that reports a signature of its own: the default is read once)."""
+def _kept(name: str, keywords: dict | None, g: Any) -> tuple[str | None, Any]:
+    """Where the default of `name` is kept, and what it is now: in the partial's
+    `"keywords"`, in the function's `"kw"` or `"pos"` defaults; or nowhere."""
     if keywords is not None and name in keywords:
-        return "keywords" if keywords[name] is default else None
+        return "keywords", keywords[name]
     if g is None:
-        return None
+        return None, _LEFT_OUT
     pos, names = g.__defaults__ or (), g.__code__.co_varnames[: g.__code__.co_argcount]
     if name in names[len(names) - len(pos) :]:
-        return (
-            "pos" if pos[names.index(name) - len(names) + len(pos)] is default else None
-        )
-    return "kw" if (g.__kwdefaults__ or {}).get(name, _LEFT_OUT) is default else None
+        return "pos", pos[names.index(name) - len(names) + len(pos)]
+    kw = g.__kwdefaults__ or {}
+    return ("kw", kw[name]) if name in kw else (None, _LEFT_OUT)
 
 
 def _filled(name: str, d: Any, donating: bool, owns: dict[str, tuple]) -> Any:
@@ -171,6 +170,10 @@ def _binder(
             source.append((stars + p.name, False, False))
             continue
         d = current.get(p.name, _LEFT_OUT)  # not one now (a partial's keyword gone)
+        where, now_d = _kept(p.name, keywords, g)
+        if d is _LEFT_OUT and p.name in current:  # an `es.jit` method's: its function's
+            d = now_d if where else p.empty
+        where = where if now_d is d else None  # a signature of its own: read once
         source.append((p.name, p.default is not p.empty, d is not p.empty))
         last = i + 1 == len(params) or params[i + 1].kind is not p.POSITIONAL_ONLY
         if p.kind is p.POSITIONAL_ONLY and last:
@@ -182,7 +185,6 @@ def _binder(
         elif d is not _LEFT_OUT:
             ns[f"_es_d{i}"] = _filled(p.name, d, donating, owns)
             fills.append(f"if {p.name} is _es_u: {p.name} = _es_d{i}")
-            where = _kept(p.name, d, keywords, g)
             if where == "pos":
                 positional.append(f"{p.name} is _es_u")
             elif where == "kw":

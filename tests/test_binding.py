@@ -216,6 +216,20 @@ def _callable_module():
     return es.jit(m), m, lambda v: setattr(Scaled.__call__, "__defaults__", (v,))
 
 
+def _module_of_a_jitted_call():
+    """`es.jit(model)` whose `__call__` is an `es.jit` method: its function's."""
+
+    class Scaled(es.Module):
+        w: jax.Array
+
+        @es.jit
+        def __call__(self, x, scale=2.0):
+            return self.w * x * _scale(scale), scale
+
+    m, f = Scaled(jnp.ones(3)), Scaled.__call__.__wrapped__  # pyright: ignore
+    return es.jit(m), lambda x: f(m, x), lambda v: setattr(f, "__defaults__", (v,))
+
+
 CHANGED = {
     "__defaults__": _positional,
     "__kwdefaults__ in place": lambda: _keyword_only(replaced=False),
@@ -226,6 +240,7 @@ CHANGED = {
     "a method's key=None": lambda: _method("key"),
     "a static method's default": _static_method,
     "es.jit(module)": _callable_module,
+    "es.jit(module) of an es.jit method": _module_of_a_jitted_call,
 }
 
 
