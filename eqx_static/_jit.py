@@ -71,10 +71,12 @@ def f(cls, x): ...
 # generated function of the same signature, so that Python binds keywords in C and
 # `f(x)`, `f(x, 2.0)`, `f(x, scale=2.0)` are one key. Its defaults are a marker: a
 # parameter left out gets the function's default as it is at the call. Each one
-# left out is checked, by identity, to be the object the binder was made with,
-# where the function keeps it (its `__defaults__` tuple, an item of its
-# `__kwdefaults__` or of a partial's `keywords`, dicts that change in place); when
-# one is not, the binder is made again from the function's signature.
+# left out is checked, by identity (the same object is the same default; any other
+# is read again), to be the object the binder was made with, where the function
+# keeps it: its `__defaults__` tuple, an item of its `__kwdefaults__` (a dict that
+# changes in place); a partial's `keywords` are compared whole at every call (a key
+# added may be a default). When one is not, the binder is made again from the
+# function's signature as it is then.
 
 _LEFT_OUT: Final = Own("<the function's default, read at the call>")
 
