@@ -205,33 +205,29 @@ class Typed:
         return repr(self.value)
 
 
-class ByEq:
-    """An unhashable value in a static field of a plain `eqx.Module` (lineax keeps
-    lists there): compared by `==`, as Equinox's tree structure compares it, with a
-    copy taken when keyed, so that a change in place is a new key. Only the copy is
-    kept: a trace takes the value from the call in hand."""
+class _Copy:
+    """A part of a static field's value that has no form of its own and Python
+    cannot hash: a copy taken when keyed (so that a change in place is another
+    value), compared by type and `==`, as other values of no form are."""
 
-    __slots__ = ("snapshot",)
+    __slots__ = ("value",)
 
     def __init__(self, value: object):
         try:
-            self.snapshot = copy.deepcopy(value)
-        except Exception:  # not copyable: compared as it is now, as Equinox does
-            self.snapshot = value
+            self.value = copy.deepcopy(value)
+        except Exception:  # not copyable: compared as it is now
+            self.value = value
 
     def __eq__(self, other: object) -> bool:
-        if type(other) is not ByEq or type(other.snapshot) is not type(self.snapshot):
+        if type(other) is not _Copy or type(other.value) is not type(self.value):
             return False
         try:
-            return bool(self.snapshot == other.snapshot)
+            return bool(self.value == other.value)
         except Exception:
             return False
 
     def __hash__(self) -> int:
-        return hash(type(self.snapshot))
-
-    def __repr__(self) -> str:
-        return repr(self.snapshot)
+        return hash(type(self.value))
 
 
 def token(v: Any) -> Any:
@@ -247,12 +243,18 @@ def token(v: Any) -> Any:
         raise UnhashableError(v) from None
 
 
-def field_token(v: Any) -> Any:
-    """A static *field's* token: an unhashable value is compared by `==`."""
+def field_token(v: Any, shown: bool = True) -> Any:
+    """A static *field's* token: a value Python cannot hash (a plain `eqx.Module`
+    may hold a list there) by its form too (`fixed_form(v, mutable=True)`), with a
+    copy to show in reports if `shown` (the value itself may change later)."""
     try:
         return token(v)
     except UnhashableError:
-        return ByEq(v)
+        try:
+            form = fixed_form(v, mutable=True)[0]
+        except _CyclicError:  # compared whole, as Equinox does
+            form = (_Copy(v),)
+        return Typed(_Copy(v).value if shown else None, form, False)
 
 
 # What to use instead of a static value Python cannot hash, by its kind: the one
@@ -288,21 +290,24 @@ def value_of(tok: Any) -> Any:
     """The Python value a token stands for."""
     if type(tok) is Typed:
         return tok.value
-    if type(tok) is ByEq:
-        return tok.snapshot
     return True if tok is TRUE else False if tok is FALSE else tok
 
 
-def fixed_form(v: Any) -> tuple[tuple, bool]:
+def fixed_form(v: Any, mutable: bool = False) -> tuple[tuple, bool]:
     """What `v` is compared by: a flat tuple, so that a value nested thousands deep
     hashes and compares without recursion (`TypeError` if a part is unhashable);
     and whether every part of `v` is immutable or compared by identity (numbers,
-    strings, tuples and frozensets of them, functions, enums)."""
+    strings, tuples and frozensets of them, functions, enums). If `mutable`, parts
+    Python cannot hash have forms too (`_mutable_form`), and none is fixed."""
     out: list[Any] = []
     stack = [v]
     fixed = True
+    on_path: set[int] = set()  # the mutable containers being read
     while stack:
         x = stack.pop()
+        if x is _LEAVE:  # the end of a mutable container's parts
+            on_path.discard(stack.pop())
+            continue
         t = type(x)
         out.append(t)
         if t in SIMPLE or t is bool:
@@ -333,10 +338,53 @@ def fixed_form(v: Any) -> tuple[tuple, bool]:
             stack += reversed(values)
             fixed = False  # its fields can be set with `object.__setattr__`
         else:
-            hash(x)  # its own `==` and hash: `TypeError` if it has none
-            out.append(x)
-            fixed = fixed and _by_identity(t)
+            try:
+                hash(x)  # its own `==` and hash: `TypeError` if it has none
+            except TypeError:
+                if not mutable:
+                    raise
+                out += _mutable_form(x, stack, on_path)
+                fixed = False
+            else:
+                out.append(x)
+                fixed = fixed and _by_identity(t)
     return tuple(out), fixed
+
+
+class _CyclicError(Exception):
+    pass
+
+
+_LEAVE: Final = Sentinel("<leave>")
+
+
+def _mutable_form(x: Any, stack: list, on_path: set[int]) -> tuple:
+    """The head of the form of `x`, which Python cannot hash, with its parts pushed
+    on `stack`: a list's items, a dict's keys and values in its own order (the
+    order the trace reads them in; a dict argument is flattened in sorted order, and
+    read so), a dataclass's fields; a set's items as a `frozenset`; an array's
+    dtype, shape and bytes; anything else a copy (`_Copy`)."""
+    t = type(x)
+    if t is set:
+        return (frozenset(fixed_form(item)[0] for item in x),)
+    if t is list or t is dict or dataclasses.is_dataclass(x):
+        if id(x) in on_path:
+            raise _CyclicError
+        on_path.add(id(x))
+        stack += (id(x), _LEAVE)
+        if t is dict:
+            parts = [part for item in x.items() for part in item]
+        elif t is list:
+            parts = list(x)
+        else:
+            parts = [getattr(x, f.name, UNSET) for f in dataclasses.fields(x)]
+        stack += reversed(parts)
+        return (len(parts),)
+    if isinstance(x, np.ndarray | jax.Array) and not isinstance(x, Tracer):
+        a = np.asarray(x)
+        if not a.dtype.hasobject:
+            return (a.dtype.str, a.shape, a.tobytes())
+    return (_Copy(x),)
 
 
 _BACKWARDS: Final = slice(None, None, -1)
