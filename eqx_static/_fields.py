@@ -250,10 +250,7 @@ def field_token(v: Any, shown: bool = True) -> Any:
     try:
         return token(v)
     except UnhashableError:
-        try:
-            form = fixed_form(v, mutable=True)[0]
-        except _CyclicError:  # compared whole, as Equinox does
-            form = (_Copy(v),)
+        form = fixed_form(v, mutable=True)[0]
         return Typed(_Copy(v).value if shown else None, form, False)
 
 
@@ -302,12 +299,9 @@ def fixed_form(v: Any, mutable: bool = False) -> tuple[tuple, bool]:
     out: list[Any] = []
     stack = [v]
     fixed = True
-    on_path: set[int] = set()  # the mutable containers being read
+    on_path: dict[int, int] = {}  # the mutable containers being read, by depth
     while stack:
         x = stack.pop()
-        if x is _LEAVE:  # the end of a mutable container's parts
-            on_path.discard(stack.pop())
-            continue
         t = type(x)
         out.append(t)
         if t in SIMPLE or t is bool:
@@ -337,6 +331,9 @@ def fixed_form(v: Any, mutable: bool = False) -> tuple[tuple, bool]:
             out.append(len(values))
             stack += reversed(values)
             fixed = False  # its fields can be set with `object.__setattr__`
+        elif x is _LEAVE:  # past a mutable container's parts (not a part)
+            out.pop()
+            del on_path[stack.pop()]
         else:
             try:
                 hash(x)  # its own `==` and hash: `TypeError` if it has none
@@ -351,26 +348,23 @@ def fixed_form(v: Any, mutable: bool = False) -> tuple[tuple, bool]:
     return tuple(out), fixed
 
 
-class _CyclicError(Exception):
-    pass
-
-
 _LEAVE: Final = Sentinel("<leave>")
 
 
-def _mutable_form(x: Any, stack: list, on_path: set[int]) -> tuple:
+def _mutable_form(x: Any, stack: list, on_path: dict[int, int]) -> tuple:
     """The head of the form of `x`, which Python cannot hash, with its parts pushed
     on `stack`: a list's items, a dict's keys and values in its own order (the
     order the trace reads them in; a dict argument is flattened in sorted order, and
     read so), a dataclass's fields; a set's items as a `frozenset`; an array's
-    dtype, shape and bytes; anything else a copy (`_Copy`)."""
+    dtype, shape and bytes; anything else a copy (`_Copy`). A container met again
+    inside itself is the depth of that container (so a cycle ends)."""
     t = type(x)
     if t is set:
         return (frozenset(fixed_form(item)[0] for item in x),)
     if t is list or t is dict or dataclasses.is_dataclass(x):
         if id(x) in on_path:
-            raise _CyclicError
-        on_path.add(id(x))
+            return (_LEAVE, on_path[id(x)])
+        on_path[id(x)] = len(on_path)
         stack += (id(x), _LEAVE)
         if t is dict:
             parts = [part for item in x.items() for part in item]

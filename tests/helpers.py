@@ -2,12 +2,14 @@
 independently of the library, a runner of Python in a fresh process, and a pytree
 that fails loudly when anything walks the whole tree."""
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
 import threading
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,19 @@ def shared(programs: int, keys: int) -> int:
     """The compiles expected: one per distinct program where keys share programs,
     one per key (and signature) where they cannot."""
     return programs if SHARING else keys
+
+
+@contextlib.contextmanager
+def path(name: str) -> Iterator[None]:
+    """`"dispatcher"`, or `"public"`: each key made meanwhile runs on a public
+    `jax.jit`, as where JAX's private dispatcher cannot be built."""
+    saved = _jax.DISPATCH, _jax.SHARING
+    if name == "public":
+        _jax.DISPATCH = _jax.SHARING = False
+    try:
+        yield
+    finally:
+        _jax.DISPATCH, _jax.SHARING = saved
 
 
 def seed() -> types.SimpleNamespace:
