@@ -164,8 +164,11 @@ def is_module(x: object) -> bool:
 # Static values as tokens. A token of a hashable value is compared by its *form*:
 # floats by their bits (a nan equals a nan of the same bits); tuples, frozensets,
 # frozen dataclasses and modules item by item (a dataclass by its fields, whatever
-# its `__eq__` says), with each item's type; anything else by its own `==`. A value Python cannot hash has no token: `UnhashableError` is raised,
-# and the caller says where it is and what to pass instead.
+# its `__eq__` says), with each item's type; anything else by its own `==`. A value
+# Python cannot hash has no token: `UnhashableError` is raised, and the caller says
+# where it is and what to pass instead; but a plain `eqx.Module` may hold one in a
+# static field, and there its lists, dicts, sets and dataclasses are read item by
+# item too (`field_token`), never by their own `==` (`[1] == [1.0]`).
 
 # Types whose `==` tells their values apart from every other type's.
 SIMPLE: Final = frozenset({int, str, bytes, type(None), type})
@@ -208,7 +211,8 @@ class Typed:
 class _Copy:
     """A part of a static field's value that has no form of its own and Python
     cannot hash: a copy taken when keyed (so that a change in place is another
-    value), compared by type and `==`, as other values of no form are."""
+    value), compared by type and `==`, as other values of no form are. (Only forms
+    hold one: `Typed.__eq__` takes an `==` that raises, or that is not a bool.)"""
 
     __slots__ = ("value",)
 
@@ -218,13 +222,10 @@ class _Copy:
         except Exception:  # not copyable: compared as it is now
             self.value = value
 
-    def __eq__(self, other: object) -> bool:
+    def __eq__(self, other: object) -> Any:
         if type(other) is not _Copy or type(other.value) is not type(self.value):
             return False
-        try:
-            return bool(self.value == other.value)
-        except Exception:
-            return False
+        return self.value == other.value
 
     def __hash__(self) -> int:
         return hash(type(self.value))
@@ -247,11 +248,16 @@ def field_token(v: Any, shown: bool = True) -> Any:
     """A static *field's* token: a value Python cannot hash (a plain `eqx.Module`
     may hold a list there) by its form too (`fixed_form(v, mutable=True)`), with a
     copy to show in reports if `shown` (the value itself may change later)."""
+    if type(v).__hash__ is not None:
+        try:
+            return token(v)
+        except UnhashableError:  # a tuple that holds a list
+            pass
     try:
-        return token(v)
-    except UnhashableError:
         form = fixed_form(v, mutable=True)[0]
-        return Typed(_Copy(v).value if shown else None, form, False)
+    except TypeError:  # a part whose own `__hash__` raises: compared whole
+        form = (_Copy(v),)
+    return Typed(_Copy(v).value if shown else None, form, False)
 
 
 # What to use instead of a static value Python cannot hash, by its kind: the one
@@ -299,7 +305,7 @@ def fixed_form(v: Any, mutable: bool = False) -> tuple[tuple, bool]:
     out: list[Any] = []
     stack = [v]
     fixed = True
-    on_path: dict[int, int] = {}  # the mutable containers being read, by depth
+    met: dict[int, int] = {}  # the mutable containers read, numbered as met
     while stack:
         x = stack.pop()
         t = type(x)
@@ -326,50 +332,43 @@ def fixed_form(v: Any, mutable: bool = False) -> tuple[tuple, bool]:
         ):  # its stored items, as `==` and `hash` read them
             out.append(tuple.__len__(x))
             stack += tuple.__getitem__(x, _BACKWARDS)
+        elif mutable and t.__hash__ is None:  # a list, a dict: in a static field
+            out += _mutable_form(x, stack, met)
+            fixed = False
         elif (names := _field_names(t)) is not None:
             values = [getattr(x, n, UNSET) for n in names]
             out.append(len(values))
             stack += reversed(values)
             fixed = False  # its fields can be set with `object.__setattr__`
-        elif x is _LEAVE:  # past a mutable container's parts (not a part)
-            out.pop()
-            del on_path[stack.pop()]
         else:
-            try:
-                hash(x)  # its own `==` and hash: `TypeError` if it has none
-            except TypeError:
-                if not mutable:
-                    raise
-                out += _mutable_form(x, stack, on_path)
-                fixed = False
-            else:
-                out.append(x)
-                fixed = fixed and _by_identity(t)
+            hash(x)  # its own `==` and hash: `TypeError` if it has none
+            out.append(x)
+            fixed = fixed and _by_identity(t)
     return tuple(out), fixed
 
 
-_LEAVE: Final = Sentinel("<leave>")
+_MET: Final = Sentinel("<met before>")
 
 
-def _mutable_form(x: Any, stack: list, on_path: dict[int, int]) -> tuple:
+def _mutable_form(x: Any, stack: list, met: dict[int, int]) -> tuple:
     """The head of the form of `x`, which Python cannot hash, with its parts pushed
     on `stack`: a list's items, a dict's keys and values in its own order (the
     order the trace reads them in; a dict argument is flattened in sorted order, and
     read so), a dataclass's fields; a set's items as a `frozenset`; an array's
-    dtype, shape and bytes; anything else a copy (`_Copy`). A container met again
-    inside itself is the depth of that container (so a cycle ends)."""
+    dtype, shape and bytes; anything else a copy (`_Copy`). A container met before
+    (inside itself, or twice) is its number: a cycle ends, and a value shared in two
+    places is another key than two equal copies (more compiles, never a wrong one)."""
     t = type(x)
     if t is set:
         return (frozenset(fixed_form(item)[0] for item in x),)
     if t is list or t is dict or dataclasses.is_dataclass(x):
-        if id(x) in on_path:
-            return (_LEAVE, on_path[id(x)])
-        on_path[id(x)] = len(on_path)
-        stack += (id(x), _LEAVE)
-        if t is dict:
-            parts = [part for item in x.items() for part in item]
-        elif t is list:
+        if id(x) in met:
+            return (_MET, met[id(x)])
+        met[id(x)] = len(met)
+        if t is list:
             parts = list(x)
+        elif t is dict:
+            parts = [part for item in x.items() for part in item]
         else:
             parts = [getattr(x, f.name, UNSET) for f in dataclasses.fields(x)]
         stack += reversed(parts)

@@ -803,6 +803,13 @@ class Settable:  # not frozen: Python cannot hash it
     n: Any
 
 
+class RaisingHash(Settable):
+    """Its own `__hash__` raises `TypeError`, as a `__hash__` of None would."""
+
+    def __hash__(self) -> int:
+        raise TypeError("unhashable")
+
+
 def _read(s: Any) -> list:
     """Every number and string in `s`, in the order Python reads them (a dict's
     keys and values in its own order): an array each, of the dtype JAX gives it."""
@@ -838,8 +845,12 @@ def _as_tuples(v: Any) -> Any:
         return (dict, tuple((_as_tuples(k), _as_tuples(x)) for k, x in v.items()))
     if type(v) is set:
         return (set, frozenset(map(_as_tuples, v)))
+    if isinstance(v, np.ndarray | jax.Array):
+        return (type(v), str(v.dtype), _as_tuples(np.asarray(v).tolist()))
     return (Settable, _as_tuples(v.n)) if type(v) is Settable else v
 
+
+_INT, _FLOAT = [1], [1.0]  # each held twice below
 
 # Pairs of static values that Python says are equal (or that are equal as a whole
 # but not in the order the trace reads them), and pairs that are one key.
@@ -859,9 +870,14 @@ PLAIN_PAIRS = {
     "nested, -0.0 deep": ([(1,), {"a": [[0.0]]}], [(1,), {"a": [[-0.0]]}]),
     "nested, equal": ([{"k": [NAN, -0.0]}], [{"k": [NAN, -0.0]}]),
     "lengths": ([[1, 2], [3]], [[1], [2, 3]]),
+    "a list in two places": ([_INT, _FLOAT, _INT], [_INT, _FLOAT, _FLOAT]),
+    "numpy arrays": ([np.array([1])], [np.array([1.0])]),
+    "numpy arrays, -0.0": ([np.array(0.0)], [np.array(-0.0)]),
+    "jax arrays, -0.0": ([jnp.array(0.0)], [jnp.array(-0.0)]),
 }
 
 
+@pytest.mark.filterwarnings("ignore:A JAX array is being set as static")
 @pytest.mark.parametrize("where", ["dispatcher", "public"])
 @pytest.mark.parametrize("warm", [1, 3])  # the second value on the general path, or
 @pytest.mark.parametrize("pair", sorted(PLAIN_PAIRS))  # past the first one's guard
@@ -896,6 +912,7 @@ PLAIN_CHANGES = {
     "nested": ([{"k": (1,)}], lambda v: v[0].__setitem__("k", (1.0,))),
     "nested list": ([[{"k": [0.0]}]], lambda v: v[0][0]["k"].__setitem__(0, -0.0)),
     "a dataclass": ([Settable(1)], lambda v: setattr(v[0], "n", 1.0)),
+    "a raising hash": ([RaisingHash(1)], lambda v: setattr(v[0], "n", 2)),
 }
 
 
@@ -905,8 +922,9 @@ PLAIN_CHANGES = {
 def test_an_unhashable_static_changed_in_place_is_a_new_key(change, warm, where):
     """The key holds the value's form, not the value: changed in place between
     calls, it is another key, and each call gives the eager result; a fresh value
-    equal to the first is still the first key. (`eqx.filter_jit` keeps the list
-    itself, which still equals itself: the old program runs.)"""
+    equal to the first is still the first key. (A value with a part whose own
+    `__hash__` raises is compared whole, by `==` with a copy.) (`eqx.filter_jit`
+    keeps the list itself, which still equals itself: the old program runs.)"""
     value, mutate = PLAIN_CHANGES[change]
     x = jnp.array(2.0, jnp.float32)
     with path(where):
