@@ -902,6 +902,30 @@ def test_an_unhashable_static_in_a_plain_module_is_keyed_by_type_and_value(
     assert misses[0] == misses[1]
 
 
+def _agree(got: Any, want: Any) -> bool:
+    try:
+        _assert_same(got, want)
+    except AssertionError:
+        return False
+    return True
+
+
+@pytest.mark.filterwarnings("ignore:A JAX array is being set as static")
+@pytest.mark.parametrize("pair", sorted(PLAIN_PAIRS))
+def test_filter_jit_runs_the_first_program_for_an_equal_unhashable_static(pair):
+    """What the table above guards against: `eqx.filter_jit` compares the value
+    with `==`, so where Python says the two are equal, the second call runs the
+    first one's program, and is wrong wherever the two eager results differ."""
+    first, second = PLAIN_PAIRS[pair]
+    x = jnp.array(2.0, jnp.float32)
+    a, b = (PlainHolder(jnp.float32(1.5), s) for s in (first, second))
+    g = eqx.filter_jit(lambda m, x: _holder_read(m, x))
+    g(a, x)
+    reused = first == second  # then the second call runs the first's program
+    right = not reused or _agree(_holder_read(a, x), _holder_read(b, x))
+    assert _agree(g(b, x), _holder_read(b, x)) == right
+
+
 # A static value and a change in place that the trace would read.
 PLAIN_CHANGES = {
     "int to float": ([1], lambda v: v.__setitem__(0, 1.0)),
