@@ -305,7 +305,7 @@ def fixed_form(v: Any, mutable: bool = False) -> tuple[tuple, bool]:
     out: list[Any] = []
     stack = [v]
     fixed = True
-    met: dict[int, int] = {}  # the mutable containers read, numbered as met
+    met: dict[int, tuple[int, Any]] = {}  # the mutable containers read, by `id`
     while stack:
         x = stack.pop()
         t = type(x)
@@ -350,7 +350,7 @@ def fixed_form(v: Any, mutable: bool = False) -> tuple[tuple, bool]:
 _MET: Final = Sentinel("<met before>")
 
 
-def _mutable_form(x: Any, stack: list, met: dict[int, int]) -> tuple:
+def _mutable_form(x: Any, stack: list, met: dict[int, tuple[int, Any]]) -> tuple:
     """The head of the form of `x`, which Python cannot hash, with its parts pushed
     on `stack`: a list's items, a dict's keys and values in its own order (the
     order the trace reads them in; a dict argument is flattened in sorted order, and
@@ -363,8 +363,8 @@ def _mutable_form(x: Any, stack: list, met: dict[int, int]) -> tuple:
         return (frozenset(fixed_form(item)[0] for item in x),)
     if t is list or t is dict or dataclasses.is_dataclass(x):
         if id(x) in met:
-            return (_MET, met[id(x)])
-        met[id(x)] = len(met)
+            return (_MET, met[id(x)][0])
+        met[id(x)] = (len(met), x)  # kept, so that no other value takes its `id`
         if t is list:
             parts = list(x)
         elif t is dict:

@@ -803,6 +803,17 @@ class Settable:  # not frozen: Python cannot hash it
     n: Any
 
 
+class FreshReads(Settable):
+    """Each read of a dict field gives a new copy of it, freed once read, whose
+    memory (and so `id`) the next copy may take. (Whether it does depends on what
+    else allocates in between: without the suite's runtime type checks, as the
+    mutation runs go, it does.)"""
+
+    def __getattribute__(self, name: str) -> Any:
+        value = object.__getattribute__(self, name)
+        return value.copy() if type(value) is dict else value
+
+
 class RaisingHash(Settable):
     """Its own `__hash__` raises `TypeError`, as a `__hash__` of None would."""
 
@@ -847,7 +858,7 @@ def _as_tuples(v: Any) -> Any:
         return (set, frozenset(map(_as_tuples, v)))
     if isinstance(v, np.ndarray | jax.Array):
         return (type(v), str(v.dtype), _as_tuples(np.asarray(v).tolist()))
-    return (Settable, _as_tuples(v.n)) if type(v) is Settable else v
+    return (type(v), _as_tuples(v.n)) if isinstance(v, Settable) else v
 
 
 _INT, _FLOAT = [1], [1.0]  # each held twice below
@@ -871,6 +882,10 @@ PLAIN_PAIRS = {
     "nested, equal": ([{"k": [NAN, -0.0]}], [{"k": [NAN, -0.0]}]),
     "lengths": ([[1, 2], [3]], [[1], [2, 3]]),
     "a list in two places": ([_INT, _FLOAT, _INT], [_INT, _FLOAT, _FLOAT]),
+    "a new dict on each read": (
+        [FreshReads({"k": 1}), FreshReads({"k": 1})],
+        [FreshReads({"k": 1}), FreshReads({"k": 1.0})],
+    ),
     "numpy arrays": ([np.array([1])], [np.array([1.0])]),
     "numpy arrays, -0.0": ([np.array(0.0)], [np.array(-0.0)]),
     "jax arrays, -0.0": ([jnp.array(0.0)], [jnp.array(-0.0)]),
