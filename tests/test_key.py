@@ -961,8 +961,8 @@ PLAIN_CHANGES = {
 def test_an_unhashable_static_changed_in_place_is_a_new_key(change, warm, where):
     """The key holds the value's form, not the value: changed in place between
     calls, it is another key, and each call gives the eager result; a fresh value
-    equal to the first is still the first key. (A value with a part whose own
-    `__hash__` raises is compared whole, by `==` with a copy.) (`eqx.filter_jit`
+    equal to the first is still the first key; a value with a part whose own
+    `__hash__` raises is compared whole, by `==` with a copy. (`eqx.filter_jit`
     keeps the list itself, which still equals itself: the old program runs.)"""
     value, mutate = PLAIN_CHANGES[change]
     x = jnp.array(2.0, jnp.float32)
@@ -983,8 +983,8 @@ def test_an_unhashable_static_changed_in_place_is_a_new_key(change, warm, where)
 def test_an_unhashable_static_that_contains_itself_is_keyed_by_its_shape(where):
     """A list in a static field may come to contain itself (Equinox refuses one at
     construction): it is keyed in finite time, by type and value, the inner
-    reference by how far out it points. Two such lists of the same values are one
-    key; of `1` and `1.0`, two. (`eqx.filter_jit` raises on the second call: it
+    reference as the container met before that it is. Two such lists of the same
+    values are one key; of `1` and `1.0`, two. (`eqx.filter_jit` raises on the second call: it
     compares the two lists with `==`, which recurses without end.)"""
 
     def f(m, x):
