@@ -88,6 +88,16 @@ CASES = {
         ((X, P(X, "a")), {}),
         "compiling (1 cached): static field 'y.xs' changed 1.0 -> 'a'",
     ),
+    "static list field changes an item's type": (
+        ((X, P(X, [1])), {}),
+        ((X, P(X, [1.0])), {}),
+        "compiling (1 cached): static field 'y.xs' changed [1] -> [1.0]",
+    ),
+    "static dict field, nested": (
+        ((X, P(X, {"a": [0.0]})), {}),
+        ((X, P(X, {"a": [-0.0]})), {}),
+        "compiling (1 cached): static field 'y.xs' changed {'a': [0.0]} -> {'a': [-0.0]}",
+    ),
     "dtype of an array in a tuple of arrays": (
         ((X, (X, X)), {}),
         ((X, (X, X.astype(jnp.int32))), {}),
@@ -235,6 +245,22 @@ def test_a_positional_argument_is_named_as_the_body_reads_it_never_as_a_field(ca
         assert f": argument {path} changed 2.0 -> 3.0;" in info, lines[name]
         assert "field '" not in info, info
         assert f"{path!r} is a Python value passed as an argument" in storm, storm
+
+
+def test_a_static_list_changed_in_place_is_named_old_to_new(caplog):
+    """The line shows the value the key was made from (a copy), not the list as it
+    is now."""
+    y = P(X, [1, 2])
+    f = _fresh()
+    with caplog.at_level(logging.INFO, logger="eqx_static"):
+        f(X, y)
+        y.xs[1] = 2.0
+        f(X, y)
+    got = [_what(r.getMessage()) for r in caplog.records if r.name == "eqx_static"]
+    assert got == [
+        f"{f.qualname}: compiling (1 cached): static field 'y.xs' changed "
+        "[1, 2] -> [1, 2.0]"
+    ]
 
 
 def test_of_equally_close_signatures_the_most_recent_explains(caplog):
