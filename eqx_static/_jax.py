@@ -532,7 +532,8 @@ def callbacks_in(jaxpr: Any) -> list[tuple[Callable, Any]] | None:
     `pure_callback` is dropped), and each equation once per lowering cache key (an
     inner `jax.jit` called twice is one function). Read from the equations, which
     hold them on every platform (a TPU's lowering holds only opaque objects). None
-    if one holds a callback of another kind (`jax.debug.callback`, `inspect_array_sharding`)."""
+    if one holds a callback of another kind (`jax.debug.callback`,
+    `inspect_array_sharding`)."""
     if _dce is None:  # pragma: no cover
         return None
     inner, found, lowered = open_jaxpr(jaxpr), [], set()
