@@ -90,9 +90,7 @@ def main() -> None:
     rows = [
         run(w, c, s, args.timeout) for s in args.stdin for c in CALLS for w in WRAPPERS
     ]
-    print(
-        "| wrapper | backend | failing call | stdin | the failing call | the next call |"
-    )
+    print("| wrapper | backend | failing | stdin | the failing call | the next call |")
     print("| --- | --- | --- | --- | --- | --- |")
     for r in rows:
         where = r.get("backend", "?")

@@ -498,14 +498,15 @@ def spans_processes(lowering: Any) -> bool:
 # Jaxprs: where the explanations and the sharing rules look inside a program.
 try:
     from jax._src import callback as _callback, source_info_util as _source_info
-    from jax._src.interpreters import partial_eval as _pe
+    from jax._src.interpreters import mlir as _mlir, partial_eval as _pe
 
     _FlatCallback: Any = _callback._FlatCallback
     _CALLBACKS: tuple = (_callback.pure_callback_p, _callback.io_callback_p)
     _dce: Any = _pe.dce_jaxpr_consts  # what JAX's `jit` drops before lowering
+    _uncached: Any = _mlir._uncacheable_primitives  # lowered again at each equation
     _user_frames: Any = _source_info.user_frames
 except (ImportError, AttributeError):  # pragma: no cover
-    _FlatCallback = _dce = _user_frames = None
+    _FlatCallback = _dce = _uncached = _user_frames = None
     _CALLBACKS = ()
     stop_sharing("its callbacks cannot be read")
 
@@ -526,17 +527,23 @@ def nested_jaxprs(params: dict[str, Any]) -> Iterator[Any]:
 
 def callbacks_in(jaxpr: Any) -> list[tuple[Callable, Any]] | None:
     """The Python function and `in_tree` of each `pure_callback` and `io_callback`
-    a traced program runs, nested jaxprs included, in order, after the dead-code
-    elimination JAX's `jit` makes before lowering (an unused `pure_callback` is
-    dropped). Read from the equations, which hold them on every platform (a TPU's
-    lowering holds only opaque host callbacks). None if an equation holds a
-    callback of another kind (`jax.debug.callback`, `inspect_array_sharding`)."""
+    a traced program's lowering holds, nested jaxprs included, in order. As JAX
+    lowers it: after the dead-code elimination `jit` makes (an unused
+    `pure_callback` is dropped), and each equation once per lowering cache key (an
+    inner `jax.jit` called twice is one function). Read from the equations, which
+    hold them on every platform (a TPU's lowering holds only opaque objects). None
+    if one holds a callback of another kind (`jax.debug.callback`,
+    `inspect_array_sharding`)."""
     if _dce is None:  # pragma: no cover
         return None
-    inner, found = open_jaxpr(jaxpr), []
+    inner, found, lowered = open_jaxpr(jaxpr), [], set()
     stack = _dce(inner, [True] * len(inner.outvars))[0].eqns[::-1]
     while stack:  # each equation, then those of the jaxprs it holds, in order
         eqn = stack.pop()
+        key = _lowered_once(eqn)
+        if key is not None and key in lowered:
+            continue
+        lowered.add(key)
         host = eqn.params.get("callback")
         if host is not None:
             if eqn.primitive not in _CALLBACKS or type(host) is not _FlatCallback:
@@ -545,6 +552,23 @@ def callbacks_in(jaxpr: Any) -> list[tuple[Callable, Any]] | None:
         for nested in reversed(list(nested_jaxprs(eqn.params))):
             stack += open_jaxpr(nested).eqns[::-1]
     return found
+
+
+_JIT_FUNCTION: Final = "name jaxpr in_shardings out_shardings in_layouts out_layouts"
+
+
+def _lowered_once(eqn: Any) -> Any:
+    """What JAX's lowering emits once per module, for equations equal in it (None:
+    each equation anew): an equation (`mlir.LoweringCacheKey`), or an inner `jit`'s
+    function (`pjit._pjit_lowering`; shardings compared with `==`, which JAX's
+    semantic comparison may find equal more often: then a count differs)."""
+    if eqn.primitive.name in ("jit", "pjit"):
+        return tuple(eqn.params.get(k) for k in _JIT_FUNCTION.split())
+    if eqn.primitive in _uncached:
+        return None
+    avals = tuple(v.aval for v in eqn.invars)
+    params = tuple(sorted(eqn.params.items()))
+    return eqn.primitive, eqn.ctx, avals, frozenset(eqn.effects), params
 
 
 # `eqx.error_if` stages host callbacks defined beside it (in `equinox._errors`):

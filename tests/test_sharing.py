@@ -229,6 +229,31 @@ def test_error_if_programs_share_across_an_unread_static_field():
         ms[2].f(jnp.float32(11.0))
 
 
+_twice = jax.jit(lambda y: jax.pure_callback(_scale_host, SCALAR, y))
+
+
+@pytest.mark.sharing
+def test_a_check_and_an_inner_function_called_twice_still_share(opaque):
+    """JAX lowers an inner `jax.jit` called twice once (so does `eqx.error_if`'s
+    own, for equal messages): its callbacks are read once, as the lowering holds
+    them, and keys that differ in an unread static field share one program."""
+
+    class M(es.Module):
+        tag: str = eqx.field(static=True)  # never read
+
+        @es.jit
+        def f(self, x):
+            y = _twice(x) + _twice(x * 2)
+            return eqx.error_if(eqx.error_if(y, y > 30.0, "big"), x > 10.0, "big")
+
+    x = jnp.float32(1.5)
+    compiles = XlaCompiles()
+    assert [float(M(tag).f(x)) for tag in "abc"] == [9.0, 9.0, 9.0]
+    assert compiles.of("f") == M.f.compile_info().compiles == 1
+    with pytest.raises(eqx.EquinoxRuntimeError, match="big"):
+        M("d").f(jnp.float32(11.0))
+
+
 def _fixed_scaler(k: float):
     """A callback over a parameter no function rebinds."""
 

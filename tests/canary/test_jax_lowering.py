@@ -3,10 +3,13 @@ arguments: the allow-list of `_sharing` knows every argument JAX passes, and rea
 each host callback's function out of the traced jaxpr, counted against the
 lowering's host callbacks."""
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from eqx_static import _fields, _jax, _sharing
 from jax.experimental import io_callback
 
@@ -115,3 +118,59 @@ def test_a_module_names_its_functions_and_their_visibility():
         module = lowering.stablehlo()
         assert _sharing.digest(module) is not None
         assert _sharing.digest(module) == _sharing.digest(module)
+
+
+def _python_in(host):
+    """The function a CPU host callback (a Python closure) runs: the one
+    `_FlatCallback` its closures hold; None where there is none to read."""
+    stack, seen = [host], set()
+    while stack:
+        fn = stack.pop()
+        if id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        for cell in getattr(fn, "__closure__", None) or ():
+            value = cell.cell_contents
+            if type(value) is _jax._FlatCallback:
+                return value.callback_func
+            if callable(value):
+                stack.append(value)
+    return None
+
+
+def test_the_callbacks_read_from_the_jaxpr_are_the_lowering_s_in_order():
+    """Where the lowering's host callbacks are Python closures (the CPU), the
+    functions read from the jaxpr are theirs, one by one: through `cond` branches,
+    a loop's condition and body, an inner `jax.jit` called twice (one function),
+    `scan`, and `eqx.error_if`."""
+    hosts = [functools.partial(_plus, k) for k in range(8)]
+
+    def call(k, x):
+        return jax.pure_callback(hosts[k], SCALAR, x)
+
+    inner = jax.jit(lambda x: call(3, x) * call(4, x))
+
+    def program(x):
+        a = jax.lax.cond(x > 0, lambda y: call(0, y), lambda y: call(1, y), x)
+        b = jax.lax.while_loop(
+            lambda c: call(2, c) < 5, lambda c: c + call(5, c) + 1, a
+        )
+        c = inner(b) + inner(b * 2)
+        d = jax.lax.scan(lambda c, _: (call(6, c), None), c, None, length=2)[0]
+        return eqx.error_if(d + call(7, x), d > 100, "big")
+
+    traced = jax.jit(program).trace(jnp.float32(1.0))
+    lowering = _jax.lowering_of(traced.lower())
+    held = [_python_in(h) for h in _jax.compile_arguments(lowering)["host_callbacks"]]
+    if jax.default_backend() != "cpu" or None in held:
+        pytest.skip("the lowering's host callbacks are opaque here")
+    found = _sharing.host_callbacks(lowering, traced.jaxpr)[0]
+    assert found is not None, (
+        "JAX changed: the jaxpr's callbacks are not the lowering's"
+    )
+    assert [f for f, _ in found] == held
+    assert len(held) == 10 and held[:2] == [hosts[1], hosts[0]]
+
+
+def _plus(k, y):
+    return np.asarray(y + k, np.float32)
