@@ -120,6 +120,14 @@ class Program:
         self.structure, self.number, self.users = structure, number, 0
 
 
+class Outline(NamedTuple):
+    """What explaining a later miss reads of a program, which keeps no executable
+    alive (an executable holds device memory, which `maxsize` bounds)."""
+
+    ops: tuple
+    structure: bytes | None
+
+
 class Entry:
     """One key: its dispatcher, its guard, and the program it runs for each
     signature (avals and JAX's context) it ran."""
@@ -281,7 +289,8 @@ class Function:
                 if program.fingerprint is not None:
                     digest = program.fingerprint.digest
                     self.programs.setdefault(digest, []).append(program)
-            self.recent.append(Seen(entry.key, sig[0], sig[1], program))
+            outline = Outline(program.ops, program.structure)  # no executable
+            self.recent.append(Seen(entry.key, *sig, outline))
             while self.maxsize is not None and self.size > self.maxsize:
                 others = [e for e in self.entries.values() if e is not entry]
                 if not others:
@@ -299,8 +308,8 @@ class Function:
         """Empty a key that alone holds `maxsize` signatures, for a signature it does
         not hold: JAX's caches too, through the dispatcher (which, emptied during the
         call, drops what the call hands it: the next such call comes back here
-        once). A public `jax.jit` cannot drop a signature: JAX's own cache keeps
-        it, and a call of it runs what JAX kept, a hit."""
+        once). A public `jax.jit` cannot drop a signature: the call is made on a
+        new one (`_Public.renew`), and the old one goes with JAX's caches of it."""
         if self.maxsize is None or len(entry.runs) < self.maxsize or sig in entry.runs:
             return
         with self.lock:
@@ -930,18 +939,24 @@ def lower_call(f: Function, call: Call) -> Any:
 class _Public:
     """A key on a public `jax.jit`, and what is learnt of its programs."""
 
-    def __init__(self, entry: Entry, jitted: Any):
-        self.entry, self.jitted = entry, jitted
+    def __init__(self, f: Function, entry: Entry, donated: tuple):
+        self.f, self.entry, self.donated = f, entry, donated
         self.reports = False  # a program holds a host callback: wait for it
         self.staged = False  # it was called under a transformation
+        self.renew()
+
+    def renew(self) -> None:
+        """A new `jax.jit` of the key: JAX's caches of the last one, and the
+        executables they hold, go with it (they are weak in its function)."""
+        jitted = _jax.jax_jit(_traced(self.f, self.entry), donate_argnums=self.donated)
+        self.entry.dispatch = self.jitted = jitted
+        self.run = _report.reporting_errors(jitted, wait=lambda: self.reports)
 
 
 def _public(f: Function, entry: Entry, donated: tuple) -> Callable:
     """What a hit calls: the key's own public `jax.jit` (its dispatcher), in a
     miss that books and explains what JAX compiles."""
-    entry.dispatch = jitted = _jax.jax_jit(_traced(f, entry), donate_argnums=donated)
-    public = _Public(entry, jitted)
-    run = _report.reporting_errors(jitted, wait=lambda: public.reports)
+    public = _Public(f, entry, donated)
 
     def call(*leaves: Any) -> Any:
         __tracebackhide__ = True
@@ -951,6 +966,10 @@ def _public(f: Function, entry: Entry, donated: tuple) -> Callable:
         top = not _transformed(leaves)
         miss = _Miss(f, entry, leaves, _PGLE if top else _TRANSFORMED)
         miss.public, public.staged = (public if top else None), public.staged or not top
+        full = f.maxsize is not None and len(entry.runs) >= f.maxsize
+        if top and full and miss.sig not in entry.runs:
+            public.renew()  # it will make room (`make_room`): JAX's cache too
+        run, jitted = public.run, public.jitted
         with _quiet(f), _report.marked(__equinox_jit_id__):
             return _booked(miss, lambda: run(*leaves), jitted)
 
