@@ -265,7 +265,6 @@ def test_maxsize_evicts_the_least_recently_used_entry():
     assert M.__call__.cache_info() == es.CacheInfo(3, 5, 2, 2)
 
 
-@pytest.mark.sharing
 def test_maxsize_counts_shapes_as_entries():
     traces = [0]
 
