@@ -764,7 +764,7 @@ def _decide(miss: _Miss) -> Program:
     _diverge.check(miss, lowering, fp, program)  # every process decides alike
     if program is not None:
         miss.shared = program
-        if os.environ.get("EQX_STATIC_CHECK_SHARING") and program.fingerprint:
+        if _jax.env_switch("EQX_STATIC_CHECK_SHARING", False) and program.fingerprint:
             _check_sharing(miss, program)
         return program
     return _compile(miss, lowering, fp)

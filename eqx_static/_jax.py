@@ -392,9 +392,40 @@ def _warn(what: str) -> None:
     )
 
 
+# The package's environment variables, each read through one of these two.
+
+
+def env_switch(name: str, default: bool) -> bool:
+    """An on/off environment variable: `1` on, `0` off; unset or empty, `default`."""
+    value = os.environ.get(name, "")
+    if value.strip() in ("", "0", "1"):
+        return value.strip() == "1" if value.strip() else default
+    raise ValueError(
+        f"The environment variable {name}={value!r} is not a switch eqx_static "
+        f"reads: set it to `1` (on) or `0` (off), or unset it (then it is "
+        f"{'on' if default else 'off'})."
+    )
+
+
+def env_seconds(name: str, default: float) -> float:
+    """A number of seconds greater than 0 from the environment; unset, `default`."""
+    value = os.environ.get(name, "")
+    try:
+        seconds = float(value) if value.strip() else default
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):
+        raise ValueError(
+            f"The environment variable {name}={value!r} is not a number of seconds "
+            f"eqx_static reads: set it to a number greater than 0 (`1200`, `2.5`), "
+            f"or unset it (then it is {default:g})."
+        )
+    return seconds
+
+
 # `EQX_STATIC_PUBLIC_JIT=1`: every key on a public `jax.jit`, as where the private
 # names are missing (what CI runs the suite under, to keep that path first-class).
-PUBLIC: Final = os.environ.get("EQX_STATIC_PUBLIC_JIT", "") not in ("", "0")
+PUBLIC: Final = env_switch("EQX_STATIC_PUBLIC_JIT", False)
 if PUBLIC:
     DISPATCH = SHARING = False
 elif not DISPATCH:  # pragma: no cover
