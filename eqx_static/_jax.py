@@ -400,27 +400,28 @@ def env_switch(name: str, default: bool) -> bool:
     value = os.environ.get(name, "")
     if value.strip() in ("", "0", "1"):
         return value.strip() == "1" if value.strip() else default
-    raise ValueError(
-        f"The environment variable {name}={value!r} is not a switch eqx_static "
-        f"reads: set it to `1` (on) or `0` (off), or unset it (then it is "
-        f"{'on' if default else 'off'})."
-    )
+    on = "on" if default else "off"
+    raise _bad_env(name, value, "a switch", "`1` (on) or `0` (off)", on)
 
 
 def env_seconds(name: str, default: float) -> float:
     """A number of seconds greater than 0 from the environment; unset, `default`."""
     value = os.environ.get(name, "")
-    try:
-        seconds = float(value) if value.strip() else default
-    except ValueError:
-        seconds = 0.0
-    if not 0 < seconds < float("inf"):
-        raise ValueError(
-            f"The environment variable {name}={value!r} is not a number of seconds "
-            f"eqx_static reads: set it to a number greater than 0 (`1200`, `2.5`), "
-            f"or unset it (then it is {default:g})."
-        )
-    return seconds
+    if not value.strip():
+        return default
+    if re.fullmatch(r"\s*(\d+\.?\d*|\.\d+)\s*", value) and float(value) > 0:
+        return float(value)
+    accepted = "a number greater than 0 (`1200`, `2.5`)"
+    raise _bad_env(name, value, "a number of seconds", accepted, f"{default:g}")
+
+
+def _bad_env(
+    name: str, value: str, what: str, accepted: str, default: str
+) -> Exception:
+    return ValueError(
+        f"The environment variable {name}={value!r} is not {what} eqx_static reads: "
+        f"set it to {accepted}, or unset it (then it is {default})."
+    )
 
 
 # `EQX_STATIC_PUBLIC_JIT=1`: every key on a public `jax.jit`, as where the private

@@ -43,7 +43,7 @@ def test_a_switch_reads_1_and_0_and_else_its_default(
     assert _jax.env_switch(name, default) is default
 
 
-@pytest.mark.parametrize("value", ["abc", "0", "-5", "nan", "inf", "1e999", " "])
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "nan", "inf", "1e3", "0.0", " "])
 def test_the_divergence_timeout_with_a_bad_value_is_named(monkeypatch, value):
     """Read (and so checked) at every miss of a program that would be checked:
     here, the function that reads it, as a miss calls it."""
