@@ -470,14 +470,46 @@ def new_entry(f: Function, key: Key, leaves: Sequence) -> Entry:
     if _jax.dispatching():
         try:
             miss = functools.partial(cache_miss, f, entry)
+            eager = _traced(f, entry, eager=True)
+            deoptimized = functools.partial(_deoptimized, f, entry)
             entry.dispatch = _jax.dispatcher(
-                f.program_name, _traced(f, entry, eager=True), miss, donated
+                f.program_name, eager, miss, donated, deoptimized
             )
         except Exception as e:  # a JAX whose dispatcher is built otherwise
             _jax.no_dispatcher(f"{type(e).__name__}: {e}")
     entry.call = _calling(f, entry, False) if _jax.DISPATCH else _public(f, entry, donated)  # fmt: skip
     with f.lock:
         return f.entries.setdefault(key, entry)
+
+
+class Rerun(Exception):  # noqa: N818  (caught by the hit path, never shown)
+    """JAX's `jax_debug_nans`/`jax_debug_infs` check found an invalid value in the
+    outputs of a hit, and runs the call eagerly to name the operation: that needs
+    the call in hand, so the hit path calls `rerun` with it."""
+
+
+def _deoptimized(f: Function, entry: Entry, *leaves: Any) -> Any:
+    """The call run eagerly, op by op, as `jax.jit` runs its function when its
+    check finds an invalid value in a program's outputs (JAX's checks then raise,
+    naming the operation)."""
+    call = _in_hand(entry)
+    if call is None:
+        raise Rerun
+    return f.layout.call(call.fn, call.values)
+
+
+def rerun(f: Function, call: Call, error: Rerun) -> Any:
+    """`jax.jit`'s rerun after its check (which has said so) found an invalid value:
+    the eager run's error, or one saying that the eager run found none."""
+    __tracebackhide__ = True
+    previous, _local.call = _local.call, call
+    try:
+        _deoptimized(f, call.entry)
+    except (FloatingPointError, ZeroDivisionError) as e:
+        raise e from None
+    finally:
+        _local.call = previous
+    _jax.no_invalid_value_when_deoptimized(error.__context__)
 
 
 def _calling(f: Function, entry: Entry, reports: bool) -> Callable:
@@ -498,6 +530,9 @@ def _traced(
         if call is None:  # only a dispatcher runs it so, eagerly: it asks again
             return NEED_CALL
         eager_now = eager or _jax.jit_disabled()  # it runs, as under `eqx.filter_jit`
+        if not eager_now and not any(isinstance(x, Tracer) for x in _es_leaves):
+            if _es_leaves:  # no trace: `jax.jit`'s rerun, after its NaN check
+                return _deoptimized(f, entry)
         if eager_now:
             f.book_miss()
         else:

@@ -30,6 +30,8 @@ from ._compile import (
     lower_call,
     NEED_CALL,
     new_entry,
+    Rerun,
+    rerun,
 )
 from ._fields import path_to, UnhashableError
 from ._jax import api_boundary, GENERATED, hide_frames
@@ -279,15 +281,19 @@ class _Jit(functools.partial, Generic[_P, _R]):
             out = entry.call(*leaves)
             if out is NEED_CALL:
                 out = self._retry(entry, values, leaves)
+        except Rerun as e:
+            out = self._retry(entry, values, leaves, e)
         finally:
             next(f.calls)  # booked once done: as a hit, or a miss
         return combine(*out) if type(out) is tuple else out
 
     @api_boundary
-    def _retry(self, entry: Entry, values: tuple, leaves: list) -> Any:
-        """A miss at the dispatcher: the same call again, with the call in hand."""
+    def _retry(self, entry: Entry, values: tuple, leaves: list, e: Any = None) -> Any:
+        """A miss at the dispatcher: the same call again, with the call in hand; or
+        the rerun JAX's check of invalid values asked for."""
         __tracebackhide__ = True
-        return call_in_hand(Call(entry, self.fn, values, leaves))
+        call = Call(entry, self.fn, values, leaves)
+        return call_in_hand(call) if e is None else rerun(self.f, call, e)
 
     def _add_guard(self, entry: Entry, values: tuple, first: type | None) -> None:
         params = [f"p_{n}" for n in self._layout.names]  # called positionally
@@ -300,6 +306,7 @@ class _Jit(functools.partial, Generic[_P, _R]):
             return [
                 *lru, "try:", f"    out = ENTRY.call({called})",
                 f"    if out is NEED: out = RETRY(ENTRY, ({again}), [{called}])",
+                f"except RERUN as e: out = RETRY(ENTRY, ({again}), [{called}], e)",
                 "finally:", "    NEXT()",  # booked once done: as a hit, or a miss
                 "return COMBINE(*out) if type(out) is tuple else out",
             ]  # fmt: skip
@@ -308,7 +315,7 @@ class _Jit(functools.partial, Generic[_P, _R]):
         ns = {
             "NEXT": f.calls.__next__, "CLOCK": f.clock.__next__, "ENTRY": entry,
             "FN": self._fn_leaves, "RETRY": self._retry, "COMBINE": combine,
-            "NEED": NEED_CALL,
+            "NEED": NEED_CALL, "RERUN": Rerun,
         }  # fmt: skip
         name = f.name(entry.key)
         made = _guard.guard(entry.key, values, params, name, dispatch, ns)
