@@ -176,7 +176,8 @@ class _Jit(functools.partial, Generic[_P, _R]):
     _is_static: bool
     _options: tuple
     _layout: Layout
-    _fn_leaves: tuple
+    _fn_leaves: list
+    _fn_check: Callable
     _bind: Callable
     _lru: bool
     _slots: _Slots
@@ -198,20 +199,20 @@ class _Jit(functools.partial, Generic[_P, _R]):
         layout, params, defaults = _layout(fn)
         options = (donate, maxsize, max_compiles, warn_after)
         f, fn_leaves = _function(fn, layout, options)
-        hot, bind = _hot(f, layout, params, defaults)
+        hot, bind = _hot(f, layout, params, defaults, f.fn_key is not None)
         self = super().__new__(cls, hot)
         functools.update_wrapper(self, fn)  # pyright: ignore[reportArgumentType]
         self.fn, self.qualname, self.f, self.hot = fn, f.qualname, f, hot  # pyright: ignore[reportAttributeAccessIssue]
         self._is_static, self._options, self._layout = is_static, options, layout
-        self._fn_leaves, self._bind = tuple(fn_leaves), bind
-        self._slots, self._owner, self._name = _Slots(), None, None
-        f.guard_sets.add(self._slots)
+        self._fn_leaves, self._bind = fn_leaves, bind
+        self._owner, self._name = None, None
         self._lru = f.maxsize is not None
         hot.__globals__.update(
-            _es_slots=self._slots,
             _es_general=self._general,
             _es_runtime=eqx.EquinoxRuntimeError,
+            _es_fresh=self._fresh,
         )
+        self._target(f, fn_leaves)
         functools.update_wrapper(hot, fn)  # pyright: ignore[reportArgumentType]
         hot.es_jit, hot.fn = self, fn  # pyright: ignore[reportFunctionMemberAccess]
         # What an `es.Module` makes of `module.f` (it reads `es_bind` of a method).
@@ -219,6 +220,26 @@ class _Jit(functools.partial, Generic[_P, _R]):
         for attr in ("cache_info", "cache_clear", "compile_info", "lower"):
             setattr(hot, attr, getattr(self, attr))
         return self
+
+    def _target(self, f: Function, fn_leaves: list) -> None:
+        """Call `f`'s cache, with guards of its own, and `fn_leaves` as the leaves of
+        the function (a new list: the guards of another key keep theirs)."""
+        self.f, self._fn_leaves, self._slots = f, fn_leaves, _Slots()
+        f.guard_sets.add(self._slots)
+        self.hot.__globals__["_es_slots"] = self._slots
+        if f.fn_key is not None:
+            self._fn_check = _guard.checker(f.fn_key, (self.fn,), ["fn"])
+
+    def _fresh(self) -> None:
+        """`es.jit(obj)` sees `obj` as it is at the call, as its eager call does: its
+        arrays are read at every call, and where its key changed (a field set with
+        `object.__setattr__`, a list in it changed) the call goes to that key's
+        cache. (As a method's `self` is checked by its guard.)"""
+        leaves = self._fn_check(self.fn)
+        if leaves is _guard.MISS:
+            self._target(*_function(self.fn, self._layout, self._options))
+        else:
+            self._fn_leaves[:] = leaves
 
     @property
     def __globals__(self) -> dict[str, Any]:
@@ -371,7 +392,7 @@ guard_logger: Final = _guard.logger
 
 
 def _hot(
-    f: Function, layout: Layout, params: str, defaults: dict[str, Any]
+    f: Function, layout: Layout, params: str, defaults: dict[str, Any], fresh: bool
 ) -> tuple[Callable, Callable]:
     """The function every call runs (the guards of the first value's class, else the
     general path), and one that binds a call's arguments to its values: both with
@@ -381,6 +402,7 @@ def _hot(
     first = f"_es_type({layout.names[0]})" if layout.names else "None"
     source = f"""
 def _es_hot({params}):
+    {"_es_fresh()" if fresh else ""}
     try:
         for _es_guard in _es_slots.get({first}, ()):
             _es_out = _es_guard({values})
