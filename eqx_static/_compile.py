@@ -436,26 +436,62 @@ def _in_hand(entry: Entry) -> Call | None:
 
 def _with_leaves(call: Call, leaves: Sequence) -> tuple[Callable, tuple]:
     """The call's own function and values, with `leaves` (tracers) in place of its
-    arrays: flattened and rebuilt by JAX, as `eqx.filter_jit` does."""
+    arrays, which are those of the call (`call.leaves`): flattened and rebuilt by
+    JAX, as `eqx.filter_jit` does."""
+    arrays, tracers = iter(call.leaves), iter(leaves)
+
+    def swap(x: Any) -> Any:
+        if not is_array_type(type(x)):
+            return x
+        if next(arrays, None) is not x:
+            raise ValueError(_MSG_CHANGED)
+        return next(tracers)
+
+    tree = (call.fn, call.values)
     try:
-        flat, treedef = jtu.tree_flatten((call.fn, call.values))
-    except (RecursionError, SystemError):  # JAX's flatten recurses, under our frames
-        limit = sys.getrecursionlimit()
-        sys.setrecursionlimit(2 * limit)
-        try:
-            flat, treedef = jtu.tree_flatten((call.fn, call.values))
-        finally:
-            sys.setrecursionlimit(limit)
-    at = [i for i, x in enumerate(flat) if is_array_type(type(x))]
-    if len(at) != len(leaves) or any(flat[i] is not x for i, x in zip(at, call.leaves)):
-        raise RuntimeError(
-            "eqx_static: the arguments changed between keying the call and tracing "
-            "it (a pytree whose flatten gives other leaves each time?). Please "
-            "report this."
-        )
-    for i, x in zip(at, leaves):
-        flat[i] = x
-    return treedef.unflatten(flat)
+        flat, treedef = jtu.tree_flatten(tree)
+    except (RecursionError, SystemError):  # deeper than JAX's flatten takes
+        out = _rebuilt(tree, swap)
+    else:
+        out = treedef.unflatten([swap(x) for x in flat])
+    if next(arrays, None) is not None:
+        raise ValueError(_MSG_CHANGED)
+    return out
+
+
+_MSG_CHANGED: Final = (
+    "eqx_static: the arrays of a call changed between keying it and tracing it, so "
+    "`es.jit` cannot say which array each traced value stands for. Either another "
+    "thread changed an argument in place during the call (change a copy, as "
+    "`es.edit` and `eqx.tree_at` do), or a pytree's flatten makes new arrays each "
+    "time it is called (return the arrays the pytree holds)."
+)
+
+
+def _rebuilt(tree: Any, swap: Callable[[Any], Any]) -> Any:
+    """`tree` with `swap(leaf)` for each leaf, in JAX's order, one node at a time
+    (JAX's own flatten recurses, up to Python's recursion limit; a call's tree is
+    keyed at any depth)."""
+
+    def one_level(node: Any) -> tuple[list, Any]:
+        return jtu.tree_flatten(node, is_leaf=lambda child: child is not node)
+
+    stack = [(*one_level(tree), [])]
+    while True:
+        children, treedef, done = stack[-1]
+        if len(done) < len(children):
+            child = children[len(done)]
+            below = one_level(child)
+            if jtu.treedef_is_leaf(below[1]) and below[0][0] is child:
+                done.append(swap(child))
+            else:
+                stack.append((*below, []))
+            continue
+        stack.pop()
+        node = treedef.unflatten(done)
+        if not stack:
+            return node
+        stack[-1][2].append(node)
 
 
 # ----------------------------------------------------------------------------------
