@@ -359,6 +359,8 @@ class _Jit(functools.partial, Generic[_P, _R]):
 
     def leaves_of(self, args: tuple, kwargs: dict[str, Any]) -> Call:
         """The call (key and traced leaves), as the general path makes it."""
+        if self.f.fn_key is not None:  # the function as it is now, as a call sees it
+            self._fresh()
         values = self._bind(*args, **kwargs)
         key, leaves = _key_and_leaves(self.f, values)
         return Call(Entry(key), self.fn, values, [*self._fn_leaves, *leaves])

@@ -201,6 +201,7 @@ def test_a_model_changed_in_place_after_wrapping_is_seen_at_the_call(change, whe
         for n in (2, 2):
             _same(jf(jnp.ones(n)), m(jnp.ones(n)))
         CHANGES[change](m)
+        _same(jf.lower(jnp.ones(4)).compile()(jnp.ones(4)), m(jnp.ones(4)))  # AOT
         for n in (2, 3, 2):
             x = jnp.ones(n)
             _same(jf(x), m(x))

@@ -161,7 +161,7 @@ def write_problems() -> list[str]:
 # filed beside it included.)
 BUDGET: dict[str, int] = {
     "__init__.py": 29, "_compile.py": 781, "_diverge.py": 150, "_fields.py": 319,
-    "_guard.py": 257, "_jax.py": 371, "_jit.py": 463, "_key.py": 225,
+    "_guard.py": 257, "_jax.py": 371, "_jit.py": 465, "_key.py": 225,
     "_module.py": 357, "_report.py": 511, "_sharing.py": 141, "_update.py": 354,
 }  # fmt: skip
 MAX_MODULES = 12
