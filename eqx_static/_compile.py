@@ -1039,7 +1039,8 @@ def _public(f: Function, entry: Entry, donated: tuple) -> Callable:
         miss.public, public.staged = (public if top else None), public.staged or not top
         full = f.maxsize is not None and len(entry.runs) >= f.maxsize
         if top and full and miss.sig not in entry.runs:
-            public.renew()  # it will make room (`make_room`): JAX's cache too
+            f.make_room(entry, miss.sig)  # the books, and JAX's cache of the key
+            public.renew()
         run, jitted = public.run, public.jitted
         with _quiet(f), _report.marked(__equinox_jit_id__):
             return _booked(miss, lambda: run(*leaves), jitted)
