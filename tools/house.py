@@ -160,7 +160,7 @@ def write_problems() -> list[str]:
 # for the package is 3,100 in at most 12 modules; it stands at 3,850, the features
 # filed beside it included.)
 BUDGET: dict[str, int] = {
-    "__init__.py": 29, "_compile.py": 781, "_diverge.py": 150, "_fields.py": 319,
+    "__init__.py": 29, "_compile.py": 782, "_diverge.py": 150, "_fields.py": 319,
     "_guard.py": 257, "_jax.py": 371, "_jit.py": 465, "_key.py": 225,
     "_module.py": 357, "_report.py": 511, "_sharing.py": 141, "_update.py": 354,
 }  # fmt: skip
