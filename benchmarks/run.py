@@ -18,6 +18,7 @@ One file per group of rows, named after the target it measures:
     bench_compiles.py   compile counts; first-call cost; a miss that reuses a program
     bench_memory.py     memory per key sharing a program, and per live instance
     bench_peers.py      flax.struct, jax_dataclasses, flax.nnx (skipped if absent)
+    bench_sgd.py        an SGD step at accelerator sizes (only with `--only sgd`)
     bench_diverge.py    the divergence check on two processes (skipped if they cannot start)
     readme_table.py     the table of docs/benchmarks.md, generated from results/latest.json
     plot.py             results/scaling.svg
@@ -47,6 +48,7 @@ import bench_compiles  # noqa: E402
 import bench_diverge  # noqa: E402
 import bench_memory  # noqa: E402
 import bench_peers  # noqa: E402
+import bench_sgd  # noqa: E402
 import bench_training  # noqa: E402
 import bench_update  # noqa: E402
 import readme_table  # noqa: E402
@@ -64,6 +66,8 @@ GROUPS: dict[str, ModuleType] = {
         bench_diverge,
     )
 }
+# Groups run only when `--only` names them: too slow for a CPU's full run.
+EXTRA: dict[str, ModuleType] = {bench_sgd.GROUP: bench_sgd}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="CI smoke test (< 30 s)")
     parser.add_argument("--json", type=Path, help="output JSON (default: see above)")
     parser.add_argument(
-        "--only", help=f"comma-separated groups among {', '.join(GROUPS)}"
+        "--only",
+        help=f"comma-separated groups among {', '.join([*GROUPS, *EXTRA])}",
     )
     parser.add_argument("--plot", action="store_true", help="write results/scaling.svg")
     parser.add_argument(
@@ -86,9 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("eqx_static").setLevel(logging.ERROR)
 
     names = list(GROUPS) if not args.only else args.only.split(",")
-    unknown = [n for n in names if n not in GROUPS]
+    groups = {**GROUPS, **EXTRA}
+    unknown = [n for n in names if n not in groups]
     if unknown:
-        parser.error(f"unknown group(s) {unknown}; choose among {list(GROUPS)}")
+        parser.error(f"unknown group(s) {unknown}; choose among {list(groups)}")
     complete = not args.quick and names == list(GROUPS)
     if args.json is not None:
         out = args.json
@@ -123,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     durations: dict[str, float] = {}
     for name in names:
         t0 = time.perf_counter()
-        GROUPS[name].run(rep, s)
+        groups[name].run(rep, s)
         durations[name] = time.perf_counter() - t0
         print(f"  {name}: {durations[name]:.1f} s", flush=True)
     total = time.perf_counter() - start
@@ -145,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         parts: list[str] = []
         for name in names:
-            fn = getattr(GROUPS[name], "profile", None)
+            fn = getattr(groups[name], "profile", None)
             if fn is not None:
                 fn(parts)
         profile = "\n".join(parts)

@@ -2,6 +2,8 @@
 compile once per distinct program, and one-line updates."""
 
 import importlib.metadata
+import pathlib
+import tomllib
 
 from ._compile import CacheInfo as CacheInfo, CompileInfo as CompileInfo
 from ._diverge import DivergenceError as DivergenceError
@@ -32,4 +34,15 @@ __all__ = [
     "with_dynamic",
     "with_static",
 ]
-__version__ = importlib.metadata.version("eqx_static")
+
+try:
+    __version__ = importlib.metadata.version("eqx_static")
+except importlib.metadata.PackageNotFoundError:
+    # A checkout put on `sys.path`, not installed: the version its pyproject declares.
+    _pyproject = pathlib.Path(__file__).parent.parent / "pyproject.toml"
+    try:
+        _project = tomllib.loads(_pyproject.read_text()).get("project", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        _project = {}
+    _ours = _project.get("name") == "eqx_static"
+    __version__ = _project.get("version", "unknown") if _ours else "unknown"

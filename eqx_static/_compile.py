@@ -18,6 +18,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import inspect
 import itertools
 import os
 import re
@@ -31,6 +32,7 @@ from typing import Any, Final, NamedTuple, Protocol
 
 import equinox as eqx
 import jax
+import jax.extend.core as jex
 import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax.core import Tracer
@@ -43,6 +45,7 @@ from ._sharing import (
     digest,
     Fingerprint,
     fingerprint,
+    host_callbacks,
     same_compiled,
     same_program,
     structure,
@@ -173,8 +176,8 @@ class Function:
         self.qualname: str = qualname(fn)
         self.short: str = getattr(fn, "__name__", None) or self.qualname
         self.method = layout.names[:1] == ("self",)
-        code = getattr(fn, "__code__", None)  # where the user's function is
-        self.where = f"{code.co_filename}:{code.co_firstlineno}" if code else ""
+        self.where = _where(fn)
+        code = getattr(fn, "__code__", None)
         # A plain function made again and again (a lambda in a loop): its code, and
         # the user's line that wraps it, once it has been wrapped before.
         self.code = code if type(fn) is types.FunctionType else None
@@ -347,6 +350,18 @@ class Function:
             same[:] = [q for q in same if q is not p]
             if not same:
                 self.programs.pop(p.fingerprint.digest, None)
+
+
+def _where(fn: Any) -> str:
+    """Where the user's function is, found as JAX finds it: through partials and
+    `functools.wraps`; empty for a callable object."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    try:
+        code = getattr(inspect.unwrap(fn), "__code__", None)
+    except ValueError:  # a chain of `__wrapped__` without end
+        code = None
+    return f"{code.co_filename}:{code.co_firstlineno}" if code else ""
 
 
 def qualname(fn: Callable) -> str:
@@ -577,11 +592,18 @@ def _traced(
         try:
             return split(f.layout.call(fn, values))
         except Exception as e:
-            if isinstance(e, _report.RecompileError | _report.TracedFieldError):
+            if isinstance(e, _report.RecompileError):
                 raise
-            # Which numbers had to be concrete, if JAX's error is about a tracer.
-            tracer = isinstance(e, jax.errors.ConcretizationTypeError) or "Tracer" in str(e)  # fmt: skip
+            # Which numbers had to be concrete, if JAX's error is about a tracer, a
+            # loop bound under `grad`, or a nested call's fields: those are leaves
+            # of this call too, named here with the rest, if these are concrete.
+            nested = isinstance(e, _report.TracedFieldError)
+            tracer = isinstance(e, jax.errors.ConcretizationTypeError) or any(
+                s in str(e) for s in ("Tracer", _report.REVERSE)
+            )
             found = _needs_concrete(f, call, False) if tracer and not eager_now else ()
+            if nested and not found:
+                raise
             visits = leaf_visits(entry.key, f.argnames)
             error = _report.traced_field_error(f.name(entry.key), e, visits, f.n_fn, f.where, found)  # fmt: skip
             if error is None:
@@ -642,8 +664,11 @@ def _numbers(call: Call) -> list[int]:
 
 def _needs_concrete(f: Function, call: Call, reverse: bool) -> list[int]:
     """The numbers of the call that must be Python values for its trace (if
-    `reverse`: its reverse-mode derivative) to succeed; none if that is not enough."""
+    `reverse`: its reverse-mode derivative) to succeed; none if that is not enough.
+    Floats are put back first: a float made a constant may only hide the failure
+    (a `grad` left with nothing to differentiate), where an int was the cause."""
     numbers = _numbers(call)
+    numbers.sort(key=lambda i: not jnp.issubdtype(call.leaves[i].dtype, jnp.inexact))
     if not numbers or len(numbers) > _MAX_DIAGNOSED:
         return []
     concrete = set(numbers)
@@ -697,14 +722,15 @@ def _backward(g: Callable) -> Callable:
 def _check_reverse_mode(miss: "_Miss", helper: Any) -> None:
     """Under reverse-mode differentiation, a program whose loop bound is a traced
     number (`lax.fori_loop(0, self.n, ...)`) fails in the backward pass, outside
-    this package: find that now, and name the fields. Checked at each call until
-    a signature passes (its program, the same each time, then passes again)."""
+    this package: find that now, and name the fields. The call is traced again
+    only if its program can fail so: a trace is the user's code run once more.
+    Checked at each call until a signature passes (its program, the same each
+    time, then passes again)."""
     f, entry, call = miss.f, miss.entry, _in_hand(miss.entry)
     if call is None or miss.sig in entry.reversible:
         return
-    loops = _numbers(call) and any(
-        op.name == "while" for op in _report.ops_of(helper.trace(*miss.leaves).jaxpr)
-    )
+    wrt = [isinstance(x, Tracer) for x in miss.leaves]  # the rest is constant
+    loops = _numbers(call) and _transposes_a_loop(helper.trace(*miss.leaves).jaxpr, wrt)
     e = _replay(f, call, set(), reverse=True) if loops else None
     if e is None or "Reverse-mode differentiation does not work" not in str(e):
         entry.reversible += (miss.sig,)
@@ -715,6 +741,40 @@ def _check_reverse_mode(miss: "_Miss", helper: Any) -> None:
     )
     if error is not None:
         raise error from None
+
+
+# Operations whose nested programs take their inputs one for one (after a `cond`'s
+# index), and those differentiated by a rule of their own.
+_CALLS: Final = frozenset(
+    "pjit jit closed_call core_call remat2 checkpoint cond".split()
+)
+_OWN_RULE: Final = frozenset("custom_jvp_call custom_vjp_call".split())
+
+
+def _transposes_a_loop(jaxpr: Any, wrt: Sequence[bool]) -> bool:
+    """Whether the reverse mode of `jaxpr` in the inputs flagged in `wrt` may meet a
+    `while` loop that a derivative flows into: JAX transposes none. Followed into
+    calls and `cond`s; any input of another nested program (a `scan`'s) counts."""
+    inner = _jax.open_jaxpr(jaxpr)
+    varied = {v for v, d in zip(inner.invars, wrt) if d}
+    for eqn in inner.eqns:
+        ins = [not isinstance(v, jex.Literal) and v in varied for v in eqn.invars]
+        name = eqn.primitive.name
+        if not any(ins):
+            continue
+        varied.update(eqn.outvars)
+        if name in _OWN_RULE:
+            continue
+        if name == "while":  # a derivative of its condition's inputs is dropped
+            flows = list(zip(ins, eqn.invars))[eqn.params["cond_nconsts"] :]
+            if any(d and jnp.issubdtype(v.aval.dtype, jnp.inexact) for d, v in flows):
+                return True
+            continue
+        for sub in _jax.nested_jaxprs(eqn.params):
+            n = len(_jax.open_jaxpr(sub).invars)
+            if _transposes_a_loop(sub, ins[-n:] if name in _CALLS else [True] * n):
+                return True
+    return False
 
 
 # ----------------------------------------------------------------------------------
@@ -765,6 +825,7 @@ class _Miss:
         self.mark: list[bytes] = []  # the module it marked as compiling
         self.public: _Public | None = None  # a top-level call on a public `jax.jit`
         self.ops: tuple = ()  # its program, operation by operation
+        self.checks = True  # its program may hold `eqx.error_if`: wait for it
         self.previous: _Miss | None = None
 
     @functools.cached_property
@@ -796,7 +857,8 @@ def _top_level(f: Function, entry: Entry, leaves: tuple) -> tuple:
     try:
         with miss:
             if _jax.pgle_enabled() and entry.helper is not None:
-                return _run(entry.helper, leaves)  # JAX compiles with its profile
+                # JAX compiles with its profile; what it runs is not read here
+                return _run(entry.helper, leaves, wait=True)
             _trace_and_lower(miss)
             program = _decide(miss)
             return _install_and_run(miss, program)
@@ -826,7 +888,8 @@ def _decide(miss: _Miss) -> Program:
     """A compiled program provably the same, or a new compile."""
     f = miss.f
     lowering = _jax.lowering_of(miss.lowered)
-    fp = None if _jax.pgle_enabled() else fingerprint(lowering)
+    callbacks, miss.checks = host_callbacks(lowering, miss.jaxpr)
+    fp = None if _jax.pgle_enabled() else fingerprint(lowering, callbacks)
     # JAX's lowering cache may give a lowering compiled already (a new sharding
     # that compares equal to one this key ran: `P()`, `P(None)`).
     program = f.running(lowering)
@@ -905,12 +968,12 @@ def _install_and_run(miss: _Miss, program: Program) -> tuple:
     if miss.shared is not None and miss.traced:
         again = f"same program as compile {program.number}, not compiled again"
         _report.log(f.name(entry.key), "traced", miss.known, miss.why, again)
-    if program.fingerprint is None or program.fingerprint.callbacks:
+    if miss.checks:  # else JAX's asynchronous dispatch: nothing to raise
         entry.call = _calling(f, entry, reports=True)
     if miss.shared is None or program.fingerprint is None:
         entry.helper = miss.helper  # a key that shares a program keeps no lowering
     try:
-        out = _run(miss.helper, miss.leaves)
+        out = _run(miss.helper, miss.leaves, miss.checks)
     except BaseException as e:
         # JAX's dispatcher falls back to Python for a signature whose first run
         # raised: later calls come here, through this `jax.jit`.
@@ -967,11 +1030,12 @@ def _booked(miss: _Miss, run: Callable, jitted: Any) -> Any:
             _report.log(f.name(entry.key), "traced under a transformation", f.size, why)
 
 
-def _run(helper: Any, leaves: tuple) -> tuple:
-    """`helper`'s own miss: it runs the call, and returns what a dispatcher keeps."""
+def _run(helper: Any, leaves: tuple, wait: bool) -> tuple:
+    """`helper`'s own miss: it runs the call (waited for if `wait`: its program may
+    hold `eqx.error_if`), and returns what a dispatcher keeps."""
     __tracebackhide__ = True
     run = functools.partial(_jax.jit_miss, helper)
-    return _report.reporting_errors(run, wait=lambda: False)(*leaves)
+    return _report.reporting_errors(run, wait=lambda: wait)(*leaves)
 
 
 def _signature(leaves: tuple) -> tuple:
@@ -1012,7 +1076,7 @@ class _Public:
 
     def __init__(self, f: Function, entry: Entry, donated: tuple):
         self.f, self.entry, self.donated = f, entry, donated
-        self.reports = False  # a program holds a host callback: wait for it
+        self.reports = False  # a program may hold `eqx.error_if`: wait for it
         self.staged = False  # it was called under a transformation
         self.renew()
 
@@ -1068,7 +1132,7 @@ def _explain_public(miss: _Miss, public: _Public) -> None:
     _diverge.check(miss, _jax.lowering_of(lowered), None, None)  # alike, or raise
     _record(miss, module, traced.jaxpr)
     _plan(miss)
-    public.reports = public.reports or any("callback" in op.name for op in miss.ops)
+    public.reports |= host_callbacks(_jax.lowering_of(lowered), traced.jaxpr)[1]
     f.make_room(entry, sig)
 
 

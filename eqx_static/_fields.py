@@ -164,8 +164,11 @@ def is_module(x: object) -> bool:
 # Static values as tokens. A token of a hashable value is compared by its *form*:
 # floats by their bits (a nan equals a nan of the same bits); tuples, frozensets,
 # frozen dataclasses and modules item by item (a dataclass by its fields, whatever
-# its `__eq__` says), with each item's type; anything else by its own `==`. A value Python cannot hash has no token: `UnhashableError` is raised,
-# and the caller says where it is and what to pass instead.
+# its `__eq__` says), with each item's type; anything else by its own `==`. A value
+# Python cannot hash has no token: `UnhashableError` is raised, and the caller says
+# where it is and what to pass instead; but a plain `eqx.Module` may hold one in a
+# static field, and there its lists, dicts, sets and dataclasses are read item by
+# item too (`field_token`), never by their own `==` (`[1] == [1.0]`).
 
 # Types whose `==` tells their values apart from every other type's.
 SIMPLE: Final = frozenset({int, str, bytes, type(None), type})
@@ -205,33 +208,27 @@ class Typed:
         return repr(self.value)
 
 
-class ByEq:
-    """An unhashable value in a static field of a plain `eqx.Module` (lineax keeps
-    lists there): compared by `==`, as Equinox's tree structure compares it, with a
-    copy taken when keyed, so that a change in place is a new key. Only the copy is
-    kept: a trace takes the value from the call in hand."""
+class _Copy:
+    """A part of a static field's value that has no form of its own and Python
+    cannot hash: a copy taken when keyed (so that a change in place is another
+    value), compared by type and `==`, as other values of no form are. (Only forms
+    hold one: `Typed.__eq__` takes an `==` that raises, or that is not a bool.)"""
 
-    __slots__ = ("snapshot",)
+    __slots__ = ("value",)
 
     def __init__(self, value: object):
         try:
-            self.snapshot = copy.deepcopy(value)
-        except Exception:  # not copyable: compared as it is now, as Equinox does
-            self.snapshot = value
+            self.value = copy.deepcopy(value)
+        except Exception:  # not copyable: compared as it is now
+            self.value = value
 
-    def __eq__(self, other: object) -> bool:
-        if type(other) is not ByEq or type(other.snapshot) is not type(self.snapshot):
+    def __eq__(self, other: object) -> Any:
+        if type(other) is not _Copy or type(other.value) is not type(self.value):
             return False
-        try:
-            return bool(self.snapshot == other.snapshot)
-        except Exception:
-            return False
+        return self.value == other.value
 
     def __hash__(self) -> int:
-        return hash(type(self.snapshot))
-
-    def __repr__(self) -> str:
-        return repr(self.snapshot)
+        return hash(type(self.value))
 
 
 def token(v: Any) -> Any:
@@ -247,12 +244,20 @@ def token(v: Any) -> Any:
         raise UnhashableError(v) from None
 
 
-def field_token(v: Any) -> Any:
-    """A static *field's* token: an unhashable value is compared by `==`."""
+def field_token(v: Any, shown: bool = True) -> Any:
+    """A static *field's* token: a value Python cannot hash (a plain `eqx.Module`
+    may hold a list there) by its form too (`fixed_form(v, mutable=True)`), with a
+    copy to show in reports if `shown` (the value itself may change later)."""
+    if type(v).__hash__ is not None:
+        try:
+            return token(v)
+        except UnhashableError:  # a tuple that holds a list
+            pass
     try:
-        return token(v)
-    except UnhashableError:
-        return ByEq(v)
+        form = fixed_form(v, mutable=True)[0]
+    except TypeError:  # a part whose own `__hash__` raises: compared whole
+        form = (_Copy(v),)
+    return Typed(_Copy(v).value if shown else None, form, False)
 
 
 # What to use instead of a static value Python cannot hash, by its kind: the one
@@ -288,19 +293,19 @@ def value_of(tok: Any) -> Any:
     """The Python value a token stands for."""
     if type(tok) is Typed:
         return tok.value
-    if type(tok) is ByEq:
-        return tok.snapshot
     return True if tok is TRUE else False if tok is FALSE else tok
 
 
-def fixed_form(v: Any) -> tuple[tuple, bool]:
+def fixed_form(v: Any, mutable: bool = False) -> tuple[tuple, bool]:
     """What `v` is compared by: a flat tuple, so that a value nested thousands deep
     hashes and compares without recursion (`TypeError` if a part is unhashable);
     and whether every part of `v` is immutable or compared by identity (numbers,
-    strings, tuples and frozensets of them, functions, enums)."""
+    strings, tuples and frozensets of them, functions, enums). If `mutable`, parts
+    Python cannot hash have forms too (`_mutable_form`), and none is fixed."""
     out: list[Any] = []
     stack = [v]
     fixed = True
+    met: dict[int, tuple[int, Any]] = {}  # the mutable containers read, by `id`
     while stack:
         x = stack.pop()
         t = type(x)
@@ -327,6 +332,9 @@ def fixed_form(v: Any) -> tuple[tuple, bool]:
         ):  # its stored items, as `==` and `hash` read them
             out.append(tuple.__len__(x))
             stack += tuple.__getitem__(x, _BACKWARDS)
+        elif mutable and t.__hash__ is None:  # a list, a dict: in a static field
+            out += _mutable_form(x, stack, met)
+            fixed = False
         elif (names := _field_names(t)) is not None:
             values = [getattr(x, n, UNSET) for n in names]
             out.append(len(values))
@@ -337,6 +345,39 @@ def fixed_form(v: Any) -> tuple[tuple, bool]:
             out.append(x)
             fixed = fixed and _by_identity(t)
     return tuple(out), fixed
+
+
+_MET: Final = Sentinel("<met before>")
+
+
+def _mutable_form(x: Any, stack: list, met: dict[int, tuple[int, Any]]) -> tuple:
+    """The head of the form of `x`, which Python cannot hash, with its parts pushed
+    on `stack`: a list's items, a dict's keys and values in its own order (the
+    order the trace reads them in; a dict argument is flattened in sorted order, and
+    read so), a dataclass's fields; a set's items as a `frozenset`; an array's
+    dtype, shape and bytes; anything else a copy (`_Copy`). A container met before
+    (inside itself, or twice) is its number: a cycle ends, and a value shared in two
+    places is another key than two equal copies (more compiles, never a wrong one)."""
+    t = type(x)
+    if t is set:
+        return (frozenset(fixed_form(item)[0] for item in x),)
+    if t is list or t is dict or dataclasses.is_dataclass(x):
+        if id(x) in met:
+            return (_MET, met[id(x)][0])
+        met[id(x)] = (len(met), x)  # kept, so that no other value takes its `id`
+        if t is list:
+            parts = list(x)
+        elif t is dict:
+            parts = [part for item in x.items() for part in item]
+        else:
+            parts = [getattr(x, f.name, UNSET) for f in dataclasses.fields(x)]
+        stack += reversed(parts)
+        return (len(parts),)
+    if isinstance(x, np.ndarray | jax.Array) and not isinstance(x, Tracer):
+        a = np.asarray(x)
+        if not a.dtype.hasobject:
+            return (a.dtype.str, a.shape, a.tobytes())
+    return (_Copy(x),)
 
 
 _BACKWARDS: Final = slice(None, None, -1)

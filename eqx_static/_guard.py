@@ -44,7 +44,7 @@ _STR: Final = frozenset([str])  # the key types of a dict checked key by key
 
 def same_token(v: Any, tok: Any) -> bool:
     try:
-        return field_token(v) == tok
+        return field_token(v, shown=False) == tok
     except Exception:  # a hash or an `__eq__` that raises: not the same
         return False
 

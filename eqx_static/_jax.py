@@ -546,11 +546,15 @@ def spans_processes(lowering: Any) -> bool:
 # Jaxprs: where the explanations and the sharing rules look inside a program.
 try:
     from jax._src import callback as _callback, source_info_util as _source_info
+    from jax._src.interpreters import partial_eval as _pe
 
     _FlatCallback: Any = _callback._FlatCallback
+    _CALLBACKS: tuple = (_callback.pure_callback_p, _callback.io_callback_p)
+    _dce: Any = _pe.dce_jaxpr_consts  # what JAX's `jit` drops before lowering
     _user_frames: Any = _source_info.user_frames
 except (ImportError, AttributeError):  # pragma: no cover
-    _FlatCallback = _user_frames = None
+    _FlatCallback = _dce = _user_frames = None
+    _CALLBACKS = ()
     stop_sharing("its callbacks cannot be read")
 
 
@@ -568,28 +572,32 @@ def nested_jaxprs(params: dict[str, Any]) -> Iterator[Any]:
                 yield v
 
 
-def flat_callback_in(host: Callable) -> tuple[Callable, Any] | None:
-    """The Python function and `in_tree` a host callback of a lowering calls: the
-    one `_FlatCallback` its closures hold (`pure_callback`, `io_callback`); None
-    if there is not exactly one (`jax.debug.print`, a kind JAX adds later)."""
-    found, stack, seen = [], [host], set()
-    while stack and len(seen) < 64:
-        fn = stack.pop()
-        if id(fn) in seen:
-            continue
-        seen.add(id(fn))
-        for cell in getattr(fn, "__closure__", None) or ():
-            try:
-                value = cell.cell_contents
-            except ValueError:  # an empty cell
-                continue
-            if _FlatCallback is not None and type(value) is _FlatCallback:
-                found.append(value)
-            elif callable(value):
-                stack.append(value)
-    if len(found) != 1:
+def callbacks_in(jaxpr: Any) -> list[tuple[Callable, Any]] | None:
+    """The Python function and `in_tree` of each `pure_callback` and `io_callback`
+    a traced program runs, nested jaxprs included, in order, after the dead-code
+    elimination JAX's `jit` makes before lowering (an unused `pure_callback` is
+    dropped). Read from the equations, which hold them on every platform (a TPU's
+    lowering holds only opaque host callbacks). None if an equation holds a
+    callback of another kind (`jax.debug.callback`, `inspect_array_sharding`)."""
+    if _dce is None:  # pragma: no cover
         return None
-    return found[0].callback_func, found[0].in_tree
+    inner, found = open_jaxpr(jaxpr), []
+    stack = _dce(inner, [True] * len(inner.outvars))[0].eqns[::-1]
+    while stack:  # each equation, then those of the jaxprs it holds, in order
+        eqn = stack.pop()
+        host = eqn.params.get("callback")
+        if host is not None:
+            if eqn.primitive not in _CALLBACKS or type(host) is not _FlatCallback:
+                return None
+            found.append((host.callback_func, host.in_tree))
+        for nested in reversed(list(nested_jaxprs(eqn.params))):
+            stack += open_jaxpr(nested).eqns[::-1]
+    return found
+
+
+# `eqx.error_if` stages host callbacks defined beside it (in `equinox._errors`):
+# `raises`, and on a TPU, whose runtime may not raise, `tpu_msg`.
+ERROR_CHECKS: Final = eqx.error_if.__module__
 
 
 _NOT_USER: Final = tuple(

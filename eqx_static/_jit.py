@@ -35,7 +35,7 @@ from ._compile import (
 )
 from ._fields import path_to, UnhashableError
 from ._jax import api_boundary, GENERATED, hide_frames
-from ._key import CyclicValue, GENERIC, Key, key_and_leaves, Layout, OWN
+from ._key import CyclicValue, GENERIC, Key, key_and_leaves, Layout, Own
 from ._report import unhashable_message
 
 
@@ -70,51 +70,145 @@ def f(cls, x): ...
 
 # ----------------------------------------------------------------------------------
 # A call's values: the function's parameters in order (`_key.Layout`), bound by a
-# generated function of the same signature, so that Python binds keywords and
-# defaults in C and `f(x)`, `f(x, 2.0)`, `f(x, scale=2.0)` are one key.
+# generated function of the same signature, so that Python binds keywords in C and
+# `f(x)`, `f(x, 2.0)`, `f(x, scale=2.0)` are one key. Its defaults are a marker: a
+# parameter left out gets the function's default as it is at the call. Each one
+# left out is checked, by identity (the same object is the same default; any other
+# is read again), to be the object the binder was made with, where the function
+# keeps it: its `__defaults__` tuple, an item of its `__kwdefaults__` (a dict that
+# changes in place); a partial's `keywords` are compared whole at every call (a key
+# added may be a default). When one is not, the binder is made again from the
+# function's signature as it is then.
+
+_LEFT_OUT: Final = Own("<the function's default, read at the call>")
 
 
-def _layout(fn: Callable) -> tuple[Layout, str, dict[str, Any]]:
-    """The layout of `fn`'s calls; the parameter list of a function that takes what
-    `fn` takes (its own names, defaults `_es_d<i>`, and `_es_own` for one that
-    cannot be keyed: the function's own, as under `eqx.filter_jit`); and the
-    defaults. Without a signature, or with such a default before `*args` or a
-    positional-only parameter: what the caller passed, as it passed it."""
+def _layout(fn: Callable) -> tuple[Layout, list[inspect.Parameter] | None]:
+    """The layout of `fn`'s calls, and its parameters; without a signature, what
+    the caller passed, as it passed it."""
     try:  # the callable's own signature (a decorator's defaults are its own)
         params = list(inspect.signature(fn, follow_wrapped=False).parameters.values())
     except (TypeError, ValueError):
-        return GENERIC, "*args, **kwargs", {}
-    source, star, star_star, positional, defaults = [], None, None, 0, {}
+        return GENERIC, None
+    kinds = [p.kind for p in params]
+    only = kinds.count(inspect.Parameter.POSITIONAL_ONLY)
+    positional = only + kinds.count(inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    at = {k: i for i, k in enumerate(kinds)}
+    star = at.get(inspect.Parameter.VAR_POSITIONAL)
+    star_star = at.get(inspect.Parameter.VAR_KEYWORD)
+    names = tuple(p.name for p in params)
+    return Layout(names, positional, star, star_star, only), params
+
+
+def _keepers(fn: Callable) -> tuple[dict | None, Any]:
+    """Where `fn`'s defaults are kept: a partial's keywords, and the function (of a
+    method, of a callable's `__call__`, or the one an `es.jit` method wraps) whose
+    `__defaults__` and `__kwdefaults__` hold the others."""
+    keywords = fn.keywords if isinstance(fn, functools.partial) else None
+    g = fn.func if isinstance(fn, functools.partial) else fn
+    for _ in range(3):
+        if type(g) is types.FunctionType:
+            inner = getattr(g, "fn", None) if hasattr(g, "es_jit") else None
+            return keywords, inner if type(inner) is types.FunctionType else g
+        g = g.__func__ if isinstance(g, types.MethodType) else type(g).__call__
+    return keywords, None
+
+
+def _kept(name: str, keywords: dict | None, g: Any) -> tuple[str | None, Any]:
+    """Where the default of `name` is kept, and what it is now: in the partial's
+    `"keywords"`, in the function's `"kw"` or `"pos"` defaults; or nowhere."""
+    if keywords is not None and name in keywords:
+        return "keywords", keywords[name]
+    if g is None:
+        return None, _LEFT_OUT
+    pos, names = g.__defaults__ or (), g.__code__.co_varnames[: g.__code__.co_argcount]
+    if name in names[len(names) - len(pos) :]:
+        return "pos", pos[names.index(name) - len(names) + len(pos)]
+    kw = g.__kwdefaults__ or {}
+    return ("kw", kw[name]) if name in kw else (None, _LEFT_OUT)
+
+
+def _filled(name: str, d: Any, donating: bool, owns: dict[str, tuple]) -> Any:
+    """What a default left out is bound as: itself, keyed, and its arrays traced;
+    or, if it cannot be keyed or holds arrays where `donate` would give them away,
+    an `Own` marker (one per default object: `owns`, by parameter), for the function
+    to fill in, as under `eqx.filter_jit`: never donated."""
+    try:
+        if not (key_and_leaves((d,))[1] and donating):
+            return d
+    except (UnhashableError, CyclicValue):
+        pass
+    if owns.get(name, (None,))[0] is not d:
+        owns[name] = (d, Own(f"<the function's own {name}>"))
+    return owns[name][1]
+
+
+def _binder(
+    fn: Callable, params: list | None, now: list | None, donating: bool, owns: dict
+) -> tuple[str, str, str, list[str], dict[str, Any]]:
+    """The parameter lists of the generated functions, those of `params` (`fn`'s
+    when wrapped), with the defaults of `now` (`fn`'s now): those that had a
+    default when wrapped default to `_es_u`, and, for `_es_strict`, those that have
+    one now; the condition on which a call left out a parameter that has no
+    default now, or another than the one read here; the lines that fill them in;
+    and the names those read."""
+    if params is None:
+        return "*args, **kwargs", "*args, **kwargs", "", [], {}
+    keywords, g = _keepers(fn)
+    ns: dict[str, Any] = {"_es_u": _LEFT_OUT}  # what is filled in; `kept`: checked
+    kept: dict[str, Any] = {"_es_g": g, "_es_pk": keywords}
+    if g is not None:
+        kept.update(_es_t=g.__defaults__, _es_kd=g.__kwdefaults__)
+    checks, fills, positional, source = [], [], [], []
+    if keywords is not None:  # whole: a key added may be a parameter's default
+        checks.append(f"len(_es_pk) != {len(keywords)}")
+        for j, (k, v) in enumerate(keywords.items()):
+            kept[f"_es_k{j}"] = v
+            checks.append(f"_es_pk.get({k!r}, _es_u) is not _es_k{j}")
+    current = {q.name: q.default for q in now or ()}
     for i, p in enumerate(params):
-        name = p.name
-        if p.default is not p.empty and _keyable(p.default):
-            name, defaults[f"_es_d{i}"] = f"{name}=_es_d{i}", p.default
-        elif p.default is not p.empty:
-            rest = [q.kind for q in params[i + 1 :]]
-            if p.kind is not p.KEYWORD_ONLY and (p.VAR_POSITIONAL in rest or p.POSITIONAL_ONLY in rest):  # fmt: skip
-                return GENERIC, "*args, **kwargs", {}
-            name += "=_es_own"
-        if p.kind is p.VAR_POSITIONAL:
-            star, name = i, f"*{p.name}"
-        elif p.kind is p.VAR_KEYWORD:
-            star_star, name = i, f"**{p.name}"
-        elif p.kind is p.KEYWORD_ONLY and star is None and "*" not in source:
-            source.append("*")
-        positional += p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        source.append(name)
+        if p.kind is p.KEYWORD_ONLY and not any(n[0] == "*" for n, _, _ in source):
+            source.append(("*", False, False))
+        if p.kind is p.VAR_POSITIONAL or p.kind is p.VAR_KEYWORD:
+            stars = "*" if p.kind is p.VAR_POSITIONAL else "**"
+            source.append((stars + p.name, False, False))
+            continue
+        d = current.get(p.name, _LEFT_OUT)  # not one now (a partial's keyword gone)
+        where, now_d = _kept(p.name, keywords, g)
+        if d is _LEFT_OUT and p.name in current:  # an `es.jit` method's: its function's
+            d = now_d if where else p.empty
+        where = where if now_d is d else None  # a signature of its own: read once
+        source.append((p.name, p.default is not p.empty, d is not p.empty))
         last = i + 1 == len(params) or params[i + 1].kind is not p.POSITIONAL_ONLY
         if p.kind is p.POSITIONAL_ONLY and last:
-            source.append("/")
-    names = tuple(p.name for p in params)
-    return Layout(names, positional, star, star_star), ", ".join(source), defaults
-
-
-def _keyable(v: Any) -> bool:
-    try:
-        key_and_leaves((v,))
-    except (UnhashableError, CyclicValue):
-        return False
-    return True
+            source.append(("/", False, False))
+        if p.default is p.empty:  # required when wrapped: Python binds it
+            continue
+        if d is p.empty:  # its default taken away: Python's own error
+            checks.append(f"{p.name} is _es_u")
+        elif d is not _LEFT_OUT:
+            ns[f"_es_d{i}"] = _filled(p.name, d, donating, owns)
+            fills.append(f"if {p.name} is _es_u: {p.name} = _es_d{i}")
+            if where == "pos":
+                positional.append(f"{p.name} is _es_u")
+            elif where == "kw":
+                kept[f"_es_c{i}"] = d
+                checks.append(
+                    f"{p.name} is _es_u and (_es_g.__kwdefaults__ is not _es_kd "
+                    f"or _es_kd.get({p.name!r}, _es_u) is not _es_c{i})"
+                )
+    if positional:
+        left_out = " or ".join(positional)
+        checks.append(f"({left_out}) and _es_g.__defaults__ is not _es_t")
+    star_star = [n[2:] for n, _, _ in source if n[:2] == "**"]
+    for j, k in enumerate(k for k in keywords or {} if k not in current):
+        # A partial's keyword that `**kwargs` takes: in it, unless the caller passed it.
+        ns[f"_es_e{j}"] = _filled(k, keywords[k], donating, owns)  # pyright: ignore
+        fills += [f"{star_star[0]}.setdefault({k!r}, _es_e{j})"] * bool(star_star)
+    loose = ", ".join(n + "=_es_u" * named for n, named, _ in source)
+    strict = ", ".join(n + "=_es_u" * optional for n, _, optional in source)
+    stale = " or ".join(f"({c})" for c in checks)
+    return loose, strict, stale, fills, ns | kept
 
 
 # ----------------------------------------------------------------------------------
@@ -181,6 +275,8 @@ class _Jit(functools.partial, Generic[_P, _R]):
     _bind: Callable
     _lru: bool
     _slots: _Slots
+    _params: list[inspect.Parameter] | None
+    _owns: dict[str, tuple[Any, Own]]
     _owner: type | None
     _name: str | None
 
@@ -196,19 +292,22 @@ class _Jit(functools.partial, Generic[_P, _R]):
                 f"`es.jit` takes a function or method, got {type(fn).__name__}."
             )
         _check_options(donate, maxsize, max_compiles, warn_after)
-        layout, params, defaults = _layout(fn)
-        options = (donate, maxsize, max_compiles, warn_after)
+        layout, params = _layout(fn)
+        options, owns = (donate, maxsize, max_compiles, warn_after), {}
         f, fn_leaves = _function(fn, layout, options)
-        hot, bind = _hot(f, layout, params, defaults, f.fn_key is not None)
+        binder = _binder(fn, params, params, donate != "none", owns)
+        hot, bind = _hot(f, layout, binder, {})
         self = super().__new__(cls, hot)
         functools.update_wrapper(self, fn)  # pyright: ignore[reportArgumentType]
         self.fn, self.qualname, self.f, self.hot = fn, f.qualname, f, hot  # pyright: ignore[reportAttributeAccessIssue]
         self._is_static, self._options, self._layout = is_static, options, layout
         self._fn_leaves, self._bind = fn_leaves, bind
         self._owner, self._name = None, None
+        self._params, self._owns = params, owns
         self._lru = f.maxsize is not None
         hot.__globals__.update(
             _es_general=self._general,
+            _es_again=self._again,
             _es_runtime=eqx.EquinoxRuntimeError,
             _es_fresh=self._fresh,
         )
@@ -275,6 +374,22 @@ class _Jit(functools.partial, Generic[_P, _R]):
 
     def __repr__(self) -> str:
         return f"<es.jit {self.qualname}>"
+
+    def _again(self, values: tuple, again: Callable) -> Any:
+        """A call that left out a default other than the one the generated functions
+        were made with: make them again (one thread at a time), from the function's
+        signature as it is now, and call `again` (one of them) as the caller did;
+        Python's own error if it left out one that has no default now."""
+        with _binding:
+            now, donating = _layout(self.fn)[1], self._options[0] != "none"
+            binder = _binder(self.fn, self._params, now, donating, self._owns)
+            made = _hot(self.f, self._layout, binder, self.hot.__globals__)
+            for old, new in zip((self.hot, self._bind), made):
+                old.__defaults__, old.__code__ = new.__defaults__, new.__code__
+                old.__kwdefaults__ = new.__kwdefaults__
+            self.hot.__globals__.update(_es_hot=self.hot, _es_bind=self._bind)
+        self._layout.call(self.hot.__globals__["_es_strict"], values)
+        return self._layout.call(again, values)
 
     # The general path, and the guards it leaves for the next calls.
 
@@ -391,21 +506,28 @@ class _Jit(functools.partial, Generic[_P, _R]):
 
 
 guard_logger: Final = _guard.logger
+_binding: Final = threading.RLock()  # one binder made again at a time
 
 
 def _hot(
-    f: Function, layout: Layout, params: str, defaults: dict[str, Any], fresh: bool
+    f: Function, layout: Layout, binder: tuple, ns: dict[str, Any]
 ) -> tuple[Callable, Callable]:
     """The function every call runs (the guards of the first value's class, else the
     general path), and one that binds a call's arguments to its values: both with
-    the wrapped function's signature, made once per wrapper (their own names start
-    `_es_`)."""
+    the wrapped function's signature (`_binder`), made in `ns` (their own names
+    start `_es_`)."""
+    params, strict, stale, fills, names = binder
+    fresh = "    _es_fresh()\n" if f.fn_key is not None else ""  # `_Jit._fresh`
     values = ", ".join(layout.names) + ("," if len(layout.names) == 1 else "")
     first = f"_es_type({layout.names[0]})" if layout.names else "None"
+
+    def bound(again: str) -> str:  # the defaults left out, filled in
+        check = [f"if {stale}: return _es_again(({values}), {again})"] * bool(stale)
+        return "".join(f"    {line}\n" for line in [*check, *fills])
+
     source = f"""
 def _es_hot({params}):
-    {"_es_fresh()" if fresh else ""}
-    try:
+{fresh}{bound("_es_hot")}    try:
         for _es_guard in _es_slots.get({first}, ()):
             _es_out = _es_guard({values})
             if _es_out is not _es_miss:
@@ -417,13 +539,18 @@ def _es_hot({params}):
 
 
 def _es_bind({params}):
-    return ({values})
+{bound("_es_bind")}    return ({values})
+
+
+def _es_strict({strict}):
+    pass
 """
-    ns: dict[str, Any] = {"_es_miss": _guard.MISS, "_es_own": OWN, "_es_type": type}
-    ns.update(defaults)
+    # The values filled in before those checked: a call that sees a new check made
+    # here sees the new values too.
+    ns.update(names, _es_miss=_guard.MISS, _es_type=type)
     exec(compile(source, f"{GENERATED}/{f.qualname}", "exec"), ns)
     hot, bind = ns["_es_hot"], ns["_es_bind"]
-    for made in (hot, bind):  # named as `fn` in tracebacks and in binding errors
+    for made in (hot, bind, ns["_es_strict"]):  # named as `fn` in tracebacks and errors
         made.__code__ = made.__code__.replace(co_name=f.short)
         made.__qualname__ = f.qualname
     return hot, bind

@@ -164,36 +164,46 @@ def _other(v: Any, tokens: list, stack: list) -> None:
     stack += reversed(flat)
 
 
-# The value of a parameter the caller left to a default that cannot be keyed: the
-# default belongs to the function, as under `eqx.filter_jit`, and Python fills it.
-OWN: Final = Sentinel("the function's own default")
+class Own(Sentinel):
+    """The value of a parameter left to a default that is the function's own: one
+    that cannot be keyed, or that holds arrays where `donate` would give them
+    away. Python fills it when the function is called, as under `eqx.filter_jit`
+    (the program holds it as a constant); its key is this marker, one per default
+    object."""
+
+    __slots__ = ()
 
 
 class Layout(NamedTuple):
     """How a call's arguments become the values its key is made of: the function's
-    parameters in order, with `*args` as one tuple and `**kwargs` as one dict (`OWN`
-    for one left to a default that cannot be keyed). A callable whose signature
-    cannot be read has the layout `(args, kwargs)`: what the caller passed."""
+    parameters in order, with `*args` as one tuple and `**kwargs` as one dict (an
+    `Own` for one left to its default). A callable whose signature cannot be read
+    has the layout `(args, kwargs)`: what the caller passed."""
 
     names: tuple[str, ...]  # one per value
     positional: int  # the parameters before `*args` or the keyword-only ones
     star: int | None = None  # the index of `*args`
     star_star: int | None = None  # the index of `**kwargs`
+    only: int = 0  # the positional-only parameters, first
 
     def call(self, fn: Callable, values: Sequence) -> Any:
-        """`fn` called with `values`, as the caller passed them."""
+        """`fn` called with `values`, as the caller passed them, an `Own` left out.
+        After one among the positional parameters, the caller passed no more
+        positionally: `*args` is empty, a positional-only parameter holds its
+        default (left out: Python fills it), and the rest go by keyword."""
         n, star, star_star = self.positional, self.star, self.star_star
-        named = range(n if star is None else n + 1, len(values))
-        if OWN in values[:n]:  # those after a default left out, by keyword
-            named, n = range(values.index(OWN), len(values)), values.index(OWN)
-        args = (*values[:n], *values[star]) if star is not None else values[:n]
+        cut = next((i for i in range(n) if type(values[i]) is Own), n)
+        args = values[:cut]
+        if star is not None and cut == n:
+            args = (*args, *values[star])
         keywords = {
             self.names[i]: values[i]
-            for i in named
-            if i != star_star and values[i] is not OWN
+            for i in range(max(cut, self.only), len(values))
+            if i != star and i != star_star and type(values[i]) is not Own
         }
         if star_star is not None:
-            keywords.update(values[star_star])
+            kwargs = values[star_star].items()
+            keywords.update((k, v) for k, v in kwargs if type(v) is not Own)
         return fn(*args, **keywords)
 
 
@@ -263,7 +273,8 @@ def end_of(key: Key, i: int) -> int:
 class Visit(NamedTuple):
     """A node of a key, where it is, and the module field it belongs to."""
 
-    path: str  # printable: `x`, `self.encoder.w`, `y['a'][0]`
+    path: str  # as the function's body reads it: `x`, `self.encoder.w`, `y['a'][0]`,
+    # `args[1]` (of `*args`), `opt_state[0].mu` (a named tuple's item)
     node: Node
     cls: type | None  # the class of the nearest module holding it
     field: str | None  # and the field of that module
@@ -294,6 +305,9 @@ def _labels(path: str, node: Node, cls: Any, field: Any) -> list[tuple]:
         return [(f"{path}.{k}", info.cls, k) for k in info.dynamic_names]
     if node.kind == DICT.name:
         return [(f"{path}[{value_of(k)!r}]", cls, field) for k in node.head[1]]
+    names = getattr(node.head[1], "_fields", ()) if node.kind == NAMED.name else ()
+    if names and len(names) == node.children:  # by name, as JAX's paths name them
+        return [(f"{path}.{k}", cls, field) for k in names]
     count = node.leaves if node.kind == ARRAYS.name else node.children
     return [(f"{path}[{j}]", cls, field) for j in range(count)]
 

@@ -81,11 +81,12 @@ def check_hashable(info: FieldInfo, name: str, value: object) -> None:
         ) from None
 
 
-def as_data(info: FieldInfo, name: str, value: Any) -> Any:
+def as_data(info: FieldInfo, name: str, value: Any, floats: dict[str, Any]) -> Any:
     """`value` for the dynamic field `name` of an `es.Module`: Python numbers (not
     bools), also in plain tuples, lists and dicts, become strongly typed 0-d arrays
     of JAX's default dtype for their kind (an `int` in a field annotated `float` or
-    `complex`: of that kind). Unchanged containers are returned as they are."""
+    `complex`: of that kind). Unchanged containers are returned as they are. The
+    first float or complex stored is put in `floats`, under `name`."""
     found: list[Any] = []
     try:
         out = _as_data(info.cls, name, value, info.annotations.get(name), found)
@@ -99,7 +100,7 @@ def as_data(info: FieldInfo, name: str, value: Any) -> Any:
             "tree; break the cycle before storing it."
         ) from None
     if found:
-        _warn_trainable(info, name, found[0])
+        floats[name] = found[0]
     return out
 
 
@@ -134,23 +135,31 @@ def _as_data(cls: type, name: str, value: Any, kind: Any, found: list) -> Any:
 _warned: Final = weakref.WeakKeyDictionary[type, set[str]]()
 
 
-def _warn_trainable(info: FieldInfo, name: str, value: Any) -> None:
-    """Say once per field, unless its annotation says it is an array, that a float
-    stored as an array is trained (where Equinox would keep the float out)."""
+def _warn_trainable(info: FieldInfo, floats: Mapping[str, Any]) -> None:
+    """Say once, in one warning naming them all, which fields store a float as an
+    array (where Equinox would keep the float out of training and of the traced
+    program), unless their annotations say array; a field is named once."""
     warned = _warned.setdefault(info.cls, set())
-    if name in warned or is_array_annotation(info.annotations.get(name), plain=True):
+    plain = [n for n in floats if n not in warned]
+    new = [n for n in plain if not is_array_annotation(info.annotations.get(n), True)]
+    if not new:
         return
-    warned.add(name)
+    warned.update(new)
+    name, kind = new[0], type(floats[new[0]]).__name__
+    what = "floats" if all(type(floats[n]) is float for n in new) else "numbers"
     logging.getLogger("eqx_static").warning(
-        "Field %r of `%s` holds the Python %s %r, stored as an array: it is data, so "
-        "`eqx.filter_grad` differentiates it and an optimiser trains it (under "
-        "`eqx.Module` it would stay a Python number). If it is a constant, declare "
-        "it static: `%s: float = eqx.field(static=True)`. If it changes but must "
-        "not be trained, pass it as an argument, or keep it out of the optimiser. "
-        "If it is a parameter, annotate it as an array (`%s: jax.Array`), which "
-        "also silences this warning.",
-        name, info.cls.__qualname__, type(value).__name__, value, name, name,
-    )  # fmt: skip
+        f"`{info.cls.__qualname__}` stores Python {what} as arrays in fields not "
+        "annotated as arrays, where an `eqx.Module` keeps them as constants: "
+        f"{', '.join(f'{n!r} ({floats[n]!r})' for n in new)}.\nAs data, "
+        "`eqx.filter_grad` differentiates them, an optimiser trains them, and "
+        "results may change: traced, not folded into the compiled program, a value "
+        "can round differently (by an ulp, or more after many iterations). Say what "
+        f"each field is, as for {name!r}:\n"
+        f"- a constant: `{name}: {kind} = eqx.field(static=True)`;\n"
+        "- changes but must not be trained: pass it as an argument, or keep it out "
+        "of the optimiser;\n"
+        f"- a parameter: `{name}: jax.Array`, which also silences this warning."
+    )
 
 
 def convert_and_check(
@@ -163,7 +172,7 @@ def convert_and_check(
     static ones are hashable; dynamic ones are stored as data (`as_data`) and match
     their jaxtyping annotations (in a module stacked by `eqx.filter_vmap`: the
     `current` value's shape and dtype)."""
-    out = {}
+    out, floats = {}, {}
     for name, value in changes.items():
         if name in convert and name in info.converters:
             value = info.converters[name](value)
@@ -171,9 +180,11 @@ def convert_and_check(
             check_hashable(info, name, value)
         else:
             if info.stores_arrays:
-                value = as_data(info, name, value)
+                value = as_data(info, name, value, floats)
             _check_array(info, name, value, (current or {}).get(name))
         out[name] = value
+    if floats:
+        _warn_trainable(info, floats)
     return out
 
 

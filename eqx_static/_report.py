@@ -103,7 +103,9 @@ def _compare(a: Node, b: Node, v: Visit, method: bool, out: list[Change]) -> boo
     path = v.path
     is_self = method and path == "self"
     name = path.removeprefix("self.") if method else path
-    argument = "." not in path and "[" not in path
+    # A value in no module's field is in an argument: named as the body reads it
+    # (`x`, `args[1]` of `*args`, `cfg['lr']`), never as a field.
+    argument = v.cls is None
     what = "self" if is_self else f"argument {path}" if argument else f"field {name!r}"
     ka, kb = _kind(a), _kind(b)
     if ka == kb == "module" and module_info(a.head) is module_info(b.head):
@@ -212,7 +214,8 @@ def _distance(seen: Seen, key: Key, sig: tuple) -> int:
 def merge_copies(changes: Sequence[Change]) -> list[Change]:
     """One change reached through several paths (a model, and its copies in an
     optimiser's state: `opt_state[0].mu.<the model's path>`) named once, at its
-    shortest path, "and 2 copies": the same change, at paths that end alike."""
+    shortest path, "and the same under opt_state[0].mu and opt_state[0].nu": the
+    same change, at paths that end alike, named by where they part."""
     groups: list[list[Change]] = []
     for c in changes:
         group = next((g for g in groups if c.detail and _copies(g[0], c)), None)
@@ -223,11 +226,10 @@ def merge_copies(changes: Sequence[Change]) -> list[Change]:
     out = []
     for group in groups:
         first = min(group, key=lambda c: len(c.path))
-        n = len(group) - 1
-        if n:
-            first = first._replace(
-                phrase=f"{first.phrase} (and {n} cop{'y' if n == 1 else 'ies'})"
-            )
+        tail = len(first.path) - len(re.match(r"\w*", first.path)[0])  # pyright: ignore
+        if heads := [c.path[: len(c.path) - tail] for c in group if c is not first]:
+            also = f"(and the same under {' and '.join(heads)})"
+            first = first._replace(phrase=f"{first.phrase} {also}")
         out.append(first)
     return out
 
@@ -609,8 +611,11 @@ class TracedFieldError(jax.errors.ConcretizationTypeError):
         ```
     """
 
-    def __init__(self, message: str):  # pyright: ignore[reportMissingSuperCall]
+    def __init__(  # pyright: ignore[reportMissingSuperCall]
+        self, message: str, said: str = ""
+    ):
         TypeError.__init__(self, message)
+        self.said = said  # JAX's message in our terms, for a call around this one
 
 
 @functools.cache
@@ -624,7 +629,12 @@ def _traced_field_error_type(jax_error: type) -> type:
 # (`_dynamic[0].hidden_size`).
 _ARGUMENT: Final = re.compile(r"argument ([\w.\[\]'\"]*[\w\]])")
 _LEAF_INDEX: Final = re.compile(r"_es_leaves\[(\d+)\]")
-_OURS: Final = re.compile(r"function \w+ at \S*eqx_static\S*?:\d+")
+# JAX names the function it traced by its code's place: ours, whatever the folder.
+_OURS: Final = re.compile(
+    rf"(?<!\S)\S+ at {re.escape(os.path.dirname(__file__))}\S+:\d+"
+)
+# JAX's error in the backward pass of a loop whose bound is traced.
+REVERSE: Final = "Reverse-mode differentiation does not work"
 
 
 def traced_field_error(
@@ -637,12 +647,11 @@ def traced_field_error(
 ) -> TracedFieldError | None:
     """`TracedFieldError` for the fields and arguments that had to be concrete: the
     leaves in `found` (found by tracing again with numbers in their place) and the
-    one `e` names; None if none, or if `e` is one already. `n_fn` leaves of the
-    function come first. JAX's message follows, with our names for the leaves and
-    `where` for the traced function."""
-    if isinstance(e, TracedFieldError):
-        return None
-    named = _origin(str(e), origins, n_fn)
+    one `e` names; None if none. `n_fn` leaves of the function come first. JAX's
+    message follows, with our names for the leaves and `where` for the traced
+    function; if `e` is already one (a nested call's), as `e` quoted it."""
+    nested = isinstance(e, TracedFieldError)  # its leaves are not this call's
+    named = None if nested else _origin(str(e), origins, n_fn)
     seen = [origins[i - n_fn] for i in found if 0 <= i - n_fn < len(origins)]
     culprits = list({o.path: o for o in [*seen, *([named] if named else [])]}.values())
     if not culprits:
@@ -661,9 +670,11 @@ def traced_field_error(
             "compiling: pass a Python value instead (static: one compile per value), "
             "or keep the array and use `jnp.where` or `jax.lax.cond`."
         )
-    said = _LEAF_INDEX.sub(lambda m: _leaf_path(m, origins, n_fn), str(e))
-    said = _OURS.sub(f"function {name}" + (f" at {where}" if where else ""), said)
-    return _traced_field_error_type(type(e))("\n".join(parts) + f"\n\nJAX said: {said}")
+    said = e.said if isinstance(e, TracedFieldError) else str(e)
+    said = _LEAF_INDEX.sub(lambda m: _leaf_path(m, origins, n_fn), said)
+    said = _OURS.sub(name + (f" at {where}" if where else ""), said)
+    kind = type(e) if nested else _traced_field_error_type(type(e))
+    return kind("\n".join(parts) + f"\n\nJAX said: {said}", said)
 
 
 def _fields_message(name: str, fields: Sequence[Visit], need: str) -> str:
@@ -756,7 +767,7 @@ def reporting_errors(
         _callback_logger.addFilter(quiet)
         try:
             out = call(*leaves)
-            for a in (out[0] if type(out) is tuple else [out]) if wait() else ():
+            for a in jax.tree.leaves(out) if wait() else ():
                 if isinstance(a, jax.Array) and not isinstance(a, Tracer):
                     a.block_until_ready()  # one execution: its outputs come together
                     break

@@ -6,11 +6,13 @@ Two lowerings are one program when they have the same module (constants printed 
 full, source locations left out, private functions named by what they compute),
 the same compile arguments (each one on the list below, compared as that kind of
 value; an argument not on the list makes a program unshareable), and the same host
-callbacks: each the *identical* Python function over argument structures equal as
-keys compare them. What runs Python on the host is read from the lowering itself, one
-host callback at a time: each must be a `pure_callback` or `io_callback` of a
-function on that list. Anything else (`jax.debug.print`, checkify, an ordered
-effect, a primitive this module does not know) makes a program unshareable."""
+callbacks, in order: each the *identical* Python function over argument structures
+equal as keys compare them. What runs Python on the host is read from the traced
+jaxpr, which holds it on every platform (a TPU's lowering holds only opaque
+objects): each `pure_callback` or `io_callback` equation JAX lowers, and together
+exactly as many as the lowering holds. Anything else (`jax.debug.print`, checkify,
+an ordered effect, a primitive this module does not know) makes a program
+unshareable, and may be Equinox's error check: such a program is waited for."""
 
 import hashlib
 import re
@@ -42,26 +44,37 @@ _ARGUMENTS: Final = {
     "compiler_options_kvs": _SAME, "device_list": _SAME, "platforms": _SAME,
     "ordered_effects": _EMPTY, "mut": _EMPTY, "keepalive": _EMPTY,
     "all_args_info": _IGNORED, "pgle_profiler": _IGNORED,
-    "host_callbacks": _IGNORED,  # compared one by one, as callbacks
+    "host_callbacks": _IGNORED,  # read from the jaxpr, compared one by one
     "shape_poly_state": _SAME,
     "auto_spmd_lowering": _SAME, "pmap_nreps": _SAME, "spmd_lowering": _SAME,  # 0.8
 }  # fmt: skip
 
 
-def fingerprint(lowering: Any) -> Fingerprint | None:
-    """None if the program is not one this module can prove the same as another."""
-    if lowering is None or not _jax.SHARING:
+def host_callbacks(lowering: Any, jaxpr: Any) -> tuple[tuple | None, bool]:
+    """(function, `in_tree` token) of each host callback of a lowering, read from
+    the jaxpr it was lowered from, or None unless every host callback is so
+    accounted for (`jax.debug.print`, checkify, a kind JAX adds later are not);
+    and whether the program may then hold Equinox's error check, which may raise
+    only as its results are waited for."""
+    found = None if lowering is None else _jax.callbacks_in(jaxpr)
+    if found is None:
+        return None, True
+    if len(found) != len(_jax.compile_arguments(lowering)["host_callbacks"] or ()):
+        return None, True
+    try:
+        callbacks = tuple((function, token(tree)) for function, tree in found)
+    except TypeError:  # an `in_tree` that cannot be a key
+        return None, True
+    checks = (getattr(f, "__module__", None) == _jax.ERROR_CHECKS for f, _ in found)
+    return callbacks, any(checks)
+
+
+def fingerprint(lowering: Any, callbacks: tuple | None) -> Fingerprint | None:
+    """None if the program is not one this module can prove the same as another.
+    `callbacks`: its `host_callbacks`."""
+    if lowering is None or callbacks is None or not _jax.SHARING:
         return None
     arguments = _jax.compile_arguments(lowering)
-    callbacks = []
-    for host in arguments["host_callbacks"] or ():
-        flat = _jax.flat_callback_in(host)  # the Python a host callback runs
-        if flat is None:
-            return None  # `jax.debug.print`, checkify, ...: not on the list
-        try:
-            callbacks.append((flat[0], token(flat[1])))
-        except TypeError:  # an `in_tree` that cannot be a key
-            return None
     compared = []
     for name in sorted(arguments):
         rule, value = _ARGUMENTS.get(name), arguments[name]
@@ -75,7 +88,7 @@ def fingerprint(lowering: Any) -> Fingerprint | None:
     program = digest(lowering.stablehlo())
     if program is None:
         return None
-    return Fingerprint(program, tuple(compared), tuple(callbacks))
+    return Fingerprint(program, tuple(compared), callbacks)
 
 
 def _comparable(name: str, value: Any) -> Any:

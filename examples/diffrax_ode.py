@@ -38,8 +38,8 @@ TS = jnp.linspace(0.0, T1, 11)
 class Oscillator(es.Module):
     """The vector field of `y = (x, x')`."""
 
-    omega: float  # dynamic: a sweep over values compiles once
-    zeta: float  # dynamic
+    omega: jax.Array  # dynamic: a sweep over values compiles once
+    zeta: jax.Array  # dynamic (given as floats, stored as arrays)
     damped: bool = eqx.field(static=True)  # static: picks the equation
 
     def __call__(self, t: Any, y: jax.Array, args: Any) -> jax.Array:

@@ -11,8 +11,8 @@ after each change. For every call it prints whether it compiled (from
 eagerly in Python. It ends with `cache_info()` and the explanation lines that
 `es.jit` logs at INFO on the logger "eqx_static" for each recompilation.
 
-It checks that exactly 3 compiles happen and that every result equals the eager
-value, and exits non-zero otherwise.
+It checks that exactly 3 compiles happen, that every result equals the eager
+value and that nothing is logged at WARNING, and exits non-zero otherwise.
 
 Run:  python examples/seed.py
 """
@@ -29,7 +29,7 @@ import jax.numpy as jnp
 
 
 class Parent(es.Module):
-    dp: float  # dynamic: traced, never baked in
+    dp: jax.Array  # dynamic: data, traced, never baked in
     sp: bool = eqx.field(static=True)  # static: part of the compile key
 
     @es.jit
@@ -41,7 +41,7 @@ class Parent(es.Module):
 
 
 class Child(Parent):
-    dc: float
+    dc: jax.Array
     sc: bool = eqx.field(static=True)
 
     def g(self, x: jax.Array) -> jax.Array:
@@ -50,17 +50,21 @@ class Child(Parent):
 
 def eager(c: Child, x: float) -> float:
     """The same arithmetic in plain Python, no JAX."""
-    g = c.dc * x if c.sc else x
-    return c.dp * g if c.sp else g
+    dp, dc = float(c.dp), float(c.dc)
+    g = dc * x if c.sc else x
+    return dp * g if c.sp else g
 
 
 class _Collect(logging.Handler):
     def __init__(self) -> None:
         super().__init__(level=logging.INFO)
         self.lines: list[str] = []
+        self.warnings: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append(record.getMessage())
+        if record.levelno >= logging.WARNING:
+            self.warnings.append(record.getMessage())
 
 
 def main() -> int:
@@ -116,6 +120,8 @@ def main() -> int:
     for line in handler.lines:
         print(f"  {line}")
 
+    if handler.warnings:
+        failures.append(f"expected no warning, got {handler.warnings}")
     if final.misses != 3:
         failures.append(f"expected 3 compiles, got {final.misses}")
     if final.hits != 7:

@@ -2,12 +2,14 @@
 independently of the library, a runner of Python in a fresh process, and a pytree
 that fails loudly when anything walks the whole tree."""
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
 import threading
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,19 @@ def shared(programs: int, keys: int) -> int:
     """The compiles expected: one per distinct program where keys share programs,
     one per key (and signature) where they cannot."""
     return programs if SHARING else keys
+
+
+@contextlib.contextmanager
+def path(name: str) -> Iterator[None]:
+    """`"dispatcher"`, or `"public"`: each key made meanwhile runs on a public
+    `jax.jit`, as where JAX's private dispatcher cannot be built."""
+    saved = _jax.DISPATCH, _jax.SHARING
+    if name == "public":
+        _jax.DISPATCH = _jax.SHARING = False
+    try:
+        yield
+    finally:
+        _jax.DISPATCH, _jax.SHARING = saved
 
 
 def seed() -> types.SimpleNamespace:
@@ -201,3 +216,15 @@ def _flatten_bomb(bomb: Bomb):
 
 
 jax.tree_util.register_pytree_node(Bomb, _flatten_bomb, lambda aux, children: Bomb())
+
+
+def opaque_host_callbacks(monkeypatch: Any) -> None:
+    """Make every lowering read as a TPU's: each host callback an opaque object (a
+    `PyCapsule` there), with no Python function inside to read."""
+    arguments = _jax.compile_arguments
+
+    def opaque(lowering: Any) -> dict[str, Any]:
+        out = arguments(lowering)
+        return {**out, "host_callbacks": [object() for _ in out["host_callbacks"]]}
+
+    monkeypatch.setattr(_jax, "compile_arguments", opaque)

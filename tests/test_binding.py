@@ -8,10 +8,13 @@ import functools
 
 import equinox as eqx
 import eqx_static as es
+import hypothesis
+import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import path
 
 
 X = jnp.array([0.5, -1.0, 2.0])
@@ -113,3 +116,241 @@ def test_a_static_int_of_any_size_keys_and_guards():
     for n in (big, big, big + 1, big + 1, big):
         np.testing.assert_array_equal(f(X, n), X * (n % 7))
     assert f.cache_info() == es.CacheInfo(3, 2, None, 2)
+
+
+# ----------------------------------------------------------------------------------
+# Defaults are the function's at the call, as Python reads them.
+
+
+def _same(got, want):
+    """The same tree, leaf types and values (a Python value stays one)."""
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        if isinstance(w, jax.Array):
+            assert isinstance(g, jax.Array) and g.dtype == w.dtype
+            np.testing.assert_array_equal(g, w)
+        else:
+            assert type(g) is type(w) and g == w
+
+
+def _filtered(eager, *args):
+    """`eqx.filter_jit`'s result, traced afresh (its cache keys no default)."""
+    return eqx.filter_jit(lambda *a: eager(*a))(*args)
+
+
+def _scale(s):
+    return jnp.asarray(s, jnp.float32)
+
+
+def _positional():
+    def f(x, scale=2.0):
+        return x * _scale(scale), scale
+
+    return es.jit(f), f, lambda v: setattr(f, "__defaults__", (v,))
+
+
+def _keyword_only(replaced):
+    def f(x, *, scale=2.0):
+        return x * _scale(scale), scale
+
+    def change(v):
+        if replaced:
+            f.__kwdefaults__ = {"scale": v}
+        else:
+            f.__kwdefaults__["scale"] = v  # pyright: ignore[reportOptionalSubscript]
+
+    return es.jit(f), f, change
+
+
+def _partial():
+    p = functools.partial(lambda x, scale: (x * _scale(scale), scale), scale=2.0)
+    return es.jit(p), p, lambda v: p.keywords.__setitem__("scale", v)
+
+
+def _after_one_of_its_own():
+    """A default that is the function's own (Python cannot hash a set), then a
+    positional-only one, and `*args`."""
+    tags = {"a"}
+
+    def f(x, tags=tags, scale=2.0, /, *rest):
+        return x * _scale(scale) * len(tags), scale
+
+    return es.jit(f), f, lambda v: setattr(f, "__defaults__", (tags, v))
+
+
+def _method(which):
+    class Model(es.Module):
+        w: jax.Array
+
+        @es.jit
+        def __call__(self, x, scale=2.0, *, key=None):
+            return (
+                self.w * x * _scale(scale) + _scale(0.0 if key is None else key),
+                scale,
+                key,
+            )
+
+    m, f = Model(jnp.ones(3)), Model.__call__.__wrapped__  # pyright: ignore
+    if which == "scale":
+        return m, lambda x: f(m, x), lambda v: setattr(f, "__defaults__", (v,))
+    return m, lambda x: f(m, x), lambda v: f.__kwdefaults__.__setitem__("key", v)
+
+
+def _static_method():
+    class Holder:
+        @staticmethod
+        @es.jit
+        def f(x, scale=2.0):
+            return x * _scale(scale), scale
+
+    f = Holder.f.__wrapped__  # pyright: ignore[reportFunctionMemberAccess]
+    return Holder().f, f, lambda v: setattr(f, "__defaults__", (v,))
+
+
+def _callable_module():
+    class Scaled(eqx.Module):
+        def __call__(self, x, scale=2.0):
+            return x * _scale(scale), scale
+
+    m = Scaled()
+    return es.jit(m), m, lambda v: setattr(Scaled.__call__, "__defaults__", (v,))
+
+
+def _module_of_a_jitted_call():
+    """`es.jit(model)` whose `__call__` is an `es.jit` method: its function's."""
+
+    class Scaled(es.Module):
+        w: jax.Array
+
+        @es.jit
+        def __call__(self, x, scale=2.0):
+            return self.w * x * _scale(scale), scale
+
+    m, f = Scaled(jnp.ones(3)), Scaled.__call__.__wrapped__  # pyright: ignore
+    return es.jit(m), lambda x: f(m, x), lambda v: setattr(f, "__defaults__", (v,))
+
+
+CHANGED = {
+    "__defaults__": _positional,
+    "__kwdefaults__ in place": lambda: _keyword_only(replaced=False),
+    "__kwdefaults__ replaced": lambda: _keyword_only(replaced=True),
+    "a partial's keywords": _partial,
+    "after a default of its own": _after_one_of_its_own,
+    "a method's default": lambda: _method("scale"),
+    "a method's key=None": lambda: _method("key"),
+    "a static method's default": _static_method,
+    "es.jit(module)": _callable_module,
+    "es.jit(module) of an es.jit method": _module_of_a_jitted_call,
+}
+
+
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+@pytest.mark.parametrize("kind", sorted(CHANGED))
+def test_a_default_changed_after_wrapping_is_the_one_used(where, kind):
+    """Each change is read at the next call, on the general path (a key's first
+    two calls) and through its guard (the third), as eagerly and under a fresh
+    `eqx.filter_jit`: a new key if the default is another value, the same key (a
+    hit) when it comes back or is set to the same value again."""
+    with path(where):
+        f, eager, change = CHANGED[kind]()
+        for v in (2.0, 3.0, 2.0, 3.0, 3.0):
+            change(v)
+            for _ in range(3):
+                _same(f(X), eager(X))
+            _same(f(X), _filtered(eager, X))
+        info = f.__call__.cache_info() if isinstance(f, es.Module) else f.cache_info()
+        assert info == es.CacheInfo(hits=18, misses=2, maxsize=None, currsize=2)
+        change(jnp.asarray(4.0))  # an array: a traced argument
+        for _ in range(3):
+            _same(f(X), eager(X))
+
+
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+def test_a_default_taken_away_is_required_until_given_back(where):
+    """Taken away, a default is a missing argument, with Python's own message;
+    given back, it is used again. A partial's keyword taken away is left to the
+    function again, and one added for its `**kwargs` is keyed as an argument."""
+
+    def f(x, scale=2.0, *, shift=0.0):
+        return x * scale + shift
+
+    def g(x, **kwargs):
+        return x * sum(kwargs.values())
+
+    with path(where):
+        jf, p = es.jit(f), functools.partial(g, a=2.0)
+        jp = es.jit(p)
+        f.__defaults__, f.__kwdefaults__ = None, None
+        with pytest.raises(TypeError, match=r"f\(\) missing 1 required positional"):
+            jf(X, shift=1.0)
+        with pytest.raises(TypeError, match=r"f\(\) missing 1 required keyword-only"):
+            jf(X, 2.0)
+        f.__defaults__, f.__kwdefaults__ = (3.0,), {"shift": 1.0}
+        np.testing.assert_array_equal(jf(X), f(X))
+        for change in ({"b": 3.0}, {"b": 4.0}, {"a": 1.0}):
+            p.keywords.clear()
+            p.keywords.update(change)
+            for _ in range(3):
+                np.testing.assert_array_equal(jp(X), p(X))
+
+
+class _Settings(es.Module):
+    """A module argument whose static field is changed in place between calls."""
+
+    s: float = eqx.field(static=True)
+
+
+_DEFAULTS = st.sampled_from([2.0, 3.0, 2, True, "array", "set"])
+_CHANGES = st.lists(
+    st.tuples(st.sampled_from(["a", "b in place", "b", "k", "module"]), _DEFAULTS),
+    max_size=4,
+)
+
+
+def _value(v):
+    """A fresh default: a Python value, an array (traced), or a set, which Python
+    cannot hash (the function's own)."""
+    return jnp.asarray(5.0) if v == "array" else {1.0, 2.0} if v == "set" else v
+
+
+def _number(v):
+    return _scale(len(v) if isinstance(v, set) else v)
+
+
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+@hypothesis.settings(max_examples=8, deadline=None)
+@hypothesis.given(changes=_CHANGES, donate=st.sampled_from(["none", "all"]))
+def test_defaults_changed_between_calls_are_seen_as_python_sees_them(
+    where, changes, donate
+):
+    """Defaults (`__defaults__`, `__kwdefaults__` in place or replaced, a partial's
+    keywords) and a module argument's static field, changed between calls: each
+    call returns what the eager call and a fresh `eqx.filter_jit` return, values
+    and leaf types (a Python default comes back a Python value), and a default
+    left out survives `donate="all"`."""
+
+    def f(x, m, a=2.0, *, b=1.0):
+        out = x * _number(a) + _number(b) * _scale(m.s)
+        return out, *(v for v in (a, b) if not isinstance(v, set))
+
+    def g(x, m, k):
+        return x * _number(k) + _scale(m.s), *([] if isinstance(k, set) else [k])
+
+    p, m, kw = functools.partial(g, k=2.0), _Settings(1.0), f.__kwdefaults__
+    with path(where):
+        fs = [(es.jit(f, donate=donate), f), (es.jit(p, donate=donate), p)]
+        for what, v in [("a", 2.0), *changes]:
+            if what == "a":
+                f.__defaults__ = (_value(v),)
+            elif what == "b in place":
+                kw["b"] = _value(v)  # pyright: ignore[reportOptionalSubscript]
+            elif what == "b":
+                f.__kwdefaults__ = kw = {"b": _value(v)}
+            elif what == "k":
+                p.keywords["k"] = _value(v)
+            else:
+                object.__setattr__(m, "s", _value(v) if v in (2.0, 3.0) else 1.5)
+            for jitted, eager in fs:
+                for _ in range(2):
+                    _same(jitted(jnp.ones(3), m), eager(jnp.ones(3), m))
+                _same(jitted(jnp.ones(3), m), _filtered(eager, jnp.ones(3), m))

@@ -50,17 +50,3 @@ def test_every_public_symbol_has_a_runnable_example(name):
     assert examples, f"`es.{name}` has no ```python example in its docstring"
     for code in examples:
         exec(compile(code, f"<es.{name} docstring>", "exec"), {"__name__": "__doc__"})
-
-
-@pytest.mark.parametrize("name", ["with_static", "with_dynamic"])
-def test_module_methods_share_the_functions_docs(name):
-    assert getattr(es.Module, name).__doc__ == getattr(es, name).__doc__
-
-
-def test_readme_quickstart_runs():
-    from pathlib import Path
-
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    quickstart = readme.split("## Quickstart", 1)[1].split("##", 1)[0]
-    (code,) = _BLOCK.findall(quickstart)
-    exec(compile(code, "<README quickstart>", "exec"), {"__name__": "__readme__"})

@@ -10,6 +10,8 @@ that:
   tests/test_docs_site.py` runs these blocks too, to show which ones do);
 - `<!-- test: requires MODULE -->`: the block uses another library (flax,
   jax_dataclasses, ...); it runs only where `MODULE` can be imported;
+- `<!-- test: cpu (REASON) -->`: the block shows what JAX does on the CPU only; it
+  is skipped on other platforms, with REASON;
 - `<!-- test: skip (REASON) -->`: never run.
 
 Blocks in other languages (```bash) are not run. A last test builds the site
@@ -20,7 +22,8 @@ What a block shows is checked as in the README (`test_readme.py`): each block
 file `model.py` (the name, and the line within the block, that log
 lines show as where two programs differ); a line `print(...)  # TEXT` must print
 TEXT; a comment `# INFO:eqx_static:MESSAGE` (or `WARNING`) must be logged by the
-block it is in, where `…` in MESSAGE stands for any text (a time); a block that
+block it is in, where `…` in MESSAGE stands for any text (a time), and the comment
+lines right after it are the next lines of a message of several; a block that
 shows a `WARNING` logs those warnings and no other, each once (the storm warning
 of `compile-budget.md` is said once); and a ```text block after the marker `<!-- output -->` is what the
 block before it printed.
@@ -53,6 +56,7 @@ _OUTPUT = re.compile(
 )
 _PRINTED = re.compile(r"^\s*print\(.*\)\s+# (?P<text>.*)$")
 _LOGGED = re.compile(r"^\s*# (?P<line>(?:INFO|WARNING):eqx_static:.*)$")
+_COMMENT = re.compile(r"^\s*# (?P<line>.*)$")
 
 
 class Block(NamedTuple):
@@ -102,6 +106,8 @@ def _skip_reason(block: Block) -> str | None:
         if importlib.util.find_spec(module.split(".")[0]) is None:
             return f"needs `{module}`"
         return None
+    if marker.startswith("cpu"):
+        return None if jax.default_backend() == "cpu" else marker
     if marker.startswith("skip"):
         return marker
     raise ValueError(f"{block.page}:{block.line}: unknown marker {marker!r}")
@@ -147,11 +153,11 @@ def _run_block(block: Block, namespace: dict[str, Any]) -> None:
     if block.output is not None:
         assert printed.strip() == block.output.strip(), f"{where}: printed {printed!r}"
     patterns = []
-    for m in filter(None, map(_LOGGED.match, block.code.splitlines())):
-        pattern = ".*?".join(map(re.escape, m["line"].split("…")))
+    for line in _logged(block.code):
+        pattern = ".*?".join(map(re.escape, line.split("…")))
         patterns.append(pattern)
         assert any(re.fullmatch(pattern, s) for s in records.lines), (
-            f"{where}: {m['line']!r} was not logged; got {records.lines}"
+            f"{where}: {line!r} was not logged; got {records.lines}"
         )
     shown = [p for p in patterns if p.startswith("WARNING:")]
     if shown:
@@ -163,6 +169,19 @@ def _run_block(block: Block, namespace: dict[str, Any]) -> None:
         assert len(warnings) == len(shown), (
             f"{where}: logged {len(warnings)} warnings, the block shows {len(shown)}"
         )
+
+
+def _logged(code: str) -> list[str]:
+    """The messages a block's comments say it logs, each with its next lines."""
+    out: list[str] = []
+    comment = False  # whether the line before was part of such a message
+    for line in code.splitlines():
+        if m := _LOGGED.match(line):
+            out.append(m["line"])
+        elif comment and (m := _COMMENT.match(line)):
+            out[-1] += "\n" + m["line"]
+        comment = m is not None
+    return out
 
 
 _results: dict[str, dict[int, BaseException | None]] = {}

@@ -3,11 +3,13 @@ buffers XLA may reuse, `self`'s included, and which it must leave alone."""
 
 from typing import Any
 
+import equinox as eqx
 import eqx_static as es
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import path
 
 
 # --- donate= -----------------------------------------------------------------------
@@ -117,3 +119,43 @@ def test_donation_of_plain_function_arguments(donate):
     c = jnp.ones(4)
     f(c, jnp.ones(4))  # a second call hits the entry and donates again
     assert c.is_deleted() is (donate == "all")
+
+
+# --- a default the caller did not pass ----------------------------------------------
+
+
+class _Holder(es.Module):
+    w: jax.Array
+
+
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+@pytest.mark.parametrize("held", [False, True])
+@pytest.mark.parametrize(
+    "donate", ["all", "all-except-first", "warn", "warn-except-first"]
+)
+def test_a_default_left_out_is_never_donated(where, held, donate):
+    """`eqx.filter_jit` leaves a default out of the call (the trace fills it in: a
+    constant of the program), so it never donates it: neither does `es.jit`, an
+    array default or a module default holding one. It outlives every call,
+    compiled and eager, and the results are `filter_jit`'s; an array the caller
+    passes is donated, as `filter_jit` donates it."""
+    default = _Holder(jnp.arange(3.0)) if held else jnp.arange(3.0)
+
+    def f(x, d=default):
+        w = d.w if held else d
+        return x + w, x * w  # two outputs: both donated buffers are usable
+
+    with path(where):
+        jf, filtered = es.jit(f, donate=donate), eqx.filter_jit(f, donate=donate)
+        for _ in range(3):
+            got, want = jf(jnp.ones(3)), filtered(jnp.ones(3))
+            for g, w in zip(got, want):
+                np.testing.assert_array_equal(g, w)
+        for leaf in jax.tree.leaves(default):
+            assert not leaf.is_deleted()
+        np.testing.assert_array_equal(f(jnp.ones(3))[0], 1 + np.arange(3.0))
+        mine, theirs = _Holder(jnp.ones(3)), _Holder(jnp.ones(3))
+        passed, passed_too = (mine, theirs) if held else (mine.w, theirs.w)
+        jf(jnp.ones(3), passed)
+        filtered(jnp.ones(3), passed_too)
+        assert mine.w.is_deleted() and theirs.w.is_deleted()

@@ -6,7 +6,9 @@ mode runs in a process of its own). Every case is compared with `eqx.filter_jit`
 
 import functools
 import logging
+import os
 import re
+import shutil
 import textwrap
 import traceback
 
@@ -17,7 +19,8 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import pytest
-from helpers import run_python
+from eqx_static import _jax
+from helpers import opaque_host_callbacks, run_python
 
 
 def _positive(x):
@@ -114,12 +117,88 @@ def test_another_error_after_an_equinox_one_is_raised_as_filter_jit_raises_it():
         eqx.EquinoxRuntimeError
     )
     assert callback_log.filters == filters
-    mine = _failure(lambda: es.jit(_refuse)(jnp.ones(3)))
+    # read: `es.jit` waits only for a program that may hold Equinox's check
+    mine = _failure(lambda: jax.block_until_ready(es.jit(_refuse)(jnp.ones(3))))
     theirs = _failure(lambda: eqx.filter_jit(_refuse)(jnp.ones(3)))
     assert type(mine) is type(theirs) is not eqx.EquinoxRuntimeError
     assert "not an Equinox error" in str(mine) and "not an Equinox error" in str(theirs)
     es.jit(_positive)(-jnp.ones(3))
     assert callback_log.filters == filters
+
+
+def _host_double(a):
+    return np.asarray(a * 2, np.float32)
+
+
+def _user_callback(x):
+    return jax.pure_callback(_host_double, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+
+def _error_if_dropped(x):
+    """An `error_if` whose result is unused: JAX drops its check before lowering."""
+    eqx.error_if(x, x > 0, "never checked")
+    return x * 2
+
+
+class Tagged(es.Module):
+    w: jax.Array
+    tag: str = eqx.field(static=True)  # never read: the keys share one program
+
+    @es.jit
+    def f(self, x):
+        return _positive(self.w * x)
+
+
+@pytest.fixture
+def waits(monkeypatch):
+    """The arrays whose computation was waited for (`block_until_ready`)."""
+    waited = []
+    array = type(jnp.zeros(()))
+    block = array.block_until_ready
+
+    def spy(self):
+        waited.append(self)
+        return block(self)
+
+    monkeypatch.setattr(array, "block_until_ready", spy)
+    return waited
+
+
+@pytest.mark.parametrize("tpu", [False, True], ids=["readable", "opaque"])
+def test_only_a_program_that_may_hold_an_error_check_is_waited_for(
+    waits, monkeypatch, tpu
+):
+    """`eqx.filter_jit` waits for the device on every call, so that `error_if` raises
+    at the call. `es.jit` waits for a program that may hold Equinox's error check
+    (read from the traced jaxpr, also where the lowering's host callbacks are
+    opaque, as on a TPU), on the call that traces, on a hit, and on a key that
+    shares the program; every other program keeps JAX's asynchronous dispatch."""
+    if tpu:
+        opaque_host_callbacks(monkeypatch)
+    x = -jnp.ones(3)
+    cases = [
+        (lambda x: jnp.sin(x) * 2, False),
+        (_user_callback, False),
+        (_error_if_dropped, False),
+        (_positive, True),
+        (_branched, True),
+    ]
+    for body, checks in cases:
+        f = es.jit(body)
+        for _ in range(2):  # the call that traces, then a hit
+            waits.clear()
+            out = f(x)
+            assert bool(waits) is checks, body
+            np.testing.assert_array_equal(out, eqx.filter_jit(body)(x))
+    Tagged.f.cache_clear()
+    for tag in "ab":  # the second key shares the first one's program
+        waits.clear()
+        Tagged(jnp.ones(3), tag).f(x)
+        assert waits
+    with pytest.raises(eqx.EquinoxRuntimeError, match="positive!"):
+        Tagged(jnp.ones(3), "c").f(-x)
+    if _jax.SHARING:
+        assert Tagged.f.compile_info().compiles == 1
 
 
 def test_under_disable_jit_equinox_raises_as_it_does_eagerly():
@@ -407,9 +486,9 @@ def test_a_traced_value_error_in_full(call, message):
     assert jax_said.startswith("Attempted boolean conversion of traced array")
 
 
-def test_a_traced_field_error_in_a_nested_call_is_the_inner_one():
-    """The inner `es.jit` names its field; the outer call passes that error on as
-    it is, not wrapped again around its own argument."""
+def test_a_traced_field_error_in_a_nested_call_is_named_by_the_outer_one():
+    """The outer call, whose numbers are concrete, names the inner `es.jit`'s field
+    by its own argument; JAX's message is the inner one's, at the inner function."""
 
     @es.jit
     def outer(m, x):
@@ -417,8 +496,43 @@ def test_a_traced_field_error_in_a_nested_call_is_the_inner_one():
 
     with pytest.raises(es.TracedFieldError) as info:
         outer(_Number(1.0), jnp.ones(2))
+    ours, said = str(info.value).split("\n\nJAX said: ")
+    fix = _field_fix("s", "_Number", "a number stored as an array", "float")
+    assert ours == fix.replace("_Number.__call__", outer.__qualname__).replace(
+        "(at self.s)", "(at m.s)"
+    )
+    assert f"function _Number.__call__ at {__file__}:" in said
+
+
+class _Sized(es.Module):
+    n: int
+    m: int
+
+    @es.jit
+    def __call__(self, x):
+        return jnp.zeros((self.n,)) + x[: self.m]
+
+
+class _Holder(es.Module):
+    sized: _Sized
+
+    @es.jit
+    def __call__(self, x):
+        return self.sized(x)
+
+
+@pytest.mark.parametrize("depth", [0, 1, 2])
+def test_every_field_of_a_nested_call_is_named_in_one_error(depth):
+    """Called directly, inside one `es.jit` call or inside two: both int fields the
+    innermost call needs concrete are named, by the outermost call's paths."""
+    model, path = _Sized(2, 2), "self"
+    for _ in range(depth):
+        model, path = _Holder(model), path + ".sized"
+    with pytest.raises(es.TracedFieldError) as info:
+        model(X)
     ours = str(info.value).split("\n\nJAX said: ")[0]
-    assert ours == _field_fix("s", "_Number", "a number stored as an array", "float")
+    assert f"2 traced fields {_NEED}: " in ours
+    assert f"'n' of `_Sized` (at {path}.n), 'm' of `_Sized` (at {path}.m)" in ours
 
 
 def test_a_traced_leaf_of_the_function_itself_raises_jax_s_error():
@@ -450,8 +564,64 @@ def test_a_traced_field_error_shows_no_internals():
     with pytest.raises(es.TracedFieldError) as info:
         Model(3)(jnp.ones(3))
     said = str(info.value).split("JAX said: ", 1)[1]
-    assert "self.n" in said and "_es_leaves" not in said and "eqx_static" not in said
-    assert ".Model.__call__ at " in said and __file__ in said
+    package = os.path.dirname(es.__file__)
+    assert "self.n" in said and "_es_leaves" not in said and package not in said
+    assert f".Model.__call__ at {__file__}:" in said
+
+
+def test_a_traced_field_error_names_the_place_of_a_partial_s_function():
+    """As JAX finds a function through `functools.partial`, so is its place named."""
+
+    def sized(m, x, k):
+        return jnp.zeros((m.n,)) + x * k
+
+    with pytest.raises(es.TracedFieldError) as info:
+        es.jit(functools.partial(sized, k=2.0))(_Port(3, X), jnp.ones(3))
+    said = str(info.value).split("JAX said: ", 1)[1]
+    line = sized.__code__.co_firstlineno
+    assert f" at {__file__}:{line} " in said, said
+
+
+_PLACE = textwrap.dedent(
+    """
+    import os
+    import jax.numpy as jnp
+    import eqx_static as es
+
+    class Model(es.Module):
+        n: int
+
+        @es.jit
+        def __call__(self, x):
+            return jnp.zeros((self.n,)) + x
+
+    try:
+        Model(3)(jnp.ones(3))
+    except es.TracedFieldError as e:
+        said = str(e).split("JAX said: ", 1)[1]
+        assert os.path.dirname(es.__file__) not in said, said
+        assert f"function Model.__call__ at {__file__}:" in said, said
+        print("named")
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_traced_field_error_names_the_user_s_place_without_the_import_hook(
+    tmp_path,
+):
+    """A script (no type-checking import hook, as the suite has) run from a folder
+    named as the package, as a clone is: the place named is the script's."""
+    clone = tmp_path / "eqx_static"
+    shutil.copytree(
+        os.path.dirname(es.__file__),
+        clone / "eqx_static",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    (clone / "place.py").write_text(_PLACE)
+    done = run_python("place.py", env={"PYTHONPATH": str(clone)}, cwd=clone)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == "named\n"
 
 
 def _library_frames(e: BaseException) -> list[str]:
@@ -596,6 +766,105 @@ def test_a_loop_over_a_traced_int_field_is_named_at_every_grad(evaluated_first, 
             match=rf"^{cls.__name__}.loop used the traced field 'n' of `{cls.__name__}` \(at",
         ):
             eqx.filter_grad(lambda m, x: loop(m, x).sum())(m, X)
+
+
+def _grad_inside(m, x):
+    return eqx.filter_grad(lambda m, x: m.loop(x).sum())(m, x).w
+
+
+def test_a_loop_over_a_traced_int_field_is_named_under_a_grad_inside_the_call():
+    """The grad taken inside the compiled function: JAX's error (as under
+    `eqx.filter_jit`) becomes `TracedFieldError`, naming `n`, not the float `w`
+    whose being a constant would leave nothing to differentiate."""
+    m = _Port(3, jnp.array(2.0))
+    with pytest.raises(ValueError, match="Reverse-mode differentiation"):
+        eqx.filter_jit(_grad_inside)(m, X)
+    with pytest.raises(es.TracedFieldError) as info:
+        es.jit(_grad_inside)(m, X)
+    ours = str(info.value).split("\n\nJAX said: ")[0]
+    assert "the traced field 'n' of `_Port` (at m.n)" in ours
+    assert "`n: int = eqx.field(static=True)`" in ours and "'w'" not in ours
+
+
+class _Counted(eqx.Module):
+    n: jax.Array  # a concrete 0-d number
+    w: jax.Array
+
+
+def _grads_counted(wrap, grad: str) -> tuple[list, int]:
+    """Two grads of a wrapped program with a `while` loop and a concrete number,
+    and how many times it was traced."""
+    m, traces = _Counted(jnp.array(3), jnp.array(2.0)), []
+
+    @wrap
+    def f(m, x):
+        traces.append(None)
+        bound = m.n + 0.0 * x.sum()  # its derivative in `x`, if any, is dropped
+        i = jax.lax.while_loop(lambda i: i < bound, lambda i: i + 1, 0)
+        return (x * m.w * i).sum()
+
+    @wrap
+    def in_jit(m, x):  # the loop carries `m.w`, a constant under `jax.grad` in `x`
+        traces.append(None)
+
+        def scaled(w, x):
+            def step(c):
+                return c[0] + 1, c[1] * w
+
+            return (x * jax.lax.while_loop(lambda c: c[0] < m.n, step, (0, w))[1]).sum()
+
+        return jax.jit(scaled)(m.w, x)
+
+    if grad == "eqx.filter_grad":
+        return [eqx.filter_grad(f)(m, X).w for _ in range(2)], len(traces)
+    g = in_jit if grad == "jax.grad, loop in jax.jit" else f
+    return [jax.grad(lambda x: g(m, x))(X) for _ in range(2)], len(traces)
+
+
+@pytest.mark.parametrize(
+    "grad", ["jax.grad", "eqx.filter_grad", "jax.grad, loop in jax.jit"]
+)
+def test_a_grad_traces_a_call_with_a_while_loop_as_often_as_filter_jit(grad):
+    """A program with a `while` loop and a concrete number works under reverse
+    mode: the check for a loop bound that could not be differentiated traces it no
+    more than `eqx.filter_jit` does (a trace runs the user's code once more)."""
+    ours, traced = _grads_counted(es.jit, grad)
+    theirs, traced_by_equinox = _grads_counted(eqx.filter_jit, grad)
+    np.testing.assert_array_equal(ours, theirs)
+    assert traced == traced_by_equinox > 0
+
+
+def _solves_counted(wrap) -> tuple[jax.Array, int]:
+    import diffrax
+
+    m, traces = _Counted(jnp.array(1), jnp.array(1.5)), []
+
+    @wrap
+    def solve(m, y0):
+        traces.append(None)
+        sol = diffrax.diffeqsolve(
+            diffrax.ODETerm(lambda t, y, a: -a * y),
+            diffrax.Tsit5(),
+            0.0,
+            1.0,
+            0.1,
+            y0,
+            args=m.w * m.n,
+            stepsize_controller=diffrax.PIDController(rtol=1e-5, atol=1e-5),
+        )
+        return sol.ys[-1].sum()
+
+    return jax.grad(lambda y: solve(m, y))(jnp.ones(3)), len(traces)
+
+
+@pytest.mark.slow
+def test_a_grad_of_an_adaptive_diffrax_solve_traces_it_as_often_as_filter_jit():
+    """Its loop, checkpointed, is differentiated by a rule of its own: no trace
+    more than under `eqx.filter_jit`."""
+    ours, traced = _solves_counted(es.jit)
+    theirs, traced_by_equinox = _solves_counted(eqx.filter_jit)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6)
+    assert traced == traced_by_equinox > 0
 
 
 @pytest.mark.parametrize("transform", ["jvp", "vmap"])

@@ -8,11 +8,13 @@ strict dtype promotion too, except the optax example: optax's own code mixes
 dtypes (`decay**count`, a Python float and an int32 step count). The two sharded
 examples (`sharded.py`, and `explicit_sharding.py` under `jax.set_mesh`) simulate
 their 8 devices by setting `XLA_FLAGS` themselves; the diffrax example
-says so and exits 0 where diffrax is not installed. `examples/multihost.py` has a
-test file of its own.
+says so and exits 0 where diffrax is not installed. No example logs the warning
+of a Python float stored as an array, which the README teaches how to avoid.
+`examples/multihost.py` has a test file of its own.
 """
 
 import importlib.util
+import re
 
 import pytest
 from helpers import output, ROOT, run_python
@@ -60,6 +62,8 @@ def test_example(script: str):
         timeout=600,
     )
     assert result.returncode == 0, output(result)
+    # Nothing that the README teaches to avoid: a float field stored as an array.
+    assert not re.search(r"holds? (a )?Python", output(result)), output(result)
     if script == "diffrax_ode.py" and importlib.util.find_spec("diffrax") is None:
         assert "diffrax is not installed" in result.stdout, output(result)
         pytest.skip("diffrax is not installed")

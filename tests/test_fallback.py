@@ -4,6 +4,11 @@ sharing off and one warning, and its results, books, budgets and explanations
 stay right. (`tests/canary/` says which name changed.)"""
 
 import logging
+import os
+import shutil
+import sysconfig
+import tomllib
+from pathlib import Path
 
 import equinox as eqx
 import eqx_static as es
@@ -12,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from eqx_static import _jax
-from helpers import free_address, output, run_python, XlaCompiles
+from helpers import free_address, output, ROOT, run_python, XlaCompiles
 
 
 @pytest.fixture
@@ -161,7 +166,8 @@ def test_an_equinox_without_its_private_names_gives_the_same_results():
     """Each private name of Equinox and jaxtyping gone (for `_jax`'s look-ups): one
     warning at import naming them, and a module whose instance dictionary holds
     more than its fields (keyed as JAX flattens it), a method read off an
-    `es.Module` and `eqx.error_if` still give their results."""
+    `es.Module`, `eqx.error_if` and `with_dynamic` still give their results; an
+    `es.edit` block raises `FrozenInstanceError`, as the docs say."""
     code = """
 import importlib, warnings
 import equinox, jax, jaxtyping  # loaded whole first: only `_jax`'s look-ups fail
@@ -192,12 +198,20 @@ try:
     g(jnp.ones(()))
 except Exception as e:
     print("ERROR", type(e).__name__, "positive" in str(e))
+print("UPDATE", float(m.with_dynamic(w=jnp.zeros(2)).w.sum()))
+try:  # what degrades: an edit cannot assign
+    with es.edit(m) as m2:
+        m2.w = jnp.zeros(2)
+except Exception as e:
+    print("EDIT", type(e).__name__)
 """
     out = run_python(code=code)
     assert out.returncode == 0, output(out)
     assert "WARNINGS 1 True" in out.stdout, output(out)
     assert "RESULT [1.0, 1.0] [1.0, 1.0] CacheInfo(hits=1, misses=1" in out.stdout
     assert "ERROR EquinoxRuntimeError True" in out.stdout, output(out)
+    assert "UPDATE 0.0" in out.stdout, output(out)
+    assert "EDIT FrozenInstanceError" in out.stdout, output(out)
 
 
 @pytest.mark.slow
@@ -226,3 +240,28 @@ print("COMPILES", f.compile_info().compiles)
     assert "SHARING False warnings 1" in out.stdout, output(out)
     assert "MLIR or HLO printer cannot be imported" in out.stdout, output(out)
     assert "RESULT [2.0, 2.0] [2.0, 2.0]\nCOMPILES 2" in out.stdout, output(out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pyproject", [True, False], ids=["pyproject", "bare"])
+def test_a_checkout_that_is_not_installed_imports_with_a_version(tmp_path, pyproject):
+    """Put on `sys.path` without being installed (no metadata), the package still
+    imports: its version is the checkout's `pyproject.toml`'s, else "unknown".
+    The process sees the test environment's packages, less this one's metadata."""
+    checkout, packages = tmp_path / "checkout", tmp_path / "site"
+    shutil.copytree(ROOT / "eqx_static", checkout / "eqx_static")
+    if pyproject:
+        shutil.copy(ROOT / "pyproject.toml", checkout)
+    packages.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if not entry.name.startswith(("eqx_static", "_editable_impl_eqx_static")):
+            (packages / entry.name).symlink_to(entry)
+    code = "import eqx_static as es; print(es.__file__); print(es.__version__)"
+    path = f"{checkout}{os.pathsep}{packages}"
+    out = run_python("-S", "-c", code, env={"PYTHONPATH": path}, cwd=tmp_path)
+    assert out.returncode == 0, output(out)
+    where, version = out.stdout.split()
+    assert Path(where).parent == checkout / "eqx_static"
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        declared = tomllib.load(f)["project"]["version"]
+    assert version == (declared if pyproject else "unknown")

@@ -3,13 +3,14 @@ compared by type *and* value, at any depth, so that values that compare equal in
 Python (`1 == True == 1.0`, `0.0 == -0.0`) never share a compiled entry, and `nan`
 shares one with itself; tree structure, classes, shapes, dtypes, weak types and
 shardings key a call too; non-module arguments follow `eqx.filter_jit`'s rules;
-unhashable statics of plain modules key by `==`; deep nesting and values that
-contain themselves.
+unhashable statics of plain modules key by type and value as well; deep nesting
+and values that contain themselves.
 
 A shared entry shows up as a result of the wrong dtype or sign: calls are compared
 with the eager call on dtype, weak type, value and `np.signbit`."""
 
 import collections
+import copy
 import dataclasses
 import math
 import re
@@ -28,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from eqx_static import _jax
-from helpers import output, run_python, seed
+from helpers import output, path, run_python, seed
 
 
 # A call whose argument walks past 100,000 tokens, where cycles are first searched
@@ -763,6 +764,11 @@ def test_a_named_tuple_with_its_own_indexing_is_read_as_jax_reads_it(cls):
     np.testing.assert_array_equal(es.jit(f)(t), want)  # and on a hit
 
 
+@pytest.mark.skipif(
+    sys.version_info[:2] == (3, 12),
+    reason="CPython 3.12 caps C recursion at 1,500 frames: JAX's own flatten raises "
+    "SystemError at this depth there, under jax.jit and eqx.filter_jit alike",
+)
 def test_deeply_nested_pytrees_other_than_plain_containers_key_fine():
     """Named tuples 1,500 deep: the key walk and the guard do not recurse. (The
     trace flattens the call with JAX's flatten, as `eqx.filter_jit` does, which
@@ -789,35 +795,214 @@ def test_deeply_nested_pytrees_other_than_plain_containers_key_fine():
     assert f.cache_info().hits == 1
 
 
-def test_unhashable_static_value_in_a_plain_equinox_module():
-    """A plain `eqx.Module` may hold a list in a static field (lineax operators
-    do): it keys by `==`, as Equinox's tree structure compares it, and as under
-    `eqx.filter_jit`. (An `es.Module` refuses it at construction.)"""
+class PlainHolder(eqx.Module):
+    """A plain module may hold a list or a dict in a static field (lineax's
+    operators do); an `es.Module` refuses one at construction."""
 
-    class P(eqx.Module):
-        w: float
-        xs: list = eqx.field(static=True)
+    w: jax.Array
+    s: Any = eqx.field(static=True)
 
-    traces = [0]
 
-    def body(m, x):
-        traces[0] += 1
-        return x * m.w * len(m.xs)
+@dataclasses.dataclass
+class Settable:  # not frozen: Python cannot hash it
+    n: Any
 
-    f, g = es.jit(body), eqx.filter_jit(body)
-    x = jnp.ones(2)
-    for xs in ([1, 2], [1, 2], [1.0, 2.0], [1, 2, 3]):
-        p = P(2.0, xs)
-        np.testing.assert_array_equal(f(p, x), g(p, x))
-        np.testing.assert_array_equal(f(p, x), body(p, x))
-    # `[1, 2] == [1.0, 2.0]`: one key, as in filter_jit; `[1, 2, 3]` is another.
-    assert f.cache_info() == es.CacheInfo(6, 2, None, 2)
-    # The key holds a copy of the list, taken when it was made: changed in place,
-    # the list is a new key, and the result is the eager one. (`eqx.filter_jit`
-    # keeps the list itself, which still equals itself: the old program runs.)
-    p.xs.append(4)
-    np.testing.assert_array_equal(f(p, x), body(p, x))
-    assert not np.array_equal(g(p, x), body(p, x))
+
+class FreshReads(Settable):
+    """Each read of a dict field gives a new copy of it, freed once read, whose
+    memory (and so `id`) the next copy may take. (Whether it does depends on what
+    else allocates in between: without the suite's runtime type checks, as the
+    mutation runs go, it does.)"""
+
+    def __getattribute__(self, name: str) -> Any:
+        value = object.__getattribute__(self, name)
+        return value.copy() if type(value) is dict else value
+
+
+class RaisingHash(Settable):
+    """Its own `__hash__` raises `TypeError`, as a `__hash__` of None would."""
+
+    def __hash__(self) -> int:
+        raise TypeError("unhashable")
+
+
+def _read(s: Any) -> list:
+    """Every number and string in `s`, in the order Python reads them (a dict's
+    keys and values in its own order): an array each, of the dtype JAX gives it."""
+    out, stack = [], [s]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack += [part for item in reversed(v.items()) for part in item[::-1]]
+        elif isinstance(v, list | tuple | set | frozenset):
+            stack += list(v)[::-1]
+        elif isinstance(v, Settable):
+            stack.append(v.n)
+        elif not isinstance(v, type):  # (the tags of `_as_tuples`)
+            out.append(jnp.asarray([ord(c) for c in v] if type(v) is str else v))
+    return out
+
+
+def _holder_read(m: Any, x: jax.Array) -> Any:
+    return m.w * x, _read(m.s)
+
+
+def _fresh_read() -> Any:
+    """`es.jit` of a new function: a cache of its own."""
+    return es.jit(lambda m, x: _holder_read(m, x))
+
+
+def _as_tuples(v: Any) -> Any:
+    """`v` with each list, dict, set and `Settable` made a tuple (or a frozenset)
+    tagged with its type: the hashable value the same key rule applies to."""
+    if type(v) is list or type(v) is tuple:
+        return (type(v), tuple(map(_as_tuples, v)))
+    if type(v) is dict:
+        return (dict, tuple((_as_tuples(k), _as_tuples(x)) for k, x in v.items()))
+    if type(v) is set:
+        return (set, frozenset(map(_as_tuples, v)))
+    if isinstance(v, np.ndarray | jax.Array):
+        return (type(v), str(v.dtype), _as_tuples(np.asarray(v).tolist()))
+    return (type(v), _as_tuples(v.n)) if isinstance(v, Settable) else v
+
+
+_INT, _FLOAT = [1], [1.0]  # each held twice below
+
+# Pairs of static values that Python says are equal (or that are equal as a whole
+# but not in the order the trace reads them), and pairs that are one key.
+PLAIN_PAIRS = {
+    "int, float": ([1], [1.0]),
+    "int, bool": ([1], [True]),
+    "0.0, -0.0": ([0.0], [-0.0]),
+    "nan, the same nan": ([NAN], [float("nan")]),
+    "nan, -nan": ([NAN], [-NAN]),
+    "a list, a tuple": ([1], (1,)),
+    "dict values": ({"a": 1}, {"a": 1.0}),
+    "dict keys": ({1: "a"}, {1.0: "a"}),
+    "dict order": ({"a": 1, "b": 2}, {"b": 2, "a": 1}),
+    "a set": ([{1}], [{1.0}]),
+    "a dataclass": ([Settable(0.0)], [Settable(-0.0)]),
+    "nested": ([{"k": (1, [2.0])}], [{"k": (1, [2])}]),
+    "nested, -0.0 deep": ([(1,), {"a": [[0.0]]}], [(1,), {"a": [[-0.0]]}]),
+    "nested, equal": ([{"k": [NAN, -0.0]}], [{"k": [NAN, -0.0]}]),
+    "lengths": ([[1, 2], [3]], [[1], [2, 3]]),
+    "a list in two places": ([_INT, _FLOAT, _INT], [_INT, _FLOAT, _FLOAT]),
+    "a new dict on each read": (
+        [FreshReads({"k": 1}), FreshReads({"k": 1})],
+        [FreshReads({"k": 1}), FreshReads({"k": 1.0})],
+    ),
+    "numpy arrays": ([np.array([1])], [np.array([1.0])]),
+    "numpy arrays, -0.0": ([np.array(0.0)], [np.array(-0.0)]),
+    "jax arrays, -0.0": ([jnp.array(0.0)], [jnp.array(-0.0)]),
+}
+
+
+@pytest.mark.filterwarnings("ignore:A JAX array is being set as static")
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+@pytest.mark.parametrize("warm", [1, 3])  # the second value on the general path, or
+@pytest.mark.parametrize("pair", sorted(PLAIN_PAIRS))  # past the first one's guard
+def test_an_unhashable_static_in_a_plain_module_is_keyed_by_type_and_value(
+    pair, warm, where
+):
+    """A list, dict, set or plain dataclass in a plain module's static field is
+    keyed by type and value all the way down, as the same values in tuples are:
+    each call gives the eager result, and the pair is one key exactly where its
+    tuples are. (`eqx.filter_jit` compares such a value with `==`, which says
+    `[1] == [1.0] == [True]` and `[0.0] == [-0.0]`, and runs the first's program.)"""
+    first, second = PLAIN_PAIRS[pair]
+    x = jnp.array(2.0, jnp.float32)
+    misses = []
+    with path(where):
+        for make in (lambda v: v, _as_tuples):
+            f = _fresh_read()
+            for s in [first] * warm + [second] * 2:
+                m = PlainHolder(jnp.float32(1.5), make(s))
+                _assert_same(f(m, x), _holder_read(m, x))
+            misses.append(f.cache_info().misses)
+    assert misses[0] == misses[1]
+
+
+def _agree(got: Any, want: Any) -> bool:
+    try:
+        _assert_same(got, want)
+    except AssertionError:
+        return False
+    return True
+
+
+@pytest.mark.filterwarnings("ignore:A JAX array is being set as static")
+@pytest.mark.parametrize("pair", sorted(PLAIN_PAIRS))
+def test_filter_jit_runs_the_first_program_for_an_equal_unhashable_static(pair):
+    """What the table above guards against: `eqx.filter_jit` compares the value
+    with `==`, so where Python says the two are equal, the second call runs the
+    first one's program, and is wrong wherever the two eager results differ."""
+    first, second = PLAIN_PAIRS[pair]
+    x = jnp.array(2.0, jnp.float32)
+    a, b = (PlainHolder(jnp.float32(1.5), s) for s in (first, second))
+    g = eqx.filter_jit(lambda m, x: _holder_read(m, x))
+    g(a, x)
+    reused = first == second  # then the second call runs the first's program
+    right = not reused or _agree(_holder_read(a, x), _holder_read(b, x))
+    assert _agree(g(b, x), _holder_read(b, x)) == right
+
+
+# A static value and a change in place that the trace would read.
+PLAIN_CHANGES = {
+    "int to float": ([1], lambda v: v.__setitem__(0, 1.0)),
+    "0.0 to -0.0": ([0.0], lambda v: v.__setitem__(0, -0.0)),
+    "append": ([1], lambda v: v.append(2)),
+    "dict value": ({"a": 1}, lambda v: v.__setitem__("a", True)),
+    "dict order": ({"a": 1, "b": 2}, lambda v: v.__setitem__("a", v.pop("a"))),
+    "nested": ([{"k": (1,)}], lambda v: v[0].__setitem__("k", (1.0,))),
+    "nested list": ([[{"k": [0.0]}]], lambda v: v[0][0]["k"].__setitem__(0, -0.0)),
+    "a dataclass": ([Settable(1)], lambda v: setattr(v[0], "n", 1.0)),
+    "a raising hash": ([RaisingHash(1)], lambda v: setattr(v[0], "n", 2)),
+}
+
+
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+@pytest.mark.parametrize("warm", [1, 3])  # changed before its guard, or after
+@pytest.mark.parametrize("change", sorted(PLAIN_CHANGES))
+def test_an_unhashable_static_changed_in_place_is_a_new_key(change, warm, where):
+    """The key holds the value's form, not the value: changed in place between
+    calls, it is another key, and each call gives the eager result; a fresh value
+    equal to the first is still the first key; a value with a part whose own
+    `__hash__` raises is compared whole, by `==` with a copy. (`eqx.filter_jit`
+    keeps the list itself, which still equals itself: the old program runs.)"""
+    value, mutate = PLAIN_CHANGES[change]
+    x = jnp.array(2.0, jnp.float32)
+    with path(where):
+        f = _fresh_read()
+        m = PlainHolder(jnp.float32(1.5), copy.deepcopy(value))
+        for _ in range(warm):
+            _assert_same(f(m, x), _holder_read(m, x))
+        mutate(m.s)
+        for _ in range(3):
+            _assert_same(f(m, x), _holder_read(m, x))
+        fresh = PlainHolder(jnp.float32(1.5), copy.deepcopy(value))
+        _assert_same(f(fresh, x), _holder_read(fresh, x))
+    assert f.cache_info().misses == 2
+
+
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+def test_an_unhashable_static_that_contains_itself_is_keyed_by_its_shape(where):
+    """A list in a static field may come to contain itself (Equinox refuses one at
+    construction): it is keyed in finite time, by type and value, the inner
+    reference as the container met before that it is. Two such lists of the same
+    values are one key; of `1` and `1.0`, two. (`eqx.filter_jit` raises on the second call: it
+    compares the two lists with `==`, which recurses without end.)"""
+
+    def f(m, x):
+        return x * m.w, jnp.asarray(m.s[0]), jnp.asarray(m.s[1][1][0])
+
+    x = jnp.array(2.0, jnp.float32)
+    with path(where):
+        jf = es.jit(f)
+        for head in (1, 1, 1.0, 1.0):
+            m = PlainHolder(jnp.float32(1.5), [head])
+            m.s.append(m.s)  # `[head, [head, [head, ...]]]`
+            _assert_same(jf(m, x), f(m, x))
+    assert jf.cache_info().misses == 2
 
 
 def test_unhashable_wrapper_attributes_compare_by_value():

@@ -116,13 +116,16 @@ def test_a_float_that_would_be_trained_is_announced_once_before_training(caplog)
         model.with_dynamic(beta=0.7)
     (message,) = _trainable_warnings(caplog)
     assert message == (
-        "Field 'beta' of `_vae.<locals>.VAE` holds the Python float 0.5, stored as an "
-        "array: it is data, so `eqx.filter_grad` differentiates it and an optimiser "
-        "trains it (under `eqx.Module` it would stay a Python number). If it is a "
-        "constant, declare it static: `beta: float = eqx.field(static=True)`. If it "
-        "changes but must not be trained, pass it as an argument, or keep it out of "
-        "the optimiser. If it is a parameter, annotate it as an array (`beta: "
-        "jax.Array`), which also silences this warning."
+        "`_vae.<locals>.VAE` stores Python floats as arrays in fields not annotated "
+        "as arrays, where an `eqx.Module` keeps them as constants: 'beta' (0.5).\n"
+        "As data, `eqx.filter_grad` differentiates them, an optimiser trains them, "
+        "and results may change: traced, not folded into the compiled program, a "
+        "value can round differently (by an ulp, or more after many iterations). Say "
+        "what each field is, as for 'beta':\n"
+        "- a constant: `beta: float = eqx.field(static=True)`;\n"
+        "- changes but must not be trained: pass it as an argument, or keep it out "
+        "of the optimiser;\n"
+        "- a parameter: `beta: jax.Array`, which also silences this warning."
     )
     # What it warns of: the standard loop moves it.
     optim = optax.sgd(0.1)
@@ -130,6 +133,40 @@ def test_a_float_that_would_be_trained_is_announced_once_before_training(caplog)
     grads = eqx.filter_grad(lambda m: m.loss(jnp.ones(3)))(model)
     updates, state = optim.update(grads, state)
     assert float(eqx.apply_updates(model, updates).beta) != 0.5
+
+
+def test_every_float_of_a_class_is_named_in_one_warning_once(caplog):
+    """A van der Pol controller ported as written: four floats, one warning that
+    names them all (not a paragraph each), once for the class; a field that gets
+    a float only later is named then, once."""
+
+    class VanDerPol(es.Module):
+        mu: float
+        k: float
+        gain: complex
+        w: jax.Array
+        bias: float | None = None
+
+    with caplog.at_level(logging.WARNING, logger="eqx_static"):
+        m = VanDerPol(1.0, 0.5, 2j, jnp.ones(2))
+        VanDerPol(2.0, 0.5, 1j, jnp.ones(2))
+        m = m.with_dynamic(mu=3.0, k=0.1)
+        first = _trainable_warnings(caplog)
+        m.with_dynamic(bias=0.25)
+        m.with_dynamic(bias=0.5)
+    (message,) = first
+    head, why, *fixes = message.split("\n")
+    assert head == (
+        f"`{VanDerPol.__qualname__}` stores Python numbers as arrays in fields not "
+        "annotated as arrays, where an `eqx.Module` keeps them as constants: 'mu' "
+        "(1.0), 'k' (0.5), 'gain' (2j)."
+    )
+    assert why.startswith("As data, `eqx.filter_grad` differentiates them, an ")
+    assert "results may change" in why and why.endswith("as for 'mu':")
+    assert fixes[0] == "- a constant: `mu: float = eqx.field(static=True)`;"
+    assert fixes[2].startswith("- a parameter: `mu: jax.Array`")
+    later = _trainable_warnings(caplog)[1:]
+    assert [w.split("\n")[0].split(": ")[1] for w in later] == ["'bias' (0.25)."]
 
 
 @pytest.mark.parametrize(
@@ -161,9 +198,8 @@ def test_a_container_annotated_with_arrays_gets_no_warning(caplog):
 
     with caplog.at_level(logging.WARNING, logger="eqx_static"):
         m = Offsets((1.0, 2.0), {"a": 3.0}, (4.0,))
-    assert [w.split(" of ")[0] for w in _trainable_warnings(caplog)] == [
-        "Field 'other'"
-    ]
+    (message,) = _trainable_warnings(caplog)
+    assert message.split("\n")[0].endswith("keeps them as constants: 'other' (4.0).")
     assert m.offsets[0].dtype == jnp.float32
 
 

@@ -5,10 +5,9 @@ after keying (a list in a plain `eqx.Module`'s static field, a frozen dataclass
 changed with `object.__setattr__`) then cannot leak into another call, on the
 dispatcher path and on the public `jax.jit` path alike."""
 
-import contextlib
 import dataclasses
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
@@ -19,20 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from eqx_static import _jax
-
-
-@contextlib.contextmanager
-def path(name: str) -> Iterator[None]:
-    """`"dispatcher"`, or `"public"`: each key made meanwhile runs on a public
-    `jax.jit`, as where JAX's private dispatcher cannot be built."""
-    saved = _jax.DISPATCH, _jax.SHARING
-    if name == "public":
-        _jax.DISPATCH = _jax.SHARING = False
-    try:
-        yield
-    finally:
-        _jax.DISPATCH, _jax.SHARING = saved
+from helpers import path
 
 
 class Plain(eqx.Module):

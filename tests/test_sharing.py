@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from eqx_static import _jax
-from helpers import XlaCompiles
+from helpers import opaque_host_callbacks, XlaCompiles
 from jax.experimental import io_callback
 
 
@@ -509,12 +509,12 @@ def test_a_compile_argument_unknown_to_the_list_makes_a_program_unshareable(
     from eqx_static._sharing import fingerprint
 
     lowering = _lowered(lambda x: x * 2)
-    assert fingerprint(lowering) is not None
+    assert fingerprint(lowering, ()) is not None
     known = _jax.compile_arguments
     monkeypatch.setattr(
         _jax, "compile_arguments", lambda lo: {**known(lo), "new_in_jax": 1}
     )
-    assert fingerprint(lowering) is None
+    assert fingerprint(lowering, ()) is None
 
 
 @pytest.mark.sharing
@@ -524,7 +524,7 @@ def test_the_fingerprint_holds_the_compile_arguments():
     from eqx_static._sharing import fingerprint
 
     def arguments(**options):
-        fp = fingerprint(_lowered(lambda x: x * 2, **options))
+        fp = fingerprint(_lowered(lambda x: x * 2, **options), ())
         assert fp is not None
         return dict(fp.arguments)
 
@@ -872,3 +872,53 @@ def test_names_inside_string_literals_are_left_as_written():
     text = b'k = "a @g b"\ncall @g(%0) @other\nx @ y @@g\ns = "q"\n"t" @g\n@g'
     want = b'k = "a @g b"\ncall @H(%0) @other\nx @ y @@H\ns = "q"\n"t" @H\n@H'
     assert renamed(text) == want
+
+
+# --- what a TPU's lowering holds: opaque host callbacks ---------------------------
+
+
+@pytest.fixture
+def opaque(monkeypatch):
+    opaque_host_callbacks(monkeypatch)
+
+
+@pytest.mark.sharing
+def test_error_if_programs_share_where_host_callbacks_are_opaque(opaque):
+    """Read from the jaxpr, Equinox's identical callbacks still let keys that differ
+    in an unread static field share one program, and the check still raises at
+    the call."""
+    test_error_if_programs_share_across_an_unread_static_field()
+
+
+@pytest.mark.sharing
+def test_callbacks_are_told_apart_where_host_callbacks_are_opaque(opaque, capfd):
+    """The identical function shares; a new closure per key, another function over
+    the same code, or a print beside a callback JAX drops, does not."""
+    test_the_identical_callback_is_shared()
+    test_a_factory_callback_made_for_each_key_is_not_shared()
+    test_callbacks_of_the_same_code_over_other_globals_are_two_callbacks()
+    test_a_debug_print_is_never_shared(capfd, _unused_callback)
+    test_callbacks_in_another_order_are_another_program()
+
+
+def _plus_one(y):
+    return np.asarray(y + 1, np.float32)
+
+
+@pytest.mark.sharing
+def test_callbacks_in_another_order_are_another_program():
+    """Two keys whose programs print the same and hold the same two callbacks, in
+    the other order: the callbacks are compared position by position, so each key
+    runs its own (as a count of each function would not)."""
+
+    def swapped(x, flip):
+        first, second = (_plus_one, _host) if flip else (_host, _plus_one)
+        return jax.pure_callback(first, SCALAR, x) - jax.pure_callback(
+            second, SCALAR, 3 * x
+        )
+
+    f = es.jit(swapped)
+    x = jnp.float32(1.0)
+    got = [float(f(x, flip)) for flip in (False, True)]
+    assert got == [float(swapped(x, flip)) for flip in (False, True)]
+    assert f.compile_info().compiles == 2

@@ -157,12 +157,12 @@ def write_problems() -> list[str]:
 
 # Code lines each module may have: set at its count, so that a change that adds
 # lines raises the budget in the same diff and says what they buy. (The bar filed
-# for the package is 3,100 in at most 12 modules; it stands at 3,850, the features
+# for the package is 3,100 in at most 12 modules; it stands at 3,875, the features
 # filed beside it included.)
 BUDGET: dict[str, int] = {
-    "__init__.py": 29, "_compile.py": 782, "_diverge.py": 150, "_fields.py": 319,
-    "_guard.py": 257, "_jax.py": 371, "_jit.py": 465, "_key.py": 225,
-    "_module.py": 357, "_report.py": 511, "_sharing.py": 141, "_update.py": 354,
+    "__init__.py": 40, "_compile.py": 825, "_diverge.py": 150, "_fields.py": 344,
+    "_guard.py": 257, "_jax.py": 372, "_jit.py": 556, "_key.py": 231,
+    "_module.py": 366, "_report.py": 518, "_sharing.py": 144, "_update.py": 354,
 }  # fmt: skip
 MAX_MODULES = 12
 

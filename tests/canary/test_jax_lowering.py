@@ -1,12 +1,13 @@
 """What a lowering says about the Python that runs on the host, and its compile
 arguments: the allow-list of `_sharing` knows every argument JAX passes, and reads
-each host callback's function out of the lowering itself."""
+each host callback's function out of the traced jaxpr, counted against the
+lowering's host callbacks."""
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from eqx_static import _jax, _sharing
+from eqx_static import _fields, _jax, _sharing
 from jax.experimental import io_callback
 
 
@@ -21,6 +22,12 @@ def _lowering(f):
     return _jax.lowering_of(jax.jit(f).trace(jnp.float32(1.0)).lower())
 
 
+def _callbacks(f):
+    """What `_sharing` reads of the host callbacks of `jax.jit(f)`."""
+    traced = jax.jit(f).trace(jnp.float32(1.0))
+    return _sharing.host_callbacks(_jax.lowering_of(traced.lower()), traced.jaxpr)[0]
+
+
 def test_every_compile_argument_is_on_the_allow_list():
     """A compile argument JAX adds in a release makes every program unshareable
     (safe, but every key then compiles): it must be looked at, and listed."""
@@ -33,23 +40,35 @@ def test_a_host_callback_names_the_function_it_runs():
     for make in (
         lambda x: jax.pure_callback(_host, SCALAR, x),
         lambda x: io_callback(_host, SCALAR, x),
+        lambda x: jax.lax.cond(x > 0, make_callback, jnp.sin, x),
     ):
-        (host,) = _jax.compile_arguments(_lowering(make))["host_callbacks"]
-        found = _jax.flat_callback_in(host)
+        found = _callbacks(make)
         assert found is not None, "JAX changed: a host callback's function is hidden"
-        assert found[0] is _host
-        assert found[1] == jax.tree.structure(((1.0,), {}))
+        ((function, tree),) = found
+        assert function is _host
+        assert tree == _fields.token(jax.tree.structure(((1.0,), {})))
+
+
+def make_callback(x):
+    return jax.pure_callback(_host, SCALAR, x)
+
+
+def test_an_unused_callback_is_dropped_from_the_jaxpr_read_as_from_the_lowering():
+    """JAX's `jit` drops an unused `pure_callback` before lowering: the jaxpr is read
+    after the same elimination, so that its callbacks are the lowering's."""
+    assert _callbacks(lambda x: (jax.pure_callback(_host, SCALAR, x), x * 2)[1]) == ()
 
 
 def test_equinox_error_if_stages_one_callback_per_message():
     """Two programs with an `eqx.error_if` over equal messages hold the identical
     callback (Equinox stages it from its own jitted helper): that is why their
-    programs can share. Other messages are another callback."""
+    programs can share. Other messages are another callback. Each is recognised as
+    Equinox's error check."""
 
     def callbacks(message):
-        lowering = _lowering(lambda x: eqx.error_if(x * 2, x > 0, message))
-        hosts = _jax.compile_arguments(lowering)["host_callbacks"]
-        return [_jax.flat_callback_in(h)[0] for h in hosts]  # pyright: ignore[reportOptionalSubscript]
+        found = _callbacks(lambda x: eqx.error_if(x * 2, x > 0, message))
+        assert found is not None
+        return [function for function, _ in found]
 
     one, two = callbacks("positive"), callbacks("positive")
     assert one, "Equinox changed: error_if stages no host callback"
@@ -57,14 +76,24 @@ def test_equinox_error_if_stages_one_callback_per_message():
         "Equinox changed: error_if programs over equal messages no longer share"
     )
     assert not any(a is b for a, b in zip(one, callbacks("negative")))
+    modules = {function.__module__ for function in one}
+    assert modules == {_jax.ERROR_CHECKS}, "Equinox moved its error check"
 
 
 def test_other_host_python_is_not_taken_for_a_known_callback():
-    printing = _lowering(lambda x: jax.debug.print("{}", x) or x)
-    debugging = _lowering(lambda x: jax.debug.callback(_host, x) or x)
-    for lowering in (printing, debugging):
-        hosts = _jax.compile_arguments(lowering)["host_callbacks"]
-        assert hosts and all(_jax.flat_callback_in(h) is None for h in hosts)
+    """`jax.debug.print` stages no callback equation, `jax.debug.callback` one of
+    another kind: neither program's host callbacks are all accounted for, also
+    beside a `pure_callback` that JAX drops (the same count of callbacks)."""
+    for f in (
+        lambda x: jax.debug.print("{}", x) or x,
+        lambda x: jax.debug.callback(_host, x) or x,
+        lambda x: jax.debug.print("{}", jax.pure_callback(_host, SCALAR, x)) or x,
+        lambda x: (
+            (jax.pure_callback(_host, SCALAR, x), jax.debug.print("{}", x))[1] or x
+        ),
+    ):
+        assert _jax.compile_arguments(_lowering(f))["host_callbacks"]
+        assert _callbacks(f) is None
 
 
 def test_a_module_names_its_functions_and_their_visibility():

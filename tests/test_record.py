@@ -1,0 +1,95 @@
+"""`tools/record.py`, the record of the suite and the benchmarks on a platform: its
+pytest counts read from JUnit XML, its merge of two partial records; and the SGD
+benchmark it runs times the same training for each peer."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import bench_sgd  # noqa: E402  (the benchmark's own step and loops)
+
+
+def _record():
+    spec = importlib.util.spec_from_file_location(
+        "record", ROOT / "tools" / "record.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow  # a pytest process
+def test_counts_are_pytest_s_own(tmp_path):
+    """Two passed, one failed, one error (in a fixture), two skipped: as pytest
+    counts them in the same run's summary line."""
+    (tmp_path / "test_some.py").write_text(
+        textwrap.dedent(
+            """
+            import pytest
+
+            @pytest.fixture
+            def broken():
+                raise RuntimeError
+
+            def test_a(): pass
+            def test_b(): pass
+            def test_c(): assert False
+            def test_d(broken): pass
+            @pytest.mark.skip(reason="no")
+            def test_e(): pass
+            @pytest.mark.parametrize("x", [pytest.param(1, marks=pytest.mark.skip)])
+            def test_f(x): pass
+            """
+        )
+    )
+    junit = tmp_path / "out.xml"
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    command += ["test_some.py", f"--junitxml={junit}"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True)
+    assert "1 failed, 2 passed, 2 skipped, 1 error" in done.stdout, done.stdout
+    got = _record().counts(junit)
+    assert got == {
+        "passed": 2,
+        "failed": 1,
+        "errors": 1,
+        "skipped": 2,
+        "failures": ["test_some::test_c", "test_some::test_d"],
+    }
+
+
+def test_a_merge_keeps_each_record_s_parts(tmp_path):
+    record = _record()
+    base = {"device": {"platform": "tpu"}, "date": "d"}
+    a = {**base, "pytest": {"fast": {"passed": 1}}, "benchmarks": None}
+    b = {**base, "pytest": {"slow": {"passed": 2}}, "benchmarks": {"rows": [1]}}
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path, r in zip(paths, (a, b)):
+        path.write_text(json.dumps(r))
+    got = record.merge(paths)
+    assert got["pytest"] == {"fast": {"passed": 1}, "slow": {"passed": 2}}
+    assert got["benchmarks"] == {"rows": [1]}
+    assert got["parts"] == ["fast", "slow", "bench"]
+
+
+def test_the_sgd_peers_train_alike():
+    """es.jit, eqx.filter_jit and the hand loop take the same steps from the same
+    model: the losses agree, step by step, in both modes."""
+    loops = bench_sgd.make_loops(width=16, depth=2)
+    for mode in bench_sgd.MODES:
+        losses = {
+            p: [np.asarray(loops[f"{p}, {mode}"]()) for _ in range(3)]
+            for p in bench_sgd.PEERS
+        }
+        for p in bench_sgd.PEERS:
+            np.testing.assert_allclose(losses[p], losses["hand loop"], rtol=1e-6)
+        assert losses["es.jit"][0] > losses["es.jit"][2]  # it trains

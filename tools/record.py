@@ -1,0 +1,247 @@
+"""A record of the test suite and the benchmarks on whatever platform JAX finds:
+`benchmarks/results/<platform>.json` (`cpu`, `tpu`, `gpu`).
+
+    python tools/record.py                  # every part, into benchmarks/results/
+    python tools/record.py --quick          # a few test files, the quick benchmarks
+    python tools/record.py --out DIR        # the JSON into DIR instead
+    python tools/record.py --parts fast,bench   # some parts (below)
+    python tools/record.py --merge A.json B.json --out DIR  # two runs' parts, one
+
+The parts, in this order, one process at a time (an accelerator is held by one
+process; this one never imports JAX itself):
+
+- `fast`, `slow`: the fast tier, then the slow tier (`-m slow`), with the runtime
+  type checks that pyproject's `addopts` turn on (`--jaxtyping-packages`);
+- `fast-unchecked`, `slow-unchecked`: the same without them (`addopts` overridden);
+- `bench`: `benchmarks/run.py --only call,training` and `--only sgd` (the groups
+  whose rows depend on the device; the others measure the host, or start a second
+  process on the device).
+
+The JSON holds the date, the versions, the device (`device_kind`, the count), each
+pytest run's passed / failed / errors / skipped counts (from its JUnit XML), its
+failures by name and its wall time, and every benchmark row. Each part has a time
+limit (`--timeout`); a part that runs over is recorded as such.
+
+On the accelerator machine, `bash tools/tpu_run.sh [OPTIONS]` (with `$OUT` set and
+the wheels of the packages its index lacks in `.whl-tpu/`) makes a venv that sees
+the machine's JAX, installs the packages into its site-packages (where the suite's
+"user's line" tests expect libraries), and runs this script with `--out $OUT`.
+A part that does not fit in one command's time runs in the next
+(`--parts fast,slow`, then `--parts fast-unchecked,slow-unchecked,bench`), and
+`--merge` makes one record of the two.
+
+"""
+
+import argparse
+import datetime
+import importlib.metadata as md
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+UNCHECKED = ["-o", "addopts=-p no:cacheprovider"]  # pyproject's, less the checks
+PYTEST = {
+    "fast": [],
+    "slow": ["-m", "slow"],
+    "fast-unchecked": UNCHECKED,
+    "slow-unchecked": [*UNCHECKED, "-m", "slow"],
+}
+QUICK_TESTS = {
+    "fast": ["tests/test_module.py", "tests/test_where.py"],
+    "slow": [
+        "tests/test_fallback.py::test_a_checkout_that_is_not_installed_imports_with_"
+        "a_version"
+    ],
+}
+BENCH = {"full": [["--only", "call,training"], ["--only", "sgd"]]}
+BENCH["quick"] = [[*args, "--quick"] for args in BENCH["full"]]
+PARTS = [*PYTEST, "bench"]
+VERSIONS = ("jax", "jaxlib", "libtpu", "equinox", "eqx_static", "jaxtyping")
+VERSIONS += ("optax", "diffrax", "beartype", "pytest", "hypothesis", "flax")
+
+
+def _env() -> dict[str, str]:
+    """This checkout first on the path, unbuffered output."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+
+
+def _run(command: list[str], timeout: float) -> tuple[int | None, float]:
+    """Run `command` from the root, its output passed through; (exit code or None
+    if it ran over, seconds)."""
+    print("+", " ".join(command), flush=True)
+    start = time.perf_counter()
+    try:
+        rc = subprocess.run(command, cwd=ROOT, env=_env(), timeout=timeout).returncode
+    except subprocess.TimeoutExpired:
+        rc = None
+    return rc, round(time.perf_counter() - start, 1)
+
+
+def counts(junit: Path) -> dict[str, object]:
+    """Passed / failed / errors / skipped, and the failures by name, from pytest's
+    JUnit XML."""
+    suite = ET.parse(junit).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    assert suite is not None
+    got = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    failed = [
+        f"{case.get('classname')}::{case.get('name')}"
+        for case in suite.iter("testcase")
+        if case.find("failure") is not None or case.find("error") is not None
+    ]
+    return {
+        "passed": got["tests"] - got["failures"] - got["errors"] - got["skipped"],
+        "failed": got["failures"],
+        "errors": got["errors"],
+        "skipped": got["skipped"],
+        "failures": failed,
+    }
+
+
+def pytest_part(name: str, quick: bool, timeout: float, tmp: Path) -> dict:
+    junit = tmp / f"{name}.xml"
+    files = QUICK_TESTS[name.split("-")[0]] if quick else []
+    command = [sys.executable, "-m", "pytest", "-q", *PYTEST[name], *files]
+    rc, seconds = _run([*command, f"--junitxml={junit}"], timeout)
+    got: dict = {"command": " ".join(command[1:]), "exit_code": rc, "seconds": seconds}
+    if rc is None:
+        got["timed_out"] = True
+    if junit.exists():
+        got.update(counts(junit))
+    return got
+
+
+def bench_part(quick: bool, timeout: float, tmp: Path) -> dict:
+    """Every row of each benchmark run, and each run's settings."""
+    got: dict = {"runs": [], "rows": []}
+    for i, args in enumerate(BENCH["quick" if quick else "full"]):
+        out = tmp / f"bench{i}.json"
+        command = [sys.executable, "benchmarks/run.py", *args, "--json", str(out)]
+        rc, seconds = _run(command, timeout)
+        run: dict = {"args": args, "exit_code": rc, "seconds": seconds}
+        if out.exists():
+            data = json.loads(out.read_text())
+            run |= {k: data[k] for k in ("mode", "groups", "settings", "machine")}
+            got["rows"] += data["rows"]
+        got["runs"].append(run)
+    return got
+
+
+def device() -> dict:
+    """The platform and device, asked of JAX in a process of its own (which lets
+    the device go when it ends)."""
+    code = (
+        "import json, jax, eqx_static; d = jax.devices(); print(json.dumps({"
+        "'platform': jax.default_backend(), 'device_kind': d[0].device_kind, "
+        "'device_count': len(d), 'devices': [repr(x) for x in d], "
+        "'eqx_static': eqx_static.__version__}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=_env(), capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"JAX failed to start:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _version(package: str) -> str | None:
+    try:
+        return md.version(package)
+    except md.PackageNotFoundError:
+        return None
+
+
+def _git() -> str | None:
+    try:
+        command = ["git", "describe", "--always", "--dirty"]
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+        return done.stdout.strip() or None
+    except OSError:
+        return None
+
+
+def merge(paths: list[Path]) -> dict:
+    """One record of the parts of several (of one platform): later files win."""
+    records = [json.loads(p.read_text()) for p in paths]
+    if len({r["device"]["platform"] for r in records}) != 1:
+        raise SystemExit("--merge: the records are of different platforms")
+    out = {**records[-1], "pytest": {}, "benchmarks": None}
+    for r in records:
+        out["pytest"] |= r["pytest"]
+        out["benchmarks"] = r["benchmarks"] or out["benchmarks"]
+    out["parts"] = [p for p in PARTS if p in out["pytest"] or p == "bench"]
+    if out["benchmarks"] is None:
+        out["parts"].remove("bench")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a subset, to try it")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="the JSON's folder")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"among {PARTS}")
+    parser.add_argument("--timeout", type=float, default=1800, help="s per process")
+    parser.add_argument("--merge", type=Path, nargs="+", help="records to combine")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        record = merge(args.merge)
+    else:
+        parts = args.parts.split(",")
+        if unknown := set(parts) - set(PARTS):
+            parser.error(f"unknown part(s) {sorted(unknown)}; choose among {PARTS}")
+        record = run(parts, args.quick, args.timeout, args.out)
+    path = _save(record, args.out)
+    print(f"wrote {path}")
+    for name, got in record["pytest"].items():
+        print(
+            f"  {name}: {got.get('passed')} passed, {got.get('failed')} failed, "
+            f"{got.get('errors')} errors, {got.get('skipped')} skipped "
+            f"({got['seconds']} s)"
+        )
+    return 0
+
+
+def _save(record: dict, out: Path) -> Path:
+    path = out / f"{record['device']['platform']}.json"
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return path
+
+
+def run(parts: list[str], quick: bool, timeout: float, out: Path) -> dict:
+    """The record, saved after each part (a run cut short keeps what it did)."""
+    record: dict = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "mode": "quick" if quick else "full",
+        "parts": [p for p in PARTS if p in parts],
+        "git": _git(),
+        "device": device(),
+        "python": sys.version.split()[0],
+        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
+        "versions": {p: _version(p) for p in VERSIONS},  # the checkout's, below
+        "pytest": {},
+        "benchmarks": None,
+    }
+    record["versions"]["eqx_static"] = record["device"].pop("eqx_static")
+    print(f"recording on {record['device']} ({record['mode']})", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in (p for p in PYTEST if p in parts):
+            record["pytest"][name] = pytest_part(name, quick, timeout, Path(tmp))
+            _save(record, out)
+        if "bench" in parts:
+            record["benchmarks"] = bench_part(quick, timeout, Path(tmp))
+    return record
+
+
+if __name__ == "__main__":
+    sys.exit(main())
