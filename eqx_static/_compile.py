@@ -123,6 +123,14 @@ class Program:
         self.structure, self.number, self.users = structure, number, 0
 
 
+class Outline(NamedTuple):
+    """What explaining a later miss reads of a program, which keeps no executable
+    alive (an executable holds device memory, which `maxsize` bounds)."""
+
+    ops: tuple
+    structure: bytes | None
+
+
 class Entry:
     """One key: its dispatcher, its guard, and the program it runs for each
     signature (avals and JAX's context) it ran."""
@@ -284,7 +292,8 @@ class Function:
                 if program.fingerprint is not None:
                     digest = program.fingerprint.digest
                     self.programs.setdefault(digest, []).append(program)
-            self.recent.append(Seen(entry.key, sig[0], sig[1], program))
+            outline = Outline(program.ops, program.structure)  # no executable
+            self.recent.append(Seen(entry.key, *sig, outline))
             while self.maxsize is not None and self.size > self.maxsize:
                 others = [e for e in self.entries.values() if e is not entry]
                 if not others:
@@ -302,8 +311,8 @@ class Function:
         """Empty a key that alone holds `maxsize` signatures, for a signature it does
         not hold: JAX's caches too, through the dispatcher (which, emptied during the
         call, drops what the call hands it: the next such call comes back here
-        once). A public `jax.jit` cannot drop a signature: JAX's own cache keeps
-        it, and a call of it runs what JAX kept, a hit."""
+        once). A public `jax.jit` cannot drop a signature: the call is made on a
+        new one (`_Public.renew`), and the old one goes with JAX's caches of it."""
         if self.maxsize is None or len(entry.runs) < self.maxsize or sig in entry.runs:
             return
         with self.lock:
@@ -442,26 +451,62 @@ def _in_hand(entry: Entry) -> Call | None:
 
 def _with_leaves(call: Call, leaves: Sequence) -> tuple[Callable, tuple]:
     """The call's own function and values, with `leaves` (tracers) in place of its
-    arrays: flattened and rebuilt by JAX, as `eqx.filter_jit` does."""
+    arrays, which are those of the call (`call.leaves`): flattened and rebuilt by
+    JAX, as `eqx.filter_jit` does."""
+    arrays, tracers = iter(call.leaves), iter(leaves)
+
+    def swap(x: Any) -> Any:
+        if not is_array_type(type(x)):
+            return x
+        if next(arrays, None) is not x:
+            raise ValueError(_MSG_CHANGED)
+        return next(tracers)
+
+    tree = (call.fn, call.values)
     try:
-        flat, treedef = jtu.tree_flatten((call.fn, call.values))
-    except (RecursionError, SystemError):  # JAX's flatten recurses, under our frames
-        limit = sys.getrecursionlimit()
-        sys.setrecursionlimit(2 * limit)
-        try:
-            flat, treedef = jtu.tree_flatten((call.fn, call.values))
-        finally:
-            sys.setrecursionlimit(limit)
-    at = [i for i, x in enumerate(flat) if is_array_type(type(x))]
-    if len(at) != len(leaves) or any(flat[i] is not x for i, x in zip(at, call.leaves)):
-        raise RuntimeError(
-            "eqx_static: the arguments changed between keying the call and tracing "
-            "it (a pytree whose flatten gives other leaves each time?). Please "
-            "report this."
-        )
-    for i, x in zip(at, leaves):
-        flat[i] = x
-    return treedef.unflatten(flat)
+        flat, treedef = jtu.tree_flatten(tree)
+    except (RecursionError, SystemError):  # deeper than JAX's flatten takes
+        out = _rebuilt(tree, swap)
+    else:
+        out = treedef.unflatten([swap(x) for x in flat])
+    if next(arrays, None) is not None:
+        raise ValueError(_MSG_CHANGED)
+    return out
+
+
+_MSG_CHANGED: Final = (
+    "eqx_static: the arrays of a call changed between keying it and tracing it, so "
+    "`es.jit` cannot say which array each traced value stands for. Either another "
+    "thread changed an argument in place during the call (change a copy, as "
+    "`es.edit` and `eqx.tree_at` do), or a pytree's flatten makes new arrays each "
+    "time it is called (return the arrays the pytree holds)."
+)
+
+
+def _rebuilt(tree: Any, swap: Callable[[Any], Any]) -> Any:
+    """`tree` with `swap(leaf)` for each leaf, in JAX's order, one node at a time
+    (JAX's own flatten recurses, up to Python's recursion limit; a call's tree is
+    keyed at any depth)."""
+
+    def one_level(node: Any) -> tuple[list, Any]:
+        return jtu.tree_flatten(node, is_leaf=lambda child: child is not node)
+
+    stack = [(*one_level(tree), [])]
+    while True:
+        children, treedef, done = stack[-1]
+        if len(done) < len(children):
+            child = children[len(done)]
+            below = one_level(child)
+            if jtu.treedef_is_leaf(below[1]) and below[0][0] is child:
+                done.append(swap(child))
+            else:
+                stack.append((*below, []))
+            continue
+        stack.pop()
+        node = treedef.unflatten(done)
+        if not stack:
+            return node
+        stack[-1][2].append(node)
 
 
 # ----------------------------------------------------------------------------------
@@ -476,14 +521,46 @@ def new_entry(f: Function, key: Key, leaves: Sequence) -> Entry:
     if _jax.dispatching():
         try:
             miss = functools.partial(cache_miss, f, entry)
+            eager = _traced(f, entry, eager=True)
+            deoptimized = functools.partial(_deoptimized, f, entry)
             entry.dispatch = _jax.dispatcher(
-                f.program_name, _traced(f, entry, eager=True), miss, donated
+                f.program_name, eager, miss, donated, deoptimized
             )
         except Exception as e:  # a JAX whose dispatcher is built otherwise
             _jax.no_dispatcher(f"{type(e).__name__}: {e}")
     entry.call = _calling(f, entry, False) if _jax.DISPATCH else _public(f, entry, donated)  # fmt: skip
     with f.lock:
         return f.entries.setdefault(key, entry)
+
+
+class Rerun(Exception):  # noqa: N818  (caught by the hit path, never shown)
+    """JAX's `jax_debug_nans`/`jax_debug_infs` check found an invalid value in the
+    outputs of a hit, and runs the call eagerly to name the operation: that needs
+    the call in hand, so the hit path calls `rerun` with it."""
+
+
+def _deoptimized(f: Function, entry: Entry, *leaves: Any) -> Any:
+    """The call run eagerly, op by op, as `jax.jit` runs its function when its
+    check finds an invalid value in a program's outputs (JAX's checks then raise,
+    naming the operation)."""
+    call = _in_hand(entry)
+    if call is None:
+        raise Rerun
+    return f.layout.call(call.fn, call.values)
+
+
+def rerun(f: Function, call: Call, error: Rerun) -> Any:
+    """`jax.jit`'s rerun after its check (which has said so) found an invalid value:
+    the eager run's error, or one saying that the eager run found none."""
+    __tracebackhide__ = True
+    previous, _local.call = _local.call, call
+    try:
+        _deoptimized(f, call.entry)
+    except (FloatingPointError, ZeroDivisionError) as e:
+        raise e from None
+    finally:
+        _local.call = previous
+    _jax.no_invalid_value_when_deoptimized(error.__context__)
 
 
 def _calling(f: Function, entry: Entry, reports: bool) -> Callable:
@@ -504,6 +581,9 @@ def _traced(
         if call is None:  # only a dispatcher runs it so, eagerly: it asks again
             return NEED_CALL
         eager_now = eager or _jax.jit_disabled()  # it runs, as under `eqx.filter_jit`
+        if not eager_now and not any(isinstance(x, Tracer) for x in _es_leaves):
+            if _es_leaves:  # no trace: `jax.jit`'s rerun, after its NaN check
+                return _deoptimized(f, entry)
         if eager_now:
             f.book_miss()
         else:
@@ -818,7 +898,7 @@ def _decide(miss: _Miss) -> Program:
     _diverge.check(miss, lowering, fp, program)  # every process decides alike
     if program is not None:
         miss.shared = program
-        if os.environ.get("EQX_STATIC_CHECK_SHARING") and program.fingerprint:
+        if _jax.env_switch("EQX_STATIC_CHECK_SHARING", False) and program.fingerprint:
             _check_sharing(miss, program)
         return program
     return _compile(miss, lowering, fp)
@@ -994,18 +1074,24 @@ def lower_call(f: Function, call: Call) -> Any:
 class _Public:
     """A key on a public `jax.jit`, and what is learnt of its programs."""
 
-    def __init__(self, entry: Entry, jitted: Any):
-        self.entry, self.jitted = entry, jitted
+    def __init__(self, f: Function, entry: Entry, donated: tuple):
+        self.f, self.entry, self.donated = f, entry, donated
         self.reports = False  # a program may hold `eqx.error_if`: wait for it
         self.staged = False  # it was called under a transformation
+        self.renew()
+
+    def renew(self) -> None:
+        """A new `jax.jit` of the key: JAX's caches of the last one, and the
+        executables they hold, go with it (they are weak in its function)."""
+        jitted = _jax.jax_jit(_traced(self.f, self.entry), donate_argnums=self.donated)
+        self.entry.dispatch = self.jitted = jitted
+        self.run = _report.reporting_errors(jitted, wait=lambda: self.reports)
 
 
 def _public(f: Function, entry: Entry, donated: tuple) -> Callable:
     """What a hit calls: the key's own public `jax.jit` (its dispatcher), in a
     miss that books and explains what JAX compiles."""
-    entry.dispatch = jitted = _jax.jax_jit(_traced(f, entry), donate_argnums=donated)
-    public = _Public(entry, jitted)
-    run = _report.reporting_errors(jitted, wait=lambda: public.reports)
+    public = _Public(f, entry, donated)
 
     def call(*leaves: Any) -> Any:
         __tracebackhide__ = True
@@ -1015,6 +1101,11 @@ def _public(f: Function, entry: Entry, donated: tuple) -> Callable:
         top = not _transformed(leaves)
         miss = _Miss(f, entry, leaves, _PGLE if top else _TRANSFORMED)
         miss.public, public.staged = (public if top else None), public.staged or not top
+        full = f.maxsize is not None and len(entry.runs) >= f.maxsize
+        if top and full and miss.sig not in entry.runs:
+            f.make_room(entry, miss.sig)  # the books, and JAX's cache of the key
+            public.renew()
+        run, jitted = public.run, public.jitted
         with _quiet(f), _report.marked(__equinox_jit_id__):
             return _booked(miss, lambda: run(*leaves), jitted)
 

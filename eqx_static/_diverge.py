@@ -109,12 +109,13 @@ def check(miss: Any, lowering: Any, fp: Any, program: Any) -> None:
     for a program of this process alone, nor for a miss that traced nothing and
     reuses (a hit). The switches: `EQX_STATIC_CHECK_DIVERGENCE=0` turns it off;
     `EQX_STATIC_DIVERGENCE_TIMEOUT`, the seconds a process waits for the others."""
-    on = os.environ.get("EQX_STATIC_CHECK_DIVERGENCE", "1").strip() != "0"
+    on = _jax.env_switch("EQX_STATIC_CHECK_DIVERGENCE", True)
+    limit = _jax.env_seconds("EQX_STATIC_DIVERGENCE_TIMEOUT", 600.0)  # read, so checked
     if not on or lowering is None or (program is not None and not miss.traced):
         return
     if not _jax.spans_processes(lowering) or (client := _jax.kv_store()) is None:
         return
-    f, limit = miss.f, float(os.environ.get("EQX_STATIC_DIVERGENCE_TIMEOUT") or 600)
+    f = miss.f
     try:
         decision = "reuse" if program is not None else f.check_budget((), None) or "compile"  # fmt: skip
     except _report.RecompileError:  # the budget's own rule

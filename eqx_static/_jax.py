@@ -14,7 +14,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any, Final, TypeVar
+from typing import Any, Final, NoReturn, TypeVar
 
 import equinox as eqx
 import jax
@@ -228,16 +228,32 @@ except (ImportError, AttributeError) as e:  # pragma: no cover
     DISPATCH, _why_not = False, str(e)
 
 
-def dispatcher(name: str, fun: Callable, cache_miss: Callable, donate: tuple) -> Any:
-    """A C++ dispatcher whose misses call `cache_miss(*args)` and which calls
-    `fun(*args)` under `jax.disable_jit()`."""
+def dispatcher(
+    name: str, fun: Callable, cache_miss: Callable, donate: tuple, rerun: Callable
+) -> Any:
+    """A C++ dispatcher whose misses call `cache_miss(*args)`, which calls
+    `fun(*args)` under `jax.disable_jit()`, and `rerun(*args)` when JAX's
+    `jax_debug_nans`/`jax_debug_infs` check finds an invalid value in the outputs
+    of a hit (JAX's hook reads it as `_fun`, as on a `jax.jit`)."""
     ji = jax_jit(fun, donate_argnums=donate)._jit_info  # pyright: ignore[reportAttributeAccessIssue]
     key = _CacheKeys(**{k: getattr(ji, k) for k in _CPP_KEYS})
     cache = _cpp_cache(key.contains_explicit_attributes)  # pyright: ignore[reportArgumentType]
-    return _make_pjit(
+    d = _make_pjit(
         name, fun, cache_miss, ji.static_argnums, ji.static_argnames, key,
         _registry, _shard_arg, cache,
     )  # fmt: skip
+    d._fun = rerun
+    return d
+
+
+def no_invalid_value_when_deoptimized(error: BaseException | None) -> NoReturn:
+    """What `jax.jit` raises where its eager run found no invalid value that its
+    `jax_debug_nans`/`jax_debug_infs` check found in a program's outputs."""
+    api_util = sys.modules.get("jax._src.api_util")
+    raise_it = getattr(api_util, "_raise_no_nan_in_deoptimized", None)
+    if raise_it is not None and error is not None:
+        raise_it(error)
+    raise FloatingPointError(f"{error}: the eager run found no invalid value") from None
 
 
 def jit_miss(jitted: Any, *args: Any) -> tuple:
@@ -270,7 +286,7 @@ def probe() -> str | None:
         return ("again", None, True) if len(misses) == 1 else jit_miss(helper, *args)
 
     try:
-        d = dispatcher("eqx_static.probe", twice, miss, ())
+        d = dispatcher("eqx_static.probe", twice, miss, (), twice)
         x = jax.device_put(np.arange(3, dtype=np.float32))
         out = [d(x) for _ in range(3)]
     except Exception as e:
@@ -392,9 +408,41 @@ def _warn(what: str) -> None:
     )
 
 
+# The package's environment variables, each read through one of these two.
+
+
+def env_switch(name: str, default: bool) -> bool:
+    """An on/off environment variable: `1` on, `0` off; unset or empty, `default`."""
+    value = os.environ.get(name, "")
+    if value.strip() in ("", "0", "1"):
+        return value.strip() == "1" if value.strip() else default
+    on = "on" if default else "off"
+    raise _bad_env(name, value, "a switch", "`1` (on) or `0` (off)", on)
+
+
+def env_seconds(name: str, default: float) -> float:
+    """A number of seconds greater than 0 from the environment; unset, `default`."""
+    value = os.environ.get(name, "")
+    if not value.strip():
+        return default
+    if re.fullmatch(r"\s*(\d+\.?\d*|\.\d+)\s*", value) and float(value) > 0:
+        return float(value)
+    accepted = "a number greater than 0 (`1200`, `2.5`)"
+    raise _bad_env(name, value, "a number of seconds", accepted, f"{default:g}")
+
+
+def _bad_env(
+    name: str, value: str, what: str, accepted: str, default: str
+) -> Exception:
+    return ValueError(
+        f"The environment variable {name}={value!r} is not {what} eqx_static reads: "
+        f"set it to {accepted}, or unset it (then it is {default})."
+    )
+
+
 # `EQX_STATIC_PUBLIC_JIT=1`: every key on a public `jax.jit`, as where the private
 # names are missing (what CI runs the suite under, to keep that path first-class).
-PUBLIC: Final = os.environ.get("EQX_STATIC_PUBLIC_JIT", "") not in ("", "0")
+PUBLIC: Final = env_switch("EQX_STATIC_PUBLIC_JIT", False)
 if PUBLIC:
     DISPATCH = SHARING = False
 elif not DISPATCH:  # pragma: no cover

@@ -30,6 +30,8 @@ from ._compile import (
     lower_call,
     NEED_CALL,
     new_entry,
+    Rerun,
+    rerun,
 )
 from ._fields import path_to, UnhashableError
 from ._jax import api_boundary, GENERATED, hide_frames
@@ -268,7 +270,8 @@ class _Jit(functools.partial, Generic[_P, _R]):
     _is_static: bool
     _options: tuple
     _layout: Layout
-    _fn_leaves: tuple
+    _fn_leaves: list
+    _fn_check: Callable
     _bind: Callable
     _lru: bool
     _slots: _Slots
@@ -298,17 +301,17 @@ class _Jit(functools.partial, Generic[_P, _R]):
         functools.update_wrapper(self, fn)  # pyright: ignore[reportArgumentType]
         self.fn, self.qualname, self.f, self.hot = fn, f.qualname, f, hot  # pyright: ignore[reportAttributeAccessIssue]
         self._is_static, self._options, self._layout = is_static, options, layout
-        self._fn_leaves, self._bind = tuple(fn_leaves), bind
-        self._slots, self._owner, self._name = _Slots(), None, None
+        self._fn_leaves, self._bind = fn_leaves, bind
+        self._owner, self._name = None, None
         self._params, self._owns = params, owns
-        f.guard_sets.add(self._slots)
         self._lru = f.maxsize is not None
         hot.__globals__.update(
-            _es_slots=self._slots,
             _es_general=self._general,
             _es_again=self._again,
             _es_runtime=eqx.EquinoxRuntimeError,
+            _es_fresh=self._fresh,
         )
+        self._target(f, fn_leaves)
         functools.update_wrapper(hot, fn)  # pyright: ignore[reportArgumentType]
         hot.es_jit, hot.fn = self, fn  # pyright: ignore[reportFunctionMemberAccess]
         # What an `es.Module` makes of `module.f` (it reads `es_bind` of a method).
@@ -316,6 +319,26 @@ class _Jit(functools.partial, Generic[_P, _R]):
         for attr in ("cache_info", "cache_clear", "compile_info", "lower"):
             setattr(hot, attr, getattr(self, attr))
         return self
+
+    def _target(self, f: Function, fn_leaves: list) -> None:
+        """Call `f`'s cache, with guards of its own, and `fn_leaves` as the leaves of
+        the function (a new list: the guards of another key keep theirs)."""
+        self.f, self._fn_leaves, self._slots = f, fn_leaves, _Slots()
+        f.guard_sets.add(self._slots)
+        self.hot.__globals__["_es_slots"] = self._slots
+        if f.fn_key is not None:
+            self._fn_check = _guard.checker(f.fn_key, (self.fn,), ["fn"])
+
+    def _fresh(self) -> None:
+        """`es.jit(obj)` sees `obj` as it is at the call, as its eager call does: its
+        arrays are read at every call, and where its key changed (a field set with
+        `object.__setattr__`, a list in it changed) the call goes to that key's
+        cache. (As a method's `self` is checked by its guard.)"""
+        leaves = self._fn_check(self.fn)
+        if leaves is _guard.MISS:
+            self._target(*_function(self.fn, self._layout, self._options))
+        else:
+            self._fn_leaves[:] = leaves
 
     @property
     def __globals__(self) -> dict[str, Any]:
@@ -394,15 +417,19 @@ class _Jit(functools.partial, Generic[_P, _R]):
             out = entry.call(*leaves)
             if out is NEED_CALL:
                 out = self._retry(entry, values, leaves)
+        except Rerun as e:
+            out = self._retry(entry, values, leaves, e)
         finally:
             next(f.calls)  # booked once done: as a hit, or a miss
         return combine(*out) if type(out) is tuple else out
 
     @api_boundary
-    def _retry(self, entry: Entry, values: tuple, leaves: list) -> Any:
-        """A miss at the dispatcher: the same call again, with the call in hand."""
+    def _retry(self, entry: Entry, values: tuple, leaves: list, e: Any = None) -> Any:
+        """A miss at the dispatcher: the same call again, with the call in hand; or
+        the rerun JAX's check of invalid values asked for."""
         __tracebackhide__ = True
-        return call_in_hand(Call(entry, self.fn, values, leaves))
+        call = Call(entry, self.fn, values, leaves)
+        return call_in_hand(call) if e is None else rerun(self.f, call, e)
 
     def _add_guard(self, entry: Entry, values: tuple, first: type | None) -> None:
         params = [f"p_{n}" for n in self._layout.names]  # called positionally
@@ -415,6 +442,7 @@ class _Jit(functools.partial, Generic[_P, _R]):
             return [
                 *lru, "try:", f"    out = ENTRY.call({called})",
                 f"    if out is NEED: out = RETRY(ENTRY, ({again}), [{called}])",
+                f"except RERUN as e: out = RETRY(ENTRY, ({again}), [{called}], e)",
                 "finally:", "    NEXT()",  # booked once done: as a hit, or a miss
                 "return COMBINE(*out) if type(out) is tuple else out",
             ]  # fmt: skip
@@ -423,7 +451,7 @@ class _Jit(functools.partial, Generic[_P, _R]):
         ns = {
             "NEXT": f.calls.__next__, "CLOCK": f.clock.__next__, "ENTRY": entry,
             "FN": self._fn_leaves, "RETRY": self._retry, "COMBINE": combine,
-            "NEED": NEED_CALL,
+            "NEED": NEED_CALL, "RERUN": Rerun,
         }  # fmt: skip
         name = f.name(entry.key)
         made = _guard.guard(entry.key, values, params, name, dispatch, ns)
@@ -446,6 +474,8 @@ class _Jit(functools.partial, Generic[_P, _R]):
 
     def leaves_of(self, args: tuple, kwargs: dict[str, Any]) -> Call:
         """The call (key and traced leaves), as the general path makes it."""
+        if self.f.fn_key is not None:  # the function as it is now, as a call sees it
+            self._fresh()
         values = self._bind(*args, **kwargs)
         key, leaves = _key_and_leaves(self.f, values)
         return Call(Entry(key), self.fn, values, [*self._fn_leaves, *leaves])
@@ -487,6 +517,7 @@ def _hot(
     the wrapped function's signature (`_binder`), made in `ns` (their own names
     start `_es_`)."""
     params, strict, stale, fills, names = binder
+    fresh = "    _es_fresh()\n" if f.fn_key is not None else ""  # `_Jit._fresh`
     values = ", ".join(layout.names) + ("," if len(layout.names) == 1 else "")
     first = f"_es_type({layout.names[0]})" if layout.names else "None"
 
@@ -496,7 +527,7 @@ def _hot(
 
     source = f"""
 def _es_hot({params}):
-{bound("_es_hot")}    try:
+{fresh}{bound("_es_hot")}    try:
         for _es_guard in _es_slots.get({first}, ()):
             _es_out = _es_guard({values})
             if _es_out is not _es_miss:

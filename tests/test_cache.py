@@ -265,7 +265,6 @@ def test_maxsize_evicts_the_least_recently_used_entry():
     assert M.__call__.cache_info() == es.CacheInfo(3, 5, 2, 2)
 
 
-@pytest.mark.sharing
 def test_maxsize_counts_shapes_as_entries():
     traces = [0]
 
@@ -675,6 +674,44 @@ def test_a_key_evicted_while_its_first_call_traces_holds_nothing_past_maxsize():
     info = f.cache_info()
     assert info.currsize <= 1 and info.hits + info.misses == 3
     assert f.compile_info().programs <= info.currsize
+
+
+def _executables_alive_during(monkeypatch: pytest.MonkeyPatch, run: Any) -> list:
+    """How many of the executables JAX makes during `run(step)` are alive at each
+    `step()`, counted by weak references (an executable holds device memory)."""
+    from jax._src.interpreters import pxla
+
+    made: list[weakref.ref] = []
+    init = pxla.MeshExecutable.__init__
+
+    def spied(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        made.append(weakref.ref(self))
+
+    monkeypatch.setattr(pxla.MeshExecutable, "__init__", spied)
+    alive: list[int] = []
+    run(lambda: alive.append(sum(r() is not None for r in made)))
+    assert len(made) >= len(alive)  # each step compiled one
+    return alive
+
+
+@pytest.mark.parametrize("shapes", [200, pytest.param(1_000, marks=pytest.mark.slow)])
+def test_maxsize_bounds_the_executables_alive(monkeypatch, shapes):
+    """`maxsize` bounds what is held: with `maxsize=2` and one key called with
+    many new shapes, at most 2 executables are alive after every call (what is
+    kept to explain a later miss holds none), and each result is the eager one."""
+    fn = lambda x: x * 2 + 1  # noqa: E731
+    f = es.jit(maxsize=2)(fn)
+    xs = [np.ones(n, np.float32) for n in range(1, shapes + 1)]
+
+    def run(step: Any) -> None:
+        for x in xs:
+            np.testing.assert_array_equal(f(x), fn(x))
+            step()
+
+    alive = _executables_alive_during(monkeypatch, run)
+    assert max(alive) <= 2
+    assert f.cache_info() == es.CacheInfo(0, shapes, 2, 2)
 
 
 @pytest.mark.slow

@@ -1700,6 +1700,45 @@ def test_nested_lists_and_static_tuples_900_deep():
     assert float(ConfigHolder(t).as_array()) == 1.0
 
 
+def test_a_call_nested_deeper_than_jax_flattens_is_traced():
+    """JAX's flatten recurses, up to Python's recursion limit (past it, JAX raises
+    `SystemError`, and so does `eqx.filter_jit`); the key does not, and a new key
+    is traced at any depth, without raising the process's recursion limit."""
+    depth = 3 * sys.getrecursionlimit()
+    x: Any = jnp.ones(())
+    for _ in range(depth):
+        x = [x]
+
+    def unwrap(v):
+        while isinstance(v, list):
+            v = v[0]
+        return 2 * v
+
+    limit = sys.getrecursionlimit()
+    assert float(es.jit(unwrap)(x)) == float(unwrap(x)) == 2.0
+    assert sys.getrecursionlimit() == limit
+
+
+class _NewArrays:
+    """A pytree whose flatten makes a new array each time."""
+
+    def __init__(self, x: np.ndarray):
+        self.x = x
+
+
+jax.tree_util.register_pytree_node(
+    _NewArrays, lambda t: ((jnp.asarray(t.x),), None), lambda _, c: _NewArrays(c[0])
+)
+
+
+def test_a_flatten_that_makes_new_arrays_is_named():
+    """The arrays a call was keyed with are the ones it traces: a flatten that makes
+    new ones each time is refused, saying so (never an internal error)."""
+    f = es.jit(lambda t: t.x * 2)
+    with pytest.raises(ValueError, match="a pytree's flatten makes new arrays each"):
+        f(_NewArrays(np.ones(2, np.float32)))
+
+
 # --- statics that cannot change under their key -----------------------------------
 
 

@@ -145,6 +145,55 @@ def test_a_module_as_the_function_traces_its_own_objects(where):
         np.testing.assert_allclose(second(jnp.ones(4)), 3.0 * jnp.ones(4))
 
 
+class Changing(eqx.Module):
+    """A model whose arrays and list of arrays change in place after wrapping."""
+
+    w: jax.Array
+    ws: list
+    flag: bool = eqx.field(static=True)
+
+    def __call__(self, x):
+        out = self.w * x + sum(self.ws)
+        return {"out": out, "n": len(self.ws), "flag": self.flag}
+
+
+def _same(a: Any, b: Any) -> None:
+    """The same tree, the same leaf types, the same values."""
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for p, q in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        assert type(p) is type(q)
+        np.testing.assert_array_equal(p, q)
+
+
+# Each change in place (modules are frozen: `object.__setattr__` gets around it).
+CHANGES: dict[str, Callable[[Changing], None]] = {
+    "an array field": lambda m: object.__setattr__(m, "w", jnp.array(3.0)),
+    "an array in a list": lambda m: m.ws.__setitem__(0, jnp.array(7.0)),
+    "a list grown": lambda m: m.ws.append(jnp.array(10.0)),
+    "a static field": lambda m: object.__setattr__(m, "flag", False),
+    "a field's type": lambda m: object.__setattr__(m, "w", np.float32(2.0)),
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+def test_a_model_changed_in_place_after_wrapping_is_seen_at_the_call(change, where):
+    """`es.jit(model)` sees the model as it is at each call, as its eager call
+    does, and as `eqx.filter_jit` does when it wraps the model as it is then: at
+    the same shape (a hit before the change) and at a new one."""
+    with path(where):
+        m = Changing(jnp.array(2.0), [jnp.array(1.0)], True)
+        jf = es.jit(m)
+        for n in (2, 2):
+            _same(jf(jnp.ones(n)), m(jnp.ones(n)))
+        CHANGES[change](m)
+        _same(jf.lower(jnp.ones(4)).compile()(jnp.ones(4)), m(jnp.ones(4)))  # AOT
+        for n in (2, 3, 2):
+            x = jnp.ones(n)
+            _same(jf(x), m(x))
+            _same(jf(x), eqx.filter_jit(m)(x))
+
+
 def test_a_key_that_traces_again_keeps_no_argument_alive():
     """The key compares; it does not hold the call: nothing of a call's list stays
     alive in the cache after the call (a copy is kept to compare against)."""

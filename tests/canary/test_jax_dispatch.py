@@ -28,7 +28,7 @@ def test_a_dispatcher_serves_hits_in_cpp_and_calls_back_on_a_miss():
         calls.append(args[0].shape)
         return _jax.jit_miss(helper, *args)
 
-    dispatch = _jax.dispatcher("fun", fun, miss, ())
+    dispatch = _jax.dispatcher("fun", fun, miss, (), fun)
     x = jnp.ones(3)
     np.testing.assert_array_equal(dispatch(x), x * 2)
     np.testing.assert_array_equal(dispatch(x), x * 2)  # in C++: no miss
@@ -42,6 +42,29 @@ def test_a_dispatcher_serves_hits_in_cpp_and_calls_back_on_a_miss():
     assert len(eager) == 3  # two traces, one eager call
     jax.vmap(dispatch)(jnp.ones((2, 3)))
     assert len(calls) == 4  # tracers: a miss
+
+
+def test_jax_s_nan_check_reruns_the_dispatcher_s_eager_function():
+    """With `jax_debug_nans` on, a NaN in the outputs of a hit served in C++ makes
+    JAX's hook call the function the dispatcher carries (`_fun`, as on a `jax.jit`)
+    with the call's arguments; what that raises is what the call raises."""
+    reruns = []
+
+    def fun(x):
+        return jnp.log(x)
+
+    def rerun(*args):
+        reruns.append(args)
+        raise ZeroDivisionError("rerun")
+
+    helper = jax.jit(fun)
+    dispatch = _jax.dispatcher(
+        "fun", fun, lambda *a: _jax.jit_miss(helper, *a), (), rerun
+    )
+    dispatch(jnp.ones(2))
+    with jax.debug_nans(True), pytest.raises(ZeroDivisionError, match="rerun"):
+        dispatch(-jnp.ones(2))  # a hit: JAX changed if it raises anything else
+    assert len(reruns) == 1 and reruns[0][0].shape == (2,)
 
 
 def test_a_lowering_holds_the_executable_the_next_call_runs():
