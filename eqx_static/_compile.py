@@ -236,7 +236,10 @@ class Function:
         `warn_after` compiles."""
         n = self.warn_after
         if n and not self.warned and len(self.history) >= n:
-            self.warned = _report.storm(self.name(key), self.history, self.shared, n)
+            # Copies: another thread's miss may append to either while this reads.
+            # Copies: another thread's miss may append to either while this reads.
+            history, shared = list(self.history), tuple(self.shared)
+            self.warned = _report.storm(self.name(key), history, shared, n)
 
     def check_budget(self, changes: Sequence[Change], differ: Any) -> None:
         """Raise `RecompileError` if one more XLA compile exceeds `max_compiles`."""
