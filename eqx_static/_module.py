@@ -194,7 +194,7 @@ def _check_array(info: FieldInfo, name: str, value: Any, old: Any) -> None:
         if old is None or _matches(old, ann):
             raise TypeError(
                 f"Field {name!r} of `{info.cls.__qualname__}` is annotated "
-                f"`{_ann_repr(ann)}`, but got {_describe(value)}. Pass a value of "
+                f"`{_ann_repr(ann)}`, but got {_shown(value)}. Pass a value of "
                 "that dtype and shape."
             )
         _check_stacked(info.cls, name, value, old)
@@ -211,12 +211,13 @@ def _check_stacked(cls: type, name: str, value: object, old: Any) -> None:
     ):
         raise TypeError(
             f"Field {name!r} of `{cls.__qualname__}` holds a stacked value "
-            f"{_describe(old)} (a module batched by `eqx.filter_vmap`), so the "
-            f"new value must have the same shape and dtype; got {_describe(value)}."
+            f"{_shown(old)} (a module batched by `eqx.filter_vmap`), so the "
+            f"new value must have the same shape and dtype; got {_shown(value)}."
         )
 
 
-def _describe(value: object) -> str:
+def _shown(value: object) -> str:
+    """A value as a type error shows it: `float32[3]` for an array, else its type."""
     if isinstance(value, _ARRAYS):
         return f"{value.dtype}{list(value.shape)}"
     return type(value).__name__

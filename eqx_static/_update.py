@@ -243,14 +243,14 @@ def _check_field(
             f"{name!r} of `{info.cls.__qualname__}` holds a Python "
             f"{type(d[name]).__name__}, which `es.jit` keys statically, and "
             "`with_static` replaces it with another such value; got "
-            f"{_describe(value)}. To store data there, use `with_dynamic`."
+            f"{_kind_of(value)}. To store data there, use `with_dynamic`."
         )
     cls, full = info.cls.__qualname__, ".".join((*path, name))
     call = f"**{{{full!r}: ...}}" if path else f"{full}=..."
     if name in info.static:
         what = "static field", "declared `eqx.field(static=True)`"
     else:
-        what = "dynamic field", f"holding {_describe(d.get(name))}, traced by `es.jit`"
+        what = "dynamic field", f"holding {_kind_of(d.get(name))}, traced by `es.jit`"
     raise TypeError(
         f"`with_{kind}` got {full!r}, but {name!r} is a {what[0]} of `{cls}` "
         f"({what[1]}). Use `{_OTHER[kind]}({call})` instead (or `es.edit`, which "
@@ -269,7 +269,8 @@ def _leaf(v: Any) -> bool:
     return not (isinstance(v, list | tuple | dict) or is_module(v) or eqx.is_array(v))
 
 
-def _describe(v: Any) -> str:
+def _kind_of(v: Any) -> str:
+    """The kind of `v`, with its article: "an array", "a module", "a float"."""
     if eqx.is_array(v):
         return "an array"
     return "a module" if is_module(v) else f"a {type(v).__name__}"
