@@ -248,10 +248,9 @@ class Function:
         nowhere, if that one was compiled before). The structure (constants masked),
         which the storm compares over its whole window, is recorded at every
         compile."""
-        n = self.warn_after
+        n, budget = self.warn_after, self.max_compiles is not None
         storm = n is not None and not self.warned and len(self.history) + 1 >= n // 2
-        on = self.max_compiles is not None or storm
-        return on or _report.logger.isEnabledFor(logging.INFO)
+        return budget or storm or _report.logger.isEnabledFor(logging.INFO)
 
     def check_budget(self, changes: Sequence[Change], differ: Any) -> None:
         """Raise `RecompileError` if one more XLA compile exceeds `max_compiles`."""
@@ -1196,10 +1195,8 @@ def _on_compile_end(event: str, duration_secs: float, **kwargs: Any) -> None:
     if event != _jax.COMPILE_EVENT or (f := _named(kwargs.get("fun_name"))) is None:
         return
     m = _miss_of(f)
-    record = Compile(
-        _what_changed(f, m), duration_secs,
-        None if m is None else m.outline.structure, None if m is None else m.differ,
-    )  # fmt: skip
+    masked, differ = (None, None) if m is None else (m.outline.structure, m.differ)
+    record = Compile(_what_changed(f, m), duration_secs, masked, differ)
     with f.lock:
         f.history.append(record)
         number = len(f.history)

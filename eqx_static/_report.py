@@ -387,16 +387,13 @@ def _stable(v: Any) -> Any:
     return v
 
 
-def differ_of(
-    closest: Seen | None, changes: Sequence[Change], new: Any
-) -> Differ | None:
+def differ_of(seen: Seen | None, changes: Sequence[Change], new: Any) -> Differ | None:
     """Where a new program (its `_compile.Outline`) first differs from the closest
-    call's; None for the first compile, when avals or the context changed (the
-    explanation says so), and when either's operations were not recorded."""
-    old = None if closest is None else closest.program
-    if old is None or None in (old.ops, new.ops) or not changes:
-        return None
-    if {c.kind for c in changes} & {"array", "context"}:
+    call's (`seen`); None for the first compile, when avals or the context changed
+    (the explanation says so), and when either's operations were not recorded."""
+    old = None if seen is None else seen.program
+    moved = not changes or {c.kind for c in changes} & {"array", "context"}
+    if old is None or moved or None in (old.ops, new.ops):
         return None
     constant = new.structure is not None and new.structure == old.structure
     for a, b in itertools.zip_longest(old.ops, new.ops):
