@@ -241,13 +241,13 @@ class Function:
 
     def explaining(self) -> bool:
         """Whether the compile about to start records its program's operations
-        (`ops_of`: a digest of each, the constants' bytes hashed), from which
-        where two programs differ is found: only if something will read it: the
-        INFO line, a budget, or the storm watch, from compile `warn_after // 2` on
-        until it warns (it reads where the last compile differs from its closest:
-        nowhere, if that one was compiled before). The structure (constants masked),
-        which the storm compares over its whole window, is recorded at every
-        compile."""
+        (`ops_of`: a digest of each, each constant's bytes hashed), from which where
+        two programs differ is found. Only if something will read that: the INFO
+        line, a budget, or the storm watch from compile `warn_after // 2` on until
+        it has warned (it reads where the last compile differs from its closest:
+        nowhere, if the closest was compiled before). The structure (constants
+        masked), which the storm compares over its whole window, is recorded at
+        every compile."""
         n, budget = self.warn_after, self.max_compiles is not None
         storm = n is not None and not self.warned and len(self.history) + 1 >= n // 2
         return budget or storm or _report.logger.isEnabledFor(logging.INFO)
