@@ -13,7 +13,9 @@ Each count is taken independently several ways:
 Rows: the seed sequence (3), 1,000 `with_dynamic` updates and calls (1), 10 flips
 of a static field the program does not use (0 extra XLA compiles, 10 traces), with
 and without `jax.nn.relu`. Then the cost of a miss: the first call (trace +
-compile) of `es.jit` against `eqx.filter_jit` on the same body, and, on a model
+compile) of `es.jit` against `eqx.filter_jit` on the same body (and its CPU time
+on 200 operations over eight constants of 100,000 floats, with the `eqx_static`
+logger off and at INFO: what a compile records), and, on a model
 whose compile takes over half a second, a miss whose program is reused against
 one that compiles; a miss whose program is reused against `jax.jit`'s trace and
 lowering of the same call, on the attention blocks and on 100 and 1,000 nested
@@ -21,6 +23,7 @@ modules. Last, a second process with JAX's persistent compilation cache
 makes no XLA compile; and a miss costs no more with 1,200 keys held than with 100.
 """
 
+import logging
 import random
 import statistics
 import time
@@ -33,6 +36,7 @@ import eqx_static as es
 import jax
 import jax.numpy as jnp
 import models
+import numpy as np
 
 
 GROUP = "compiles"
@@ -369,6 +373,44 @@ def _first_call_seed() -> tuple[Any, Any, jax.Array]:
     )
 
 
+def _constants_body(seed: int) -> Callable:
+    """A new function of 200 operations on eight constants of 100,000 floats (new
+    values for each `seed`): its first call hashes what a miss records."""
+    rng = np.random.default_rng(seed)
+    consts = jax.device_put([rng.random(100_000, np.float32) for _ in range(8)])
+
+    def body(x):
+        for i in range(200):
+            x = x * consts[i % 8] if i % 2 else x + consts[i % 8]
+        return x
+
+    return body
+
+
+def _first_call_cpu(reps: int) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """CPU seconds of the first call on `_constants_body`: `es.jit` with logging
+    off, with INFO on for the `eqx_static` logger, and `eqx.filter_jit`, a new
+    function each, interleaved in a random order per round; medians (the first
+    round warms JAX up)."""
+    logger = logging.getLogger("eqx_static")
+    x = jnp.ones(100_000, jnp.float32)
+    times: dict[str, list[float]] = {"es.jit": [], "es.jit, INFO": [], "filter_jit": []}
+    for r in range(reps + 1):
+        wraps = [("es.jit", es.jit), ("es.jit, INFO", es.jit),
+                 ("filter_jit", eqx.filter_jit)]  # fmt: skip
+        random.shuffle(wraps)
+        for name, wrap in wraps:
+            f, level = wrap(_constants_body(r)), logger.level
+            logger.setLevel(logging.INFO if name.endswith("INFO") else level)
+            try:
+                t0 = time.process_time()
+                jax.block_until_ready(f(x))
+                times[name].append(time.process_time() - t0)
+            finally:
+                logger.setLevel(level)
+    return {k: statistics.median(v[1:]) for k, v in times.items()}, times
+
+
 def run(rep: h.Report, s: h.Settings) -> None:
     judged = ("misses", "traces", "xla compiles")
     vals, ok = _seed_sequence()
@@ -418,6 +460,18 @@ def run(rep: h.Report, s: h.Settings) -> None:
             med, "es.jit", "filter_jit", target=("<=", 1.05), readme=key == "child",
         )  # fmt: skip
 
+    med, raw = _first_call_cpu(s.first_call_reps + 2)
+    rep.raw["compiles.first_call.constants"] = raw
+    rep.compare_row(
+        GROUP, "compiles.first_call.constants",
+        "first call, 200 operations on 8 constants of 100,000 floats, logging off (CPU time): es.jit / filter_jit",
+        med, "es.jit", "filter_jit", target=("<=", 1.02), readme=False,
+    )  # fmt: skip
+    rep.compare_row(
+        GROUP, "compiles.first_call.constants_info",
+        "the same with INFO logging on for eqx_static (its operations recorded): es.jit / filter_jit",
+        med, "es.jit, INFO", "filter_jit",
+    )  # fmt: skip
     med, raw = _miss_costs(s.first_call_reps + 2)
     rep.raw["compiles.miss_costs"] = raw
     rep.compare_row(

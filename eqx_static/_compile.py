@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import inspect
 import itertools
+import logging
 import os
 import re
 import sys
@@ -115,20 +116,20 @@ class CompileInfo(NamedTuple):
 class Program:
     """One XLA compile: the executable of every key whose program is the same."""
 
-    __slots__ = "executable fingerprint key number ops structure users".split()
+    __slots__ = "executable fingerprint key number outline users".split()
 
-    def __init__(self, key: Key, fp: Fingerprint | None, executable: Any, ops: tuple,
-                 structure: bytes | None, number: int):  # fmt: skip
-        self.key, self.fingerprint, self.executable, self.ops = key, fp, executable, ops
-        self.structure, self.number, self.users = structure, number, 0
+    def __init__(self, key: Key, fp: Fingerprint | None, executable: Any,
+                 outline: "Outline", number: int):  # fmt: skip
+        self.key, self.fingerprint, self.executable = key, fp, executable
+        self.outline, self.number, self.users = outline, number, 0
 
 
 class Outline(NamedTuple):
     """What explaining a later miss reads of a program, which keeps no executable
     alive (an executable holds device memory, which `maxsize` bounds)."""
 
-    ops: tuple
-    structure: bytes | None
+    ops: tuple | None  # `_report.ops_of`; None: not recorded (see `explaining`)
+    structure: bytes | None  # `_sharing.structure`; None: no module
 
 
 class Entry:
@@ -241,6 +242,19 @@ class Function:
             history, shared = list(self.history), tuple(self.shared)
             self.warned = _report.storm(self.name(key), history, shared, n)
 
+    def explaining(self) -> bool:
+        """Whether the compile about to start records its program's operations
+        (`ops_of`: a digest of each, each constant's bytes hashed), from which where
+        two programs differ is found. Only if something will read that: the INFO
+        line, a budget, or the storm watch from compile `warn_after // 2` on until
+        it has warned (it reads where the last compile differs from its closest:
+        nowhere, if the closest was compiled before). The structure (constants
+        masked), which the storm compares over its whole window, is recorded at
+        every compile."""
+        n, budget = self.warn_after, self.max_compiles is not None
+        storm = n is not None and not self.warned and len(self.history) + 1 >= n // 2
+        return budget or storm or _report.logger.isEnabledFor(logging.INFO)
+
     def check_budget(self, changes: Sequence[Change], differ: Any) -> None:
         """Raise `RecompileError` if one more XLA compile exceeds `max_compiles`."""
         limit, history = self.max_compiles, self.history
@@ -295,8 +309,7 @@ class Function:
                 if program.fingerprint is not None:
                     digest = program.fingerprint.digest
                     self.programs.setdefault(digest, []).append(program)
-            outline = Outline(program.ops, program.structure)  # no executable
-            self.recent.append(Seen(entry.key, *sig, outline))
+            self.recent.append(Seen(entry.key, *sig, program.outline))
             while self.maxsize is not None and self.size > self.maxsize:
                 others = [e for e in self.entries.values() if e is not entry]
                 if not others:
@@ -817,7 +830,7 @@ class _Miss:
         self.refused = False  # `max_compiles` refused a compile
         self.installed = False  # an executable was installed: no compile is due
         self.why = _report.Why.said(())  # these three: the compile's record
-        self.structure: bytes | None = None
+        self.outline = Outline(None, None)  # its program
         self.differ: Any = None
         self.digest: bytes | None = None  # of the program it compiles
         self.known = self.number = 0  # signatures held when it started; its compile
@@ -827,7 +840,6 @@ class _Miss:
         self.shared: Program | None = None  # a compiled program it runs
         self.mark: list[bytes] = []  # the module it marked as compiling
         self.public: _Public | None = None  # a top-level call on a public `jax.jit`
-        self.ops: tuple = ()  # its program, operation by operation
         self.checks = True  # its program may hold `eqx.error_if`: wait for it
         self.previous: _Miss | None = None
 
@@ -937,20 +949,20 @@ def _compile(miss: _Miss, lowering: Any, fp: Fingerprint | None) -> Program:
     miss.due = True
     key = miss.entry.key
     if fp is None:
-        return Program(key, None, None, miss.ops, miss.structure, 0)
+        return Program(key, None, None, miss.outline, 0)
     miss.digest = fp.digest
     miss.lowered.compile()
     executable = _jax.executable_of(lowering)
     held = None if miss.number else miss.f.running(lowering)
-    return held or Program(key, fp, executable, miss.ops, miss.structure, miss.number)
+    return held or Program(key, fp, executable, miss.outline, miss.number)
 
 
 def _record(miss: _Miss, module: Any, jaxpr: Any) -> None:
-    """Before a compile: record the new program and where it differs."""
-    why = miss.why
-    miss.structure = None if module is None else structure(module)
-    miss.ops = tuple(_report.ops_of(jaxpr))
-    miss.differ = _report.differ_of(why.closest, why.changes, jaxpr, miss.structure)
+    """Before a compile: record the new program (its operations only if something
+    will read them: `Function.explaining`) and where it differs."""
+    ops = tuple(_report.ops_of(jaxpr)) if miss.f.explaining() else None
+    miss.outline = Outline(ops, None if module is None else structure(module))
+    miss.differ = _report.differ_of(miss.why.closest, miss.why.changes, miss.outline)
 
 
 def _plan(miss: _Miss) -> None:
@@ -1025,7 +1037,7 @@ def _booked(miss: _Miss, run: Callable, jitted: Any) -> Any:
         if miss.missed:
             f.book_miss()
             if miss.number and miss.public is not None:  # compiled at the top level
-                program = Program(entry.key, None, None, miss.ops, miss.structure, miss.number)  # fmt: skip
+                program = Program(entry.key, None, None, miss.outline, miss.number)
                 f.add_run(entry, miss.sig, program)
             f.storm(entry.key)
         if miss.traced and miss.public is None:
@@ -1186,10 +1198,8 @@ def _on_compile_end(event: str, duration_secs: float, **kwargs: Any) -> None:
     if event != _jax.COMPILE_EVENT or (f := _named(kwargs.get("fun_name"))) is None:
         return
     m = _miss_of(f)
-    record = Compile(
-        _what_changed(f, m), duration_secs,
-        None if m is None else m.structure, None if m is None else m.differ,
-    )  # fmt: skip
+    masked, differ = (None, None) if m is None else (m.outline.structure, m.differ)
+    record = Compile(_what_changed(f, m), duration_secs, masked, differ)
     with f.lock:
         f.history.append(record)
         number = len(f.history)

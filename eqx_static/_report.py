@@ -314,7 +314,10 @@ def ops_of(jaxpr: Any, depth: int = 0, outer: Frame | None = None) -> Iterator[O
     operation a library traced away from the user's call (a loop body diffrax
     traces itself) is placed at the user's line of the operation holding it."""
     inner = _jax.open_jaxpr(jaxpr)
-    consts = dict(zip(inner.constvars, getattr(jaxpr, "consts", ())))
+    # A constant is a value, hashed once, except one closed over from an outer
+    # trace (jax 0.12), which is an input.
+    pairs = zip(inner.constvars, getattr(jaxpr, "consts", ()))
+    consts = {v: _value(c) for v, c in pairs if not isinstance(c, Tracer)}
     # Inputs by where they come from: the n-th input of the program or output of an
     # operation; so `dc * x` and `dp * x` are different operations.
     numbers = {v: i for i, v in enumerate([*inner.constvars, *inner.invars])}
@@ -338,11 +341,12 @@ def ops_of(jaxpr: Any, depth: int = 0, outer: Frame | None = None) -> Iterator[O
 def _input(v: Any, consts: dict, numbers: dict) -> Any:
     if isinstance(v, jex.Literal):
         return repr(v.val)
-    # A constant is a value, except one closed over from an outer trace (jax 0.12).
-    if v in consts and not isinstance(consts[v], Tracer):
-        a = np.asarray(consts[v])
-        return (a.shape, str(a.dtype), hashlib.sha1(a.tobytes()).hexdigest())
-    return (numbers.get(v), str(v.aval))
+    return consts[v] if v in consts else (numbers.get(v), str(v.aval))
+
+
+def _value(c: Any) -> tuple:
+    a = np.asarray(c)
+    return (a.shape, str(a.dtype), hashlib.sha1(a.tobytes()).hexdigest())
 
 
 # Installed packages: a frame in one is a library's, not the user's own code.
@@ -383,15 +387,16 @@ def _stable(v: Any) -> Any:
     return v
 
 
-def differ_of(closest: Seen | None, changes: Sequence[Change], jaxpr: Any,
-              structure: bytes | None) -> Differ | None:  # fmt: skip
-    """Where a new program first differs from the closest call's; None for the
-    first compile and when avals or the context changed (the explanation says so)."""
-    old = None if closest is None else closest.program
-    if old is None or not changes or {c.kind for c in changes} & {"array", "context"}:
+def differ_of(seen: Seen | None, changes: Sequence[Change], new: Any) -> Differ | None:
+    """Where a new program (its `_compile.Outline`) first differs from the closest
+    call's (`seen`); None for the first compile, when avals or the context changed
+    (the explanation says so), and when either's operations were not recorded."""
+    old = None if seen is None else seen.program
+    moved = not changes or {c.kind for c in changes} & {"array", "context"}
+    if old is None or moved or None in (old.ops, new.ops):
         return None
-    constant = structure is not None and structure == old.structure
-    for a, b in itertools.zip_longest(old.ops, ops_of(jaxpr)):
+    constant = new.structure is not None and new.structure == old.structure
+    for a, b in itertools.zip_longest(old.ops, new.ops):
         if a is None or b is None or a.what != b.what:
             break
     else:

@@ -129,15 +129,17 @@ def _same_callback(a: tuple, b: tuple) -> bool:
 # named by a hash of its text, with the names it calls so replaced, so that whether
 # two programs are one depends on the programs only, the same on every process.
 
-_CONSTANT: Final = re.compile(rb"dense<[^>]*>")
+# A constant as printed: in full, or elided (a large one that is not a splat).
+_CONSTANT: Final = re.compile(rb"dense(?:_resource)?<[^>]*>")
 _SYMBOL: Final = re.compile(rb'@([A-Za-z_$.][\w$.\-]*|"[^"\n]*")')
 _ASM: Final = {"binary": True, "enable_debug_info": False, "large_elements_limit": None}
 
 
 def structure(module: Any) -> bytes:
     """A digest of an MLIR module (a lowering's `stablehlo()`) with its constants
-    masked and source locations left out."""
-    text = module.operation.get_asm(**_ASM)
+    masked (their types kept) and source locations left out: printed with large
+    constants elided, so that their values are neither printed nor hashed."""
+    text = module.operation.get_asm(**_ASM | {"large_elements_limit": 0})
     return hashlib.sha256(_CONSTANT.sub(b"dense<>", text)).digest()
 
 

@@ -587,6 +587,46 @@ def test_no_explanation_below_info(caplog):
     assert s.Child.__call__.cache_info().misses == 2
 
 
+@pytest.mark.parametrize("reader", ["nothing", "info", "max_compiles", "storm"])
+def test_a_program_s_operations_are_recorded_only_if_something_reads_them(
+    monkeypatch, caplog, reader
+):
+    """Each operation's digest (`ops_of`, the constants' bytes hashed) is computed
+    at a compile only for the INFO line, a budget, or a storm watch near its
+    threshold (from compile `warn_after // 2` on): no compile of a function
+    without them records any; each compile with them does (the storm watch of
+    `warn_after=4` from compile 2 on)."""
+    from eqx_static import _report
+
+    ops_of, at = _report.ops_of, set()  # at: compiles made before each record
+
+    def spy(*args: Any) -> Any:
+        at.add(f.compile_info().compiles)
+        return ops_of(*args)
+
+    monkeypatch.setattr(_report, "ops_of", spy)
+    caplog.set_level(
+        logging.INFO if reader == "info" else logging.WARNING, "eqx_static"
+    )
+    options: dict[str, Any] = {
+        "warn_after": {"nothing": None, "storm": 4}.get(reader, 8)
+    }
+    if reader == "max_compiles":
+        options["max_compiles"] = 3
+
+    @es.jit(**options)
+    def f(x, n):
+        return x * n
+
+    for n in range(3):
+        assert f(X, n).tolist() == (X * n).tolist()
+    assert at == {"nothing": set(), "storm": {1, 2}}.get(reader, {0, 1, 2})
+    if reader == "nothing":  # the default storm watch, far from its threshold too
+        f = es.jit(lambda x, n: x * n)
+        f(X, 1)
+        assert not at
+
+
 X3 = jnp.ones(3)
 
 

@@ -671,6 +671,24 @@ def test_a_function_emitted_twice_under_two_names_is_one_program():
     )
 
 
+def test_the_structure_masks_every_constant_large_or_splat_and_keeps_the_rest():
+    """`structure` (which the storm warning and "only in a constant" compare) is
+    the same for programs that differ only in a constant's values, a large one
+    (elided as it is printed) or one that is a splat in one of them; not for
+    another operation, or a constant of another shape."""
+    from eqx_static._sharing import structure
+
+    def of(c, op=jnp.add):
+        return structure(_lowered(lambda x: op(x, c), jnp.ones(1000)).stablehlo())
+
+    rng = np.random.default_rng(0)
+    random = [jnp.asarray(rng.random(1000, np.float32)) for _ in range(2)]
+    splat = jnp.full(1000, 2.0, jnp.float32)
+    assert of(random[0]) == of(random[1]) == of(splat) == of(jnp.float32(3.0) + splat)
+    assert of(random[0]) != of(random[0], jnp.multiply)
+    assert of(random[0]) != of(jnp.asarray(rng.random(1, np.float32)))
+
+
 class _Parsed:
     """A lowering whose module is written by hand, in a form JAX does not emit."""
 
