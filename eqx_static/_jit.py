@@ -285,6 +285,18 @@ class _Slots(dict):
         elif not self[cls]:
             del self.pick[cls]
 
+    def tried(self, cls: type | None, values: tuple) -> tuple:
+        """The guards a call of `cls` with `values` tries, as `pick[cls]` finds them."""
+        guards = tuple(self.get(cls, ()))
+        if len(guards) < 2:
+            return guards
+        at, choose = self.choosers[cls]
+        table = choose.es_table  # pyright: ignore[reportFunctionMemberAccess]
+        try:
+            return table.get(at(*values), ())
+        except Exception:
+            return table.get(_guard.OTHERS, ())
+
     def clear(self) -> None:
         super().clear()
         for d in (self.pick, self.choosers, self.held, self.waits):
@@ -498,7 +510,7 @@ class _Jit(functools.partial, Generic[_P, _R]):
         self._slots.add(first, made, values)
 
     def _log_fall_through(self, values: tuple) -> None:
-        guards = self._slots.get(type(values[0]) if values else None, ())
+        guards = self._slots.tried(type(values[0]) if values else None, values)
         failed = "; ".join(
             filter(None, (_guard.first_failure(g, values) for g in guards))
         )
