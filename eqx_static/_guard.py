@@ -282,11 +282,12 @@ def chooser(key: Key, params: Sequence[str], name: str) -> tuple[Callable, Calla
         i = end
     at, args = f"({', '.join(parts)},)" if parts else "()", ", ".join(params)
     ns["TABLE"] = table = {}
-    lines = [
-        "try:", f"    held = TABLE.get({at}, ())", "except Exception:",
-        "    held = TABLE.get(OTHERS, ())", "for g in held:", f"    out = g({args})",
-        "    if out is not MISS: return out", "return MISS",
-    ]  # fmt: skip
+    lines = f"""try: held = TABLE.get({at}, ())
+except Exception: held = TABLE.get(OTHERS, ())
+for g in held:
+    out = g({args})
+    if out is not MISS: return out
+return MISS""".splitlines()
     choose = _compiled("choose", params, lines, ns, name)
     choose.es_table = table  # pyright: ignore[reportFunctionMemberAccess]
     return _compiled("at", params, [f"return {at}"], ns, name), choose

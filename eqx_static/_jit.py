@@ -237,6 +237,7 @@ class _Slots(dict):
         self.choosers: dict[type | None, tuple[Callable, Callable]] = {}
         self.held: dict[int, tuple[Any, Any, Callable]] = {}  # by `id(entry)`
         self.waits: dict[int, list[int]] = {}  # by `id(entry)`: [calls, needed]
+        self.lock = threading.Lock()  # held for no user code but a static's hash
 
     def due(self, entry: Entry) -> bool:
         """Whether this call of `entry`, served by the general path, makes its guard."""
@@ -249,27 +250,37 @@ class _Slots(dict):
         wait[0], wait[1] = 0, 2 * wait[1]
         return True
 
-    def add(self, cls: type | None, guard: Callable, values: tuple) -> None:
-        """Hold `guard`, made from `values`, for the calls of `cls` (its chooser
-        made), under the lookup value of `values`."""
-        at, choose = self.choosers[cls]
-        try:
-            hash(value := at(*values))
-        except Exception:  # as the chooser looks it up
-            value = _guard.OTHERS
-        table = choose.es_table  # pyright: ignore[reportFunctionMemberAccess]
-        kept = (*table.get(value, ()), guard)
-        for old in kept[:-_MAX_GUARDS]:  # pushed out: it waits longer (`due`)
-            self._forget(old.es_entry)
-        table[value] = kept[-_MAX_GUARDS:]
-        self.held[id(guard.es_entry)] = (cls, value, guard)  # pyright: ignore[reportFunctionMemberAccess]
-        self.setdefault(cls, []).append(guard)
-        self.pick[cls] = guard if len(self[cls]) == 1 else choose
+    def add(
+        self,
+        cls: type | None,
+        guard: Callable,
+        values: tuple,
+        chooser: Callable[[], tuple[Callable, Callable]],
+    ) -> None:
+        """Hold `guard`, made from `values`, for the calls of `cls` (their chooser
+        made by `chooser` if need be), under the lookup value of `values`; one
+        thread at a time (a guard held twice, or a table lost, would never serve)."""
+        entry = guard.es_entry  # pyright: ignore[reportFunctionMemberAccess]
+        with self.lock:
+            if id(entry) in self.held:
+                return
+            if cls not in self.choosers:
+                self.choosers[cls] = chooser()
+            value, choose = self._lookup(cls, values), self.choosers[cls][1]
+            table = choose.es_table  # pyright: ignore[reportFunctionMemberAccess]
+            kept = (*table.get(value, ()), guard)
+            for old in kept[:-_MAX_GUARDS]:  # pushed out: it waits longer (`due`)
+                self._forget(old.es_entry)
+            table[value] = kept[-_MAX_GUARDS:]
+            self.held[id(entry)] = (cls, value, guard)
+            self.setdefault(cls, []).append(guard)
+            self.pick[cls] = guard if len(self[cls]) == 1 else choose
 
     def drop(self, entry: Entry) -> None:
         """Forget an evicted entry, and its guard."""
-        self.waits.pop(id(entry), None)
-        self._forget(entry)
+        with self.lock:
+            self.waits.pop(id(entry), None)
+            self._forget(entry)
 
     def _forget(self, entry: Entry) -> None:
         if (held := self.held.pop(id(entry), None)) is None:
@@ -285,22 +296,26 @@ class _Slots(dict):
         elif not self[cls]:
             del self.pick[cls]
 
-    def tried(self, cls: type | None, values: tuple) -> tuple:
-        """The guards a call of `cls` with `values` tries, as `pick[cls]` finds them."""
-        guards = tuple(self.get(cls, ()))
-        if len(guards) < 2:
-            return guards
-        at, choose = self.choosers[cls]
-        table = choose.es_table  # pyright: ignore[reportFunctionMemberAccess]
+    def _lookup(self, cls: type | None, values: tuple) -> Any:
+        """The value `values` are looked up by, as the chooser of `cls` finds it."""
         try:
-            return table.get(at(*values), ())
+            hash(value := self.choosers[cls][0](*values))
+            return value
         except Exception:
-            return table.get(_guard.OTHERS, ())
+            return _guard.OTHERS
+
+    def tried(self, cls: type | None, values: tuple) -> Any:
+        """The guards a call of `cls` with `values` tries, as `pick[cls]` finds them."""
+        if len(self.get(cls, ())) < 2:
+            return self.get(cls, ())
+        table = self.choosers[cls][1].es_table  # pyright: ignore[reportFunctionMemberAccess]
+        return table.get(self._lookup(cls, values), ())
 
     def clear(self) -> None:
-        super().clear()
-        for d in (self.pick, self.choosers, self.held, self.waits):
-            d.clear()
+        with self.lock:
+            super().clear()
+            for d in (self.pick, self.choosers, self.held, self.waits):
+                d.clear()
 
     def __reduce__(self) -> Any:  # a copy of the wrapper starts with none
         return (_Slots, ())
@@ -505,9 +520,8 @@ class _Jit(functools.partial, Generic[_P, _R]):
         name = f.name(entry.key)
         made = _guard.guard(entry.key, values, params, name, dispatch, ns)
         made.es_entry = entry  # pyright: ignore[reportFunctionMemberAccess]
-        if first not in self._slots.choosers:
-            self._slots.choosers[first] = _guard.chooser(entry.key, params, name)
-        self._slots.add(first, made, values)
+        chooser = functools.partial(_guard.chooser, entry.key, params, name)
+        self._slots.add(first, made, values, chooser)
 
     def _log_fall_through(self, values: tuple) -> None:
         guards = self._slots.tried(type(values[0]) if values else None, values)
