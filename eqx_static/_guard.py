@@ -277,15 +277,16 @@ def chooser(key: Key, params: Sequence[str], name: str) -> tuple[Callable, Calla
         if n.kind == "static" or (n.kind == SEQ.name and _frozen(key, i, end)):
             parts.append(p)  # (types aside: a guard checks them)
         elif n.kind == "module" and type(n.head) is FieldInfo and n.statics:
-            ns[f"S{len(parts)}"] = n.head.get_static
+            names = n.head.static_names  # one name: its value, not a tuple of it
+            ns[f"S{len(parts)}"] = operator.itemgetter(*names)
             parts.append(f"S{len(parts)}(DICT({p}))")
         i = end
-    at, args = f"({', '.join(parts)},)" if parts else "()", ", ".join(params)
+    at = parts[0] if len(parts) == 1 else f"({', '.join(parts)},)" if parts else "()"
     ns["TABLE"] = table = {}
     lines = f"""try: held = TABLE.get({at}, ())
 except Exception: held = TABLE.get(OTHERS, ())
 for g in held:
-    out = g({args})
+    out = g({", ".join(params)})
     if out is not MISS: return out
 return MISS""".splitlines()
     choose = _compiled("choose", params, lines, ns, name)
