@@ -23,6 +23,10 @@ ships them, called through `es.jit(lambda m, x: m(x))`, every layer run. Against
 - `eqx.filter_jit` on the seed (target: es.jit >= 5x faster, fresh);
 - keys of one class called in turn, fresh (a train and an eval instance; 4 values
   of a static field), against the same pattern with one key (target: <= 1.1x);
+- keys of one class in use at once (4, 20, 100, 1,000), a fresh instance of the
+  next each call, against one key over as many instances, and one key called with
+  one of 20 others between its calls, against it alone (target: <= 1.1x);
+  `python benchmarks/bench_call.py keys` runs these rows alone;
 - a plain function of a dict of 10 / 100 arrays, a new dict each call, against
   `jax.jit` of the same function (target: <= 1.0x);
 - `maxsize=N` against the default wrapper, fresh, 100 leaves (within 1.2x);
@@ -32,6 +36,8 @@ ships them, called through `es.jit(lambda m, x: m(x))`, every layer run. Against
 """
 
 import itertools
+import statistics
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -199,6 +205,7 @@ def run(rep: h.Report, s: h.Settings) -> None:
     _child(rep, s)
     _kwonly(rep, s)
     _keys_in_turn(rep, s)
+    _keys_in_use(rep, s)
     for key, label, make, submodules, top_leaves in MODELS:
         if s.quick and key not in ("leaves100", "mlp10", "chain50"):
             continue
@@ -310,6 +317,96 @@ def _keys_in_turn(rep: h.Report, s: h.Settings) -> None:
             GROUP, f"call.{name}.raw", f"{label}: es.jit / jax.jit",
             t, "keys in turn", "jax.jit keys in turn", "fresh",
         )  # fmt: skip
+
+
+class Indexed(es.Module):
+    """A block with its own static index, which the program does not read: every
+    key shares one program, so that 1,000 keys cost traces, not compiles."""
+
+    w: jax.Array
+    index: int = eqx.field(static=True)
+
+    @es.jit
+    def __call__(self, x):
+        return self.w * x
+
+
+class EqxIndexed(eqx.Module):
+    w: jax.Array
+    index: int = eqx.field(static=True)
+
+    def __call__(self, x):
+        return self.w * x
+
+
+KEYS_IN_USE = (4, 20, 100, 1_000)
+
+
+def _keys_in_use(rep: h.Report, s: h.Settings) -> None:
+    """Keys of one class in use at once: a fresh instance of the next of n keys at
+    each call (n = 4, 20, 100, 1,000), against one key over as many instances (other
+    arrays, as many of them); and one key called with one of 20 others between
+    each of its calls, against one key alone; all timed in the same interleaved
+    rounds. A note gives the median of the per-round ratios and their spread. Raw
+    `jax.jit` on the same pattern of the largest n is shown."""
+    x = models.x_input()
+    counts = (20,) if s.quick else KEYS_IN_USE
+    ws = models.arrays(max(counts))
+    blocks = [Indexed(w, i) for i, w in enumerate(ws)]
+    beside = [m for b in blocks[1:21] for m in (blocks[0], b)]
+    patterns = {
+        **{f"{n} keys": blocks[:n] for n in counts},
+        **{f"one key x{n}": [Indexed(w, 0) for w in ws[:n]] for n in counts},
+        "one key beside 20": beside,
+        "one key alone": [Indexed(w, 0) for w in ws[:40]],
+    }
+    n = max(counts)
+    raw = _raw()
+    eqx_patterns = {
+        f"jax.jit {n} keys": [EqxIndexed(w, i) for i, w in enumerate(ws)],
+        f"jax.jit one key x{n}": [EqxIndexed(w, 0) for w in ws],
+    }
+    for instances in patterns.values():  # each key traced and guarded
+        for a in instances * 3:
+            jax.block_until_ready(a(x))
+    for instances in eqx_patterns.values():
+        for a in instances * 2:
+            jax.block_until_ready(raw(a, x))
+    variants = {
+        **{k: h.fresh(lambda a: a(x), _in_turn(v)) for k, v in patterns.items()},
+        **{
+            k: h.fresh(lambda a: raw(a, x), _in_turn(v))
+            for k, v in eqx_patterns.items()
+        },
+    }
+    t = h.compare(variants, s, raw=rep.raw, key="call.keys_in_use")
+    samples = rep.raw["call.keys_in_use"]["samples_s"]
+    rows = [(f"keys{n}_in_use", f"{n} keys", f"one key x{n}") for n in counts]
+    rows.append(("key_beside20", "one key beside 20", "one key alone"))
+    for key, num, den in rows:
+        ratios = sorted(a / b for a, b in zip(samples[num], samples[den]))
+        note = (
+            f"per-round ratio: median {statistics.median(ratios):.3f}, "
+            f"{ratios[0]:.3f} to {ratios[-1]:.3f} over {len(ratios)} rounds"
+        )
+        label = (
+            "one key, called with one of 20 others of its class between its calls"
+            if num == "one key beside 20"
+            else f"{num} of one class in use, a fresh instance of the next each call"
+        )
+        rep.compare_row(
+            GROUP, f"call.{key}", f"{label}: es.jit / {den}",
+            t, num, den, "fresh", ("<=", 1.1), readme=False, note=note,
+        )  # fmt: skip
+    rep.compare_row(
+        GROUP, f"call.keys{n}_in_use.raw",
+        f"{n} keys of one class in use: jax.jit / jax.jit one key x{n} (shown)",
+        t, f"jax.jit {n} keys", f"jax.jit one key x{n}", "fresh", readme=False,
+    )  # fmt: skip
+    rep.compare_row(
+        GROUP, f"call.keys{n}_in_use.vs_raw", f"{n} keys of one class in use: es.jit / jax.jit",
+        t, f"{n} keys", f"jax.jit {n} keys", "fresh", readme=False,
+    )  # fmt: skip
 
 
 def _in_turn(instances: list[Any]) -> Callable[[], Any]:
@@ -482,3 +579,16 @@ def profile(out: list[str]) -> None:
     with h.profiled(f"es.jit hit, 1,000 array leaves, same instance, {k} calls", out):
         for _ in range(k):
             m(x)
+
+
+if (
+    __name__ == "__main__"
+):  # the keys rows alone: `python benchmarks/bench_call.py keys`
+    if sys.argv[1:] not in (["keys"], ["keys", "--quick"]):
+        sys.exit("usage: python benchmarks/bench_call.py keys [--quick]")
+    report, settings = h.Report(), h.Settings.make(quick="--quick" in sys.argv)
+    _keys_in_turn(report, settings)
+    _keys_in_use(report, settings)
+    print(h.render(report.rows))
+    for row in report.rows:
+        print(f"{row.key}: {row.note}" if row.note else row.key)

@@ -257,6 +257,44 @@ def _fixed(tok: Any) -> bool:
 
 
 # ----------------------------------------------------------------------------------
+# Choosing one: the guards of a class, found by the static values at the top of a
+# call, so that a hit costs the same with one key of the class or 1,000.
+
+OTHERS: Final = Sentinel("the guards of calls whose lookup value Python cannot hash")
+
+
+def chooser(key: Key, params: Sequence[str], name: str) -> tuple[Callable, Callable]:
+    """For the guards of one class, made from `key` (one of theirs): a function that
+    gives a call's lookup value (what `key` has as static at the top of each value:
+    the value itself, a module's static fields, a tuple of statics), and one that
+    looks the call's guards up by it, in a dict `TABLE` of tuples of guards, and
+    tries them in turn: those under `OTHERS` for a value that cannot be looked up.
+    The lookup only chooses which guards to try; each still checks everything."""
+    parts, i = [], 0
+    ns: dict[str, Any] = {"DICT": instance_dict, "MISS": MISS, "OTHERS": OTHERS}
+    for p in params:
+        n, end = node_at(key, i), end_of(key, i)
+        if n.kind == "static" or (n.kind == SEQ.name and _frozen(key, i, end)):
+            parts.append(p)  # (types aside: a guard checks them)
+        elif n.kind == "module" and type(n.head) is FieldInfo and n.statics:
+            names = n.head.static_names  # one name: its value, not a tuple of it
+            ns[f"S{len(parts)}"] = operator.itemgetter(*names)
+            parts.append(f"S{len(parts)}(DICT({p}))")
+        i = end
+    at = parts[0] if len(parts) == 1 else f"({', '.join(parts)},)" if parts else "()"
+    ns["TABLE"] = table = {}
+    lines = f"""try: held = TABLE.get({at}, ())
+except Exception: held = TABLE.get(OTHERS, ())
+for g in held:
+    out = g({", ".join(params)})
+    if out is not MISS: return out
+return MISS""".splitlines()
+    choose = _compiled("choose", params, lines, ns, name)
+    choose.es_table = table  # pyright: ignore[reportFunctionMemberAccess]
+    return _compiled("at", params, [f"return {at}"], ns, name), choose
+
+
+# ----------------------------------------------------------------------------------
 # Making one.
 
 _numbers: Final = itertools.count(1)

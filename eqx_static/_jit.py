@@ -1,8 +1,8 @@
 """`es.jit`: the wrapper, its options, the hit path, bound methods and AOT.
 
-Every call runs a function made for the wrapped function's signature: it tries the
-guards (`_guard.py`) of the keys of its first value's class, each of which checks
-the call against its key and calls the key's own `jax.jit` dispatcher, whose C++
+Every call runs a function made for the wrapped function's signature: it runs the
+guard (`_guard.py`) of its first value's class, or, where the class has several, the
+guards its static values look up, each of which checks the call against its key and calls the key's own `jax.jit` dispatcher, whose C++
 checks the avals. A call no guard serves is keyed (`_key.py`) and looked up; a new
 key, or a miss at its dispatcher, goes to the miss path (`_compile.py`)."""
 
@@ -214,27 +214,34 @@ def _binder(
 # ----------------------------------------------------------------------------------
 # The wrapper.
 
-_MAX_GUARDS: Final = 8  # per class of the first value: keys of one class in turn
+_MAX_GUARDS: Final = 8  # per lookup value: keys of one class it does not tell apart
 
 
 class _Slots(dict):
-    """A wrapper's guards, by the class of the first value of a call; and, for each
-    entry the general path serves, its calls there and how many make it a guard: 1
-    (its second call), then twice as many each time others of its class pushed its
-    guard out, so that more keys in turn than there are guards do not write a guard
-    at every call. (A `dict` that can be weakly referred to: its function drops the
-    guards of evicted keys.)"""
+    """A wrapper's guards, by the class of the first value of a call, in the order
+    made; what a call of each class runs (`pick`): its one guard, or the function
+    that looks its guards up by the call's static values (`_guard.chooser`); and,
+    for each entry the general path serves, its calls there and how many make it a
+    guard: 1 (its second call), then twice as many each time keys its lookup value
+    does not tell apart pushed its guard out, so that more such keys in turn than
+    one value holds guards do not write a guard at every call. A key that is not
+    pushed out keeps its guard for as long as it is held. (A `dict` that can be
+    weakly referred to: its function drops the guards of evicted keys.)"""
 
     __hash__ = object.__hash__  # pyright: ignore[reportAssignmentType]  (in a `WeakSet`)
     __eq__ = object.__eq__  # pyright: ignore[reportAssignmentType]  (by identity)
 
     def __init__(self) -> None:
         super().__init__()
+        self.pick: dict[type | None, Callable] = {}
+        self.choosers: dict[type | None, tuple[Callable, Callable]] = {}
+        self.held: dict[int, tuple[Any, Any, Callable]] = {}  # by `id(entry)`
         self.waits: dict[int, list[int]] = {}  # by `id(entry)`: [calls, needed]
+        self.lock = threading.Lock()  # held for no user code but a static's hash
 
-    def due(self, cls: type | None, entry: Entry) -> bool:
+    def due(self, entry: Entry) -> bool:
         """Whether this call of `entry`, served by the general path, makes its guard."""
-        if any(g.es_entry is entry for g in self.get(cls, ())):
+        if id(entry) in self.held:
             return False
         wait = self.waits.setdefault(id(entry), [0, 1])
         wait[0] += 1
@@ -243,15 +250,72 @@ class _Slots(dict):
         wait[0], wait[1] = 0, 2 * wait[1]
         return True
 
+    def add(
+        self,
+        cls: type | None,
+        guard: Callable,
+        values: tuple,
+        chooser: Callable[[], tuple[Callable, Callable]],
+    ) -> None:
+        """Hold `guard`, made from `values`, for the calls of `cls` (their chooser
+        made by `chooser` if need be), under the lookup value of `values`; one
+        thread at a time (a guard held twice, or a table lost, would never serve)."""
+        entry = guard.es_entry  # pyright: ignore[reportFunctionMemberAccess]
+        with self.lock:
+            if id(entry) in self.held:
+                return
+            if cls not in self.choosers:
+                self.choosers[cls] = chooser()
+            value, choose = self._lookup(cls, values), self.choosers[cls][1]
+            table = choose.es_table  # pyright: ignore[reportFunctionMemberAccess]
+            kept = (*table.get(value, ()), guard)
+            for old in kept[:-_MAX_GUARDS]:  # pushed out: it waits longer (`due`)
+                self._forget(old.es_entry)
+            table[value] = kept[-_MAX_GUARDS:]
+            self.held[id(entry)] = (cls, value, guard)
+            self.setdefault(cls, []).append(guard)
+            self.pick[cls] = guard if len(self[cls]) == 1 else choose
+
     def drop(self, entry: Entry) -> None:
         """Forget an evicted entry, and its guard."""
-        self.waits.pop(id(entry), None)
-        for cls, held in list(self.items()):
-            self[cls] = tuple(g for g in held if g.es_entry is not entry)
+        with self.lock:
+            self.waits.pop(id(entry), None)
+            self._forget(entry)
+
+    def _forget(self, entry: Entry) -> None:
+        if (held := self.held.pop(id(entry), None)) is None:
+            return
+        cls, value, guard = held
+        table = self.choosers[cls][1].es_table  # pyright: ignore[reportFunctionMemberAccess]
+        table[value] = tuple(g for g in table[value] if g is not guard)
+        if not table[value]:
+            del table[value]
+        self[cls].remove(guard)
+        if len(self[cls]) == 1:
+            self.pick[cls] = self[cls][0]
+        elif not self[cls]:
+            del self.pick[cls]
+
+    def _lookup(self, cls: type | None, values: tuple) -> Any:
+        """The value `values` are looked up by, as the chooser of `cls` finds it."""
+        try:
+            hash(value := self.choosers[cls][0](*values))
+            return value
+        except Exception:
+            return _guard.OTHERS
+
+    def tried(self, cls: type | None, values: tuple) -> Any:
+        """The guards a call of `cls` with `values` tries, as `pick[cls]` finds them."""
+        if len(self.get(cls, ())) < 2:
+            return self.get(cls, ())
+        table = self.choosers[cls][1].es_table  # pyright: ignore[reportFunctionMemberAccess]
+        return table.get(self._lookup(cls, values), ())
 
     def clear(self) -> None:
-        super().clear()
-        self.waits.clear()
+        with self.lock:
+            super().clear()
+            for d in (self.pick, self.choosers, self.held, self.waits):
+                d.clear()
 
     def __reduce__(self) -> Any:  # a copy of the wrapper starts with none
         return (_Slots, ())
@@ -325,7 +389,7 @@ class _Jit(functools.partial, Generic[_P, _R]):
         the function (a new list: the guards of another key keep theirs)."""
         self.f, self._fn_leaves, self._slots = f, fn_leaves, _Slots()
         f.guard_sets.add(self._slots)
-        self.hot.__globals__["_es_slots"] = self._slots
+        self.hot.__globals__["_es_pick"] = self._slots.pick
         if f.fn_key is not None:
             self._fn_check = _guard.checker(f.fn_key, (self.fn,), ["fn"])
 
@@ -407,7 +471,7 @@ class _Jit(functools.partial, Generic[_P, _R]):
         if guard_logger.isEnabledFor(logging.DEBUG):
             self._log_fall_through(values)
         first = type(values[0]) if values else None
-        if entry.runs and self._slots.due(first, entry):
+        if entry.runs and self._slots.due(entry):
             self._add_guard(entry, values, first)
         f.general += 1
         if self._lru:
@@ -456,10 +520,11 @@ class _Jit(functools.partial, Generic[_P, _R]):
         name = f.name(entry.key)
         made = _guard.guard(entry.key, values, params, name, dispatch, ns)
         made.es_entry = entry  # pyright: ignore[reportFunctionMemberAccess]
-        self._slots[first] = (*self._slots.get(first, ()), made)[-_MAX_GUARDS:]
+        chooser = functools.partial(_guard.chooser, entry.key, params, name)
+        self._slots.add(first, made, values, chooser)
 
     def _log_fall_through(self, values: tuple) -> None:
-        guards = self._slots.get(type(values[0]) if values else None, ())
+        guards = self._slots.tried(type(values[0]) if values else None, values)
         failed = "; ".join(
             filter(None, (_guard.first_failure(g, values) for g in guards))
         )
@@ -528,7 +593,8 @@ def _hot(
     source = f"""
 def _es_hot({params}):
 {fresh}{bound("_es_hot")}    try:
-        for _es_guard in _es_slots.get({first}, ()):
+        _es_guard = _es_pick.get({first})
+        if _es_guard is not None:
             _es_out = _es_guard({values})
             if _es_out is not _es_miss:
                 return _es_out

@@ -161,7 +161,7 @@ def write_problems() -> list[str]:
 # filed beside it included.)
 BUDGET: dict[str, int] = {
     "__init__.py": 40, "_compile.py": 826, "_diverge.py": 150, "_fields.py": 344,
-    "_guard.py": 257, "_jax.py": 386, "_jit.py": 556, "_key.py": 231,
+    "_guard.py": 281, "_jax.py": 386, "_jit.py": 610, "_key.py": 231,
     "_module.py": 366, "_report.py": 518, "_sharing.py": 144, "_update.py": 354,
 }  # fmt: skip
 MAX_MODULES = 12
