@@ -118,8 +118,14 @@ class Program:
 
     __slots__ = "executable fingerprint key number outline users".split()
 
-    def __init__(self, key: Key, fp: Fingerprint | None, executable: Any,
-                 outline: "Outline", number: int):  # fmt: skip
+    def __init__(
+        self,
+        key: Key,
+        fp: Fingerprint | None,
+        executable: Any,
+        outline: "Outline",
+        number: int,
+    ):
         self.key, self.fingerprint, self.executable = key, fp, executable
         self.outline, self.number, self.users = outline, number, 0
 
@@ -168,10 +174,23 @@ class Function:
     lock guards bookkeeping only. It keeps no function: a trace calls the one in
     the call's hand."""
 
-    def __init__(self, fn: Callable, fn_key: Key | None, n_fn: int, layout: Layout,
-                 donate: str, maxsize: int | None, max_compiles: int | None,
-                 warn_after: int | None):  # fmt: skip
-        self.layout, self.argnames, self.fn_key, self.n_fn = layout, layout.names, fn_key, n_fn  # fmt: skip
+    def __init__(
+        self,
+        fn: Callable,
+        fn_key: Key | None,
+        n_fn: int,
+        layout: Layout,
+        donate: str,
+        maxsize: int | None,
+        max_compiles: int | None,
+        warn_after: int | None,
+    ):
+        self.layout, self.argnames, self.fn_key, self.n_fn = (
+            layout,
+            layout.names,
+            fn_key,
+            n_fn,
+        )
         self.donate, self.maxsize, self.max_compiles = donate, maxsize, max_compiles
         self.warn_after, self.quiet = warn_after, donate in ("all", "all-except-first")
         self.qualname: str = qualname(fn)
@@ -268,7 +287,7 @@ class Function:
         while True:
             with self.lock:
                 for p in self.programs.get(fp.digest, ()):
-                    if same_program(p.fingerprint, fp):  # pyright: ignore[reportArgumentType]
+                    if same_program(p.fingerprint, fp):  # pyright: ignore
                         return p
                 event = self.compiling.get(fp.digest)
                 if event is None:
@@ -544,7 +563,9 @@ def new_entry(f: Function, key: Key, leaves: Sequence) -> Entry:
             )
         except Exception as e:  # a JAX whose dispatcher is built otherwise
             _jax.no_dispatcher(f"{type(e).__name__}: {e}")
-    entry.call = _calling(f, entry, False) if _jax.DISPATCH else _public(f, entry, donated)  # fmt: skip
+    entry.call = (
+        _calling(f, entry, False) if _jax.DISPATCH else _public(f, entry, donated)
+    )
     with f.lock:
         return f.entries.setdefault(key, entry)
 
@@ -604,7 +625,9 @@ def _traced(
             f.book_miss()
         else:
             _local.traces += 1
-        fn, values = (call.fn, call.values) if eager_now else _with_leaves(call, _es_leaves)  # fmt: skip
+        fn, values = (
+            (call.fn, call.values) if eager_now else _with_leaves(call, _es_leaves)
+        )
         try:
             return split(f.layout.call(fn, values))
         except Exception as e:
@@ -621,7 +644,9 @@ def _traced(
             if nested and not found:
                 raise
             visits = leaf_visits(entry.key, f.argnames)
-            error = _report.traced_field_error(f.name(entry.key), e, visits, f.n_fn, f.where, found)  # fmt: skip
+            error = _report.traced_field_error(
+                f.name(entry.key), e, visits, f.n_fn, f.where, found
+            )
             if error is None:
                 raise
             raise error.with_traceback(e.__traceback__) from None
@@ -729,7 +754,9 @@ def _backward(g: Callable) -> Callable:
             return g(*[next(it) if eqx.is_inexact_array(x) else x for x in xs])
 
         out, pullback = eqx.filter_vjp(of_inexact, *filter(eqx.is_inexact_array, xs))
-        zeros = jtu.tree_map(lambda x: jnp.zeros_like(x) if eqx.is_inexact_array(x) else None, out)  # fmt: skip
+        zeros = jtu.tree_map(
+            lambda x: jnp.zeros_like(x) if eqx.is_inexact_array(x) else None, out
+        )
         return pullback(zeros)
 
     return backward

@@ -10,10 +10,11 @@ too; the user's line) to JAX's distributed key-value store; a barrier with a tim
 waits for all of them; process 0 reads them, compares each with its own and posts
 the verdict, which the others read; the records are deleted once read. A star, so
 that the cost does not grow with the number of processes squared, and a key-value
-store, not an XLA collective, so that the check itself cannot hang. On a difference every process raises `DivergenceError` with process 0's
-message. A process that hit where another missed is inside XLA, where nothing can be
-raised: the process that timed out posts its message, and a watchdog thread on every
-process ends one that is still waiting, with the message and its stack on stderr.
+store, not an XLA collective, so that the check itself cannot hang. On a difference
+every process raises `DivergenceError` with process 0's message. A process that hit
+where another missed is inside XLA, where nothing can be raised: the process that
+timed out posts its message, and a watchdog thread on every process ends one that is
+still waiting, with the message and its stack on stderr.
 
 Only what every process computes alike enters a record: no process index, device
 id, hash seed or address."""
@@ -96,7 +97,11 @@ _ABORT: Final = f"{_PREFIX}/abort"  # a timed-out process's message, for the wat
 _checks: Final = itertools.count()  # checked misses, in order: alike on every process
 _ADDRESS: Final = re.compile(r" at 0x[0-9a-fA-F]+|0x[0-9a-fA-F]{6,}")
 _OURS: Final = ("eqx_static.", "jax.", "jaxlib.", "equinox.", "jaxtyping.", "beartype.")
-_SAME: Final = "Every process must make the same calls in the same order, with the same static values (none from its environment or `jax.process_index()`), shapes, shardings, budgets and caches."  # fmt: skip
+_SAME: Final = (
+    "Every process must make the same calls in the same order, with the same static "
+    "values (none from its environment or `jax.process_index()`), shapes, shardings, "
+    "budgets and caches."
+)
 # The store a watchdog watches, and whether this process posted the abort (it raised).
 _state: Final[dict[str, Any]] = {"client": None, "posted": False}
 _stop: Final = threading.Event()
@@ -117,16 +122,21 @@ def check(miss: Any, lowering: Any, fp: Any, program: Any) -> None:
         return
     f = miss.f
     try:
-        decision = "reuse" if program is not None else f.check_budget((), None) or "compile"  # fmt: skip
+        decision = (
+            "reuse" if program is not None else f.check_budget((), None) or "compile"
+        )
     except _report.RecompileError:  # the budget's own rule
         decision = "refuse"
     # The canonical module: its avals and shardings, by their types and attributes.
     module = fp.digest if fp is not None else digest(lowering.stablehlo()) or b""
     record = {
-        "f": f.name(miss.entry.key), "at": _user_line(), "compiles": len(f.history),
-        "program": hashlib.sha256(module).hexdigest()[:16], "decision": decision,
+        "f": f.name(miss.entry.key),
+        "at": _user_line(),
+        "compiles": len(f.history),
+        "program": hashlib.sha256(module).hexdigest()[:16],
+        "decision": decision,
         "key": _described(miss.entry.key, f.argnames, miss.sig[0][f.n_fn :]),
-    }  # fmt: skip
+    }
     if message := _exchange(client, record, miss.why, limit):
         raise DivergenceError(message)
 
@@ -176,7 +186,11 @@ def _exchange(client: Any, record: dict, why: Any, limit: float) -> str:
         _state["client"], interval = client, max(1.0, jax.process_count() / 100)  # n/s
         threading.Thread(target=_watchdog, args=(client, interval), daemon=True).start()
     slow = "%s: waiting for every process to come to this miss (at %s), at most %g s"
-    warning = threading.Timer(min(60, limit / 2), _report.logger.warning, (slow, record["f"], record["at"], limit))  # fmt: skip
+    warning = threading.Timer(
+        min(60, limit / 2),
+        _report.logger.warning,
+        (slow, record["f"], record["at"], limit),
+    )
     warning.start()
     try:
         client.key_value_set(f"{at}/{me:06d}", json.dumps(record))  # sorted so
@@ -205,12 +219,16 @@ def _compared(records: list[dict]) -> str:
         k["decision"] = f"{r['decision']} (compiles so far: {r['compiles']})"
     labels = dict.fromkeys(label for k in keys for label in k)
     differ = [k for k in labels if len({d.get(k) for d in keys}) > 1]
-    lines = [f"{k}: {_by_process([d.get(k, 'absent') for d in keys])}" for k in [*differ[:8], "program", "decision"]]  # fmt: skip
+    lines = [
+        f"{k}: {_by_process([d.get(k, 'absent') for d in keys])}"
+        for k in [*differ[:8], "program", "decision"]
+    ]
     return (
         f"{first['f']}: the processes diverged at a miss of a program that spans them "
         f"(at {first['at']}), and would wait in its collectives for ever:\n  "
-        + "\n  ".join(dict.fromkeys(lines)) + f"\n{_SAME}"
-    )  # fmt: skip
+        + "\n  ".join(dict.fromkeys(lines))
+        + f"\n{_SAME}"
+    )
 
 
 def _by_process(values: Sequence[str]) -> str:
@@ -234,9 +252,10 @@ def _timed_out(client: Any, at: str, record: dict, why: Any, limit: float) -> st
     absent = [i for i in range(jax.process_count()) if i not in came]
     what = _report.phrase(why.changes) if why.changes else "its first call"
     message = (
-        f"{record['f']}: this call missed (at {record['at']}: {what}) and would {record['decision']}, but "
-        f"{_who(absent)} did not come to this miss within {limit:g} s: it hit the call, or runs other code. {_SAME}"
-    )  # fmt: skip
+        f"{record['f']}: this call missed (at {record['at']}: {what}) and would "
+        f"{record['decision']}, but {_who(absent)} did not come to this miss within "
+        f"{limit:g} s: it hit the call, or runs other code. {_SAME}"
+    )
     _state["posted"] = True
     with contextlib.suppress(_jax.JaxRuntimeError):  # or another process did
         client.key_value_set(_ABORT, message)
@@ -254,7 +273,11 @@ def _watchdog(client: Any, interval: float) -> None:
 def _end(message: str) -> None:
     """End this process, stuck (where nothing can be raised) after another raised."""
     main = sys._current_frames().get(threading.main_thread().ident or 0)
-    print(f"eqx_static: process {jax.process_index()} is ended, for another raised es.DivergenceError:\n{message}\nIt was waiting here:", file=sys.stderr)  # fmt: skip
+    print(
+        f"eqx_static: process {jax.process_index()} is ended, for another raised "
+        f"es.DivergenceError:\n{message}\nIt was waiting here:",
+        file=sys.stderr,
+    )
     traceback.print_stack(main, file=sys.stderr)
     sys.stderr.flush()
     try:

@@ -275,7 +275,8 @@ def hashable_instead(value: object, name: str, verb: str) -> str:
     `name`), as a sentence that starts with `verb` ("Store", "Pass") if it can."""
     if isinstance(value, np.ndarray | jax.Array) and value.ndim == 0:
         number = type(value.item()).__name__
-        return f"{verb} the Python number (a 0-d array is data): `{name}={number}({name})`."
+        data = f"`{name}={number}({name})`"
+        return f"{verb} the Python number (a 0-d array is data): {data}."
     if isinstance(value, np.ndarray | jax.Array):
         return (
             "Arrays are data, not program structure: make it a dynamic field (drop "

@@ -73,10 +73,15 @@ class _Writer:
         self.lines: list[str] = []
         self.leaves: list[str] = []
         self.ns: dict[str, Any] = {
-            "AT": array_types, "DICT": instance_dict, "SAME": same_token,
-            "SAMES": same_tokens, "SUB": subtree, "is_": operator.is_,
-            "STR": _STR, "MISS": MISS,
-        }  # fmt: skip
+            "AT": array_types,
+            "DICT": instance_dict,
+            "SAME": same_token,
+            "SAMES": same_tokens,
+            "SUB": subtree,
+            "is_": operator.is_,
+            "STR": _STR,
+            "MISS": MISS,
+        }
         self.count = 0
 
     def name(self) -> str:
@@ -197,10 +202,15 @@ class _Writer:
         if len(info.names) > _WIDE:
             ss, ds = self.name(), self.name()
             gs, gd = self.const(info.get_static), self.const(info.get_dynamic)
-            self.lines += ["try:", f"    {ss}, {ds} = {gs}({d}), {gd}({d})", "except KeyError: return MISS"]  # fmt: skip
+            self.lines += [
+                "try:",
+                f"    {ss}, {ds} = {gs}({d}), {gd}({d})",
+                "except KeyError: return MISS",
+            ]
             check = f"not SAMES({ss}, {self.const(tuple(n.statics))})"
             if all(map(_fixed, n.statics)):  # the same objects: the same tokens
-                check = f"not all(map(is_, {ss}, {self.const(info.get_static(vd))})) and {check}"
+                same = self.const(info.get_static(vd))
+                check = f"not all(map(is_, {ss}, {same})) and {check}"
             self.fail_if(check)
             if n.children == -1:
                 self.fail_if(f"not AT.issuperset(map(type, {ds}))")
@@ -219,7 +229,11 @@ class _Writer:
                 reads = ", ".join(
                     f"{d}[{k!r}]" for k in (*info.static_names, *info.dynamic_names)
                 )
-                self.lines += ["try:", f"    {', '.join(fetched)}, = {reads},", "except KeyError: return MISS"]  # fmt: skip
+                self.lines += [
+                    "try:",
+                    f"    {', '.join(fetched)}, = {reads},",
+                    "except KeyError: return MISS",
+                ]
             checks = [
                 self.static(s, tok, vd[k])
                 for s, tok, k in zip(statics, n.statics, info.static_names)
@@ -247,7 +261,8 @@ def _frozen(key: Key, i: int, j: int) -> bool:
 
 
 def _fixed(tok: Any) -> bool:
-    """Whether a static token is the same for as long as its value is the same object."""
+    """Whether a static token is the same for as long as its value is the same
+    object."""
     return (
         type(tok) in SIMPLE
         or tok is TRUE
@@ -317,20 +332,27 @@ def checker(key: Key, values: tuple, params: Sequence[str]) -> Callable:
     )
 
 
-def guard(key: Key, values: tuple, params: Sequence[str], name: str,
-          dispatch: Callable[[list[str]], list[str]], ns: dict[str, Any]) -> Callable:  # fmt: skip
+def guard(
+    key: Key,
+    values: tuple,
+    params: Sequence[str],
+    name: str,
+    dispatch: Callable[[list[str]], list[str]],
+    ns: dict[str, Any],
+) -> Callable:
     """The guard of `key`: its checks, then the lines `dispatch(leaves)` writes
     (that call the key's dispatcher with the leaves' expressions), with the names
     in `ns`."""
     w = checks(key, values, params)
     w.ns.update(ns)
     made = _compiled("guard", params, [*w.lines, *dispatch(w.leaves)], w.ns, name)
-    made.es_dispatch_at = len(w.lines) + 2  # pyright: ignore[reportFunctionMemberAccess]
+    made.es_dispatch_at = len(w.lines) + 2  # pyright: ignore
     return made
 
 
-def _compiled(kind: str, params: Sequence[str], lines: list[str],
-              ns: dict[str, Any], name: str) -> Callable:  # fmt: skip
+def _compiled(
+    kind: str, params: Sequence[str], lines: list[str], ns: dict[str, Any], name: str
+) -> Callable:
     body = "\n    ".join(lines)
     source = f"def {kind}({', '.join(params)}):\n    {body}\n"
     filename = f"{GENERATED}/{kind} {next(_numbers)}: {name}"

@@ -114,13 +114,13 @@ def jit_is_replaced() -> bool:
 
 def jit_disabled() -> bool:
     """Whether `jax.disable_jit()` is on: `jax.jit` then calls its function."""
-    return bool(jax.config.jax_disable_jit)  # pyright: ignore[reportAttributeAccessIssue]
+    return bool(jax.config.jax_disable_jit)  # pyright: ignore
 
 
 def pgle_enabled() -> bool:
     """Whether JAX profiles programs and compiles them again with the profile."""
-    config = jax.config
-    return bool(config.jax_enable_pgle) and config.jax_pgle_profiling_runs > 0  # pyright: ignore[reportAttributeAccessIssue]
+    config: Any = jax.config
+    return bool(config.jax_enable_pgle) and config.jax_pgle_profiling_runs > 0
 
 
 # ----------------------------------------------------------------------------------
@@ -158,7 +158,7 @@ except ImportError:  # pragma: no cover
 def hide_frames(file: str) -> None:
     """Leave `file`'s frames out of the tracebacks JAX filters, as Equinox does."""
     if hasattr(_traceback_util, "register_exclusion"):
-        _traceback_util.register_exclusion(file)  # pyright: ignore[reportOptionalMemberAccess]
+        _traceback_util.register_exclusion(file)  # pyright: ignore
 
 
 # The generated code (a wrapper's signature, the guards) is compiled as files of
@@ -187,7 +187,8 @@ except (ImportError, AttributeError):  # pragma: no cover
     _config = None
 
     def trace_context() -> Any:
-        return (jax.config.jax_enable_x64, jax.config.jax_default_device)  # pyright: ignore[reportAttributeAccessIssue]
+        config: Any = jax.config
+        return (config.jax_enable_x64, config.jax_default_device)
 
 
 # The C++ dispatcher of a `jax.jit` (`PjitFunction`), built as `pjit._cpp_pjit`
@@ -235,13 +236,20 @@ def dispatcher(
     `fun(*args)` under `jax.disable_jit()`, and `rerun(*args)` when JAX's
     `jax_debug_nans`/`jax_debug_infs` check finds an invalid value in the outputs
     of a hit (JAX's hook reads it as `_fun`, as on a `jax.jit`)."""
-    ji = jax_jit(fun, donate_argnums=donate)._jit_info  # pyright: ignore[reportAttributeAccessIssue]
+    ji = jax_jit(fun, donate_argnums=donate)._jit_info  # pyright: ignore
     key = _CacheKeys(**{k: getattr(ji, k) for k in _CPP_KEYS})
-    cache = _cpp_cache(key.contains_explicit_attributes)  # pyright: ignore[reportArgumentType]
+    cache = _cpp_cache(key.contains_explicit_attributes)  # pyright: ignore
     d = _make_pjit(
-        name, fun, cache_miss, ji.static_argnums, ji.static_argnames, key,
-        _registry, _shard_arg, cache,
-    )  # fmt: skip
+        name,
+        fun,
+        cache_miss,
+        ji.static_argnums,
+        ji.static_argnames,
+        key,
+        _registry,
+        _shard_arg,
+        cache,
+    )
     d._fun = rerun
     return d
 
@@ -369,7 +377,7 @@ def xla_executable(executable: Any) -> Any:
 try:  # `hlo` in jax >= 0.9; in older ones, the extension itself
     from jax._src import lib as _lib
 
-    _hlo: Any = getattr(_lib, "hlo", None) or _lib.xla_client._xla  # pyright: ignore[reportAttributeAccessIssue]
+    _hlo: Any = getattr(_lib, "hlo", None) or _lib.xla_client._xla  # pyright: ignore
     _hlo.HloPrintOptions.canonical().print_large_constants = True
 except (ImportError, AttributeError):  # pragma: no cover
     _hlo, _printers = None, False

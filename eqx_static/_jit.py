@@ -2,9 +2,10 @@
 
 Every call runs a function made for the wrapped function's signature: it runs the
 guard (`_guard.py`) of its first value's class, or, where the class has several, the
-guards its static values look up, each of which checks the call against its key and calls the key's own `jax.jit` dispatcher, whose C++
-checks the avals. A call no guard serves is keyed (`_key.py`) and looked up; a new
-key, or a miss at its dispatcher, goes to the miss path (`_compile.py`)."""
+guards its static values look up, each of which checks the call against its key and
+calls the key's own `jax.jit` dispatcher, whose C++ checks the avals. A call no guard
+serves is keyed (`_key.py`) and looked up; a new key, or a miss at its dispatcher,
+goes to the miss path (`_compile.py`)."""
 
 import functools
 import inspect
@@ -45,7 +46,8 @@ _P = ParamSpec("_P")
 _R = TypeVar("_R")
 Donate = Literal["none", "all", "all-except-first", "warn", "warn-except-first"]
 
-_MSG_DECORATOR_ORDER: Final = """An `es.jit` wrapper has no `__globals__`: it is not a plain function.
+_MSG_DECORATOR_ORDER: Final = """An `es.jit` wrapper has no `__globals__`: it is not a
+plain function.
 If this comes from `@jaxtyped(...)` above `@es.jit`:
 `@jaxtyped` must go below `@es.jit`, not above it.
 
@@ -228,7 +230,7 @@ class _Slots(dict):
     pushed out keeps its guard for as long as it is held. (A `dict` that can be
     weakly referred to: its function drops the guards of evicted keys.)"""
 
-    __hash__ = object.__hash__  # pyright: ignore[reportAssignmentType]  (in a `WeakSet`)
+    __hash__ = object.__hash__  # pyright: ignore
     __eq__ = object.__eq__  # pyright: ignore[reportAssignmentType]  (by identity)
 
     def __init__(self) -> None:
@@ -286,7 +288,7 @@ class _Slots(dict):
         if (held := self.held.pop(id(entry), None)) is None:
             return
         cls, value, guard = held
-        table = self.choosers[cls][1].es_table  # pyright: ignore[reportFunctionMemberAccess]
+        table = self.choosers[cls][1].es_table  # pyright: ignore
         table[value] = tuple(g for g in table[value] if g is not guard)
         if not table[value]:
             del table[value]
@@ -308,7 +310,7 @@ class _Slots(dict):
         """The guards a call of `cls` with `values` tries, as `pick[cls]` finds them."""
         if len(self.get(cls, ())) < 2:
             return self.get(cls, ())
-        table = self.choosers[cls][1].es_table  # pyright: ignore[reportFunctionMemberAccess]
+        table = self.choosers[cls][1].es_table  # pyright: ignore
         return table.get(self._lookup(cls, values), ())
 
     def clear(self) -> None:
@@ -344,8 +346,14 @@ class _Jit(functools.partial, Generic[_P, _R]):
     _owner: type | None
     _name: str | None
 
-    def __new__(cls, fn: Any, donate: Donate, maxsize: int | None,
-                max_compiles: int | None, warn_after: int | None) -> "_Jit":  # fmt: skip
+    def __new__(
+        cls,
+        fn: Any,
+        donate: Donate,
+        maxsize: int | None,
+        max_compiles: int | None,
+        warn_after: int | None,
+    ) -> "_Jit":
         if isinstance(fn, classmethod):
             raise TypeError(_MSG_CLASSMETHOD)
         is_static = isinstance(fn, staticmethod)
@@ -363,7 +371,8 @@ class _Jit(functools.partial, Generic[_P, _R]):
         hot, bind = _hot(f, layout, binder, {})
         self = super().__new__(cls, hot)
         functools.update_wrapper(self, fn)  # pyright: ignore[reportArgumentType]
-        self.fn, self.qualname, self.f, self.hot = fn, f.qualname, f, hot  # pyright: ignore[reportAttributeAccessIssue]
+        self.fn, self.qualname = fn, f.qualname  # pyright: ignore
+        self.f, self.hot = f, hot
         self._is_static, self._options, self._layout = is_static, options, layout
         self._fn_leaves, self._bind = fn_leaves, bind
         self._owner, self._name = None, None
@@ -379,7 +388,7 @@ class _Jit(functools.partial, Generic[_P, _R]):
         functools.update_wrapper(hot, fn)  # pyright: ignore[reportArgumentType]
         hot.es_jit, hot.fn = self, fn  # pyright: ignore[reportFunctionMemberAccess]
         # What an `es.Module` makes of `module.f` (it reads `es_bind` of a method).
-        hot.es_bind = functools.partial(BoundJit, hot)  # pyright: ignore[reportFunctionMemberAccess]
+        hot.es_bind = functools.partial(BoundJit, hot)  # pyright: ignore
         for attr in ("cache_info", "cache_clear", "compile_info", "lower"):
             setattr(hot, attr, getattr(self, attr))
         return self
@@ -504,19 +513,27 @@ class _Jit(functools.partial, Generic[_P, _R]):
             called = ", ".join([*fn, *leaves])
             again = ", ".join(params) + ("," if len(params) == 1 else "")
             return [
-                *lru, "try:", f"    out = ENTRY.call({called})",
+                *lru,
+                "try:",
+                f"    out = ENTRY.call({called})",
                 f"    if out is NEED: out = RETRY(ENTRY, ({again}), [{called}])",
                 f"except RERUN as e: out = RETRY(ENTRY, ({again}), [{called}], e)",
-                "finally:", "    NEXT()",  # booked once done: as a hit, or a miss
+                "finally:",
+                "    NEXT()",  # booked once done: as a hit, or a miss
                 "return COMBINE(*out) if type(out) is tuple else out",
-            ]  # fmt: skip
+            ]
 
         f = self.f
         ns = {
-            "NEXT": f.calls.__next__, "CLOCK": f.clock.__next__, "ENTRY": entry,
-            "FN": self._fn_leaves, "RETRY": self._retry, "COMBINE": combine,
-            "NEED": NEED_CALL, "RERUN": Rerun,
-        }  # fmt: skip
+            "NEXT": f.calls.__next__,
+            "CLOCK": f.clock.__next__,
+            "ENTRY": entry,
+            "FN": self._fn_leaves,
+            "RETRY": self._retry,
+            "COMBINE": combine,
+            "NEED": NEED_CALL,
+            "RERUN": Rerun,
+        }
         name = f.name(entry.key)
         made = _guard.guard(entry.key, values, params, name, dispatch, ns)
         made.es_entry = entry  # pyright: ignore[reportFunctionMemberAccess]
@@ -531,9 +548,11 @@ class _Jit(functools.partial, Generic[_P, _R]):
         info = self.f.info()
         guard_logger.debug(
             "%s: the general path (%d of %d calls so far)%s",
-            self.qualname, self.f.general + 1, info.hits + info.misses + 1,
+            self.qualname,
+            self.f.general + 1,
+            info.hits + info.misses + 1,
             f"; the guards of the class failed at {failed}" if failed else "",
-        )  # fmt: skip
+        )
 
     # What users read.
 
@@ -861,16 +880,35 @@ class Compiled:
 
 
 @overload
-def jit(fn: Callable[_P, _R], /, *, donate: Donate = "none", maxsize: int | None = None,
-        max_compiles: int | None = None, warn_after: int | None = 8,
-        ) -> _Jit[_P, _R]: ...  # fmt: skip
+def jit(
+    fn: Callable[_P, _R],
+    /,
+    *,
+    donate: Donate = "none",
+    maxsize: int | None = None,
+    max_compiles: int | None = None,
+    warn_after: int | None = 8,
+) -> _Jit[_P, _R]: ...
 @overload
-def jit(fn: None = None, /, *, donate: Donate = "none", maxsize: int | None = None,
-        max_compiles: int | None = None, warn_after: int | None = 8,
-        ) -> Callable[[Callable[_P, _R]], _Jit[_P, _R]]: ...  # fmt: skip
-def jit(fn: Any = None, /, *, donate: Donate = "none", maxsize: int | None = None,
-        max_compiles: int | None = None, warn_after: int | None = 8,
-        **removed: Any) -> Any:  # fmt: skip
+def jit(
+    fn: None = None,
+    /,
+    *,
+    donate: Donate = "none",
+    maxsize: int | None = None,
+    max_compiles: int | None = None,
+    warn_after: int | None = 8,
+) -> Callable[[Callable[_P, _R]], _Jit[_P, _R]]: ...
+def jit(
+    fn: Any = None,
+    /,
+    *,
+    donate: Donate = "none",
+    maxsize: int | None = None,
+    max_compiles: int | None = None,
+    warn_after: int | None = 8,
+    **removed: Any,
+) -> Any:
     """Compile a function or method once per distinct program.
 
     `es.jit` traces what `eqx.filter_jit` traces (the leaves of the arguments, and of

@@ -331,7 +331,7 @@ def _make_checker(cls: type) -> _Checker | None:
     fields.__qualname__ = f"{cls.__qualname__}.fields"
     fields.__annotations__ = anns
     keyword = inspect.Parameter.KEYWORD_ONLY
-    fields.__signature__ = inspect.Signature(  # pyright: ignore[reportFunctionMemberAccess]
+    fields.__signature__ = inspect.Signature(  # pyright: ignore
         [inspect.Parameter(n, keyword, annotation=a) for n, a in anns.items()]
     )
     return jaxtyping.jaxtyped(typechecker=typechecker)(fields), tuple(anns)
@@ -544,8 +544,8 @@ class _Method:
 
 def provide_updates(with_static: Callable, with_dynamic: Callable) -> None:
     """Give `es.Module` its update methods (the functions of `_update`)."""
-    Module.with_static = _Method(with_static)  # pyright: ignore[reportAttributeAccessIssue]
-    Module.with_dynamic = _Method(with_dynamic)  # pyright: ignore[reportAttributeAccessIssue]
+    Module.with_static = _Method(with_static)  # pyright: ignore
+    Module.with_dynamic = _Method(with_dynamic)  # pyright: ignore
 
 
 def _bound_method(func: Any, obj: Any) -> Any:

@@ -305,7 +305,8 @@ class Differ(NamedTuple):
 
 # Operations that only call the program nested in them (whose operations are listed).
 _CALLS: Final = frozenset(
-    "pjit jit closed_call eval_jaxpr custom_jvp_call custom_vjp_call remat remat2 checkpoint".split()
+    "pjit jit closed_call eval_jaxpr custom_jvp_call custom_vjp_call remat remat2 "
+    "checkpoint".split()
 )
 
 
@@ -454,18 +455,23 @@ class Compile(NamedTuple):
     differ: Differ | None
 
 
-def budget_error(qualname: str, limit: int, history: Sequence[Compile],
-                 changes: Sequence[Change],
-                 differ: Differ | None) -> RecompileError:  # fmt: skip
+def budget_error(
+    qualname: str,
+    limit: int,
+    history: Sequence[Compile],
+    changes: Sequence[Change],
+    differ: Differ | None,
+) -> RecompileError:
+    named = [", ".join(dict.fromkeys(c.name for c in h.changes)) for h in history]
     lines = "".join(
-        f"\n  compile {i}: {', '.join(dict.fromkeys(c.name for c in h.changes)) or 'first call'}"
-        for i, h in enumerate(history, 1)
+        f"\n  compile {i}: {n or 'first call'}" for i, n in enumerate(named, 1)
     )
     fix = _fix(changes[0], differ is None or differ.constant) if changes else ""
     return RecompileError(
         f"{qualname}: compile {len(history) + 1} exceeds `max_compiles={limit}`: "
         f"{phrase(changes, differ)}.\nEarlier compiles (what changed from the one "
-        f"before):{lines}\n{fix} (If these compiles are expected, raise `max_compiles`.)"
+        f"before):{lines}\n{fix} (If these compiles are expected, raise "
+        "`max_compiles`.)"
     )
 
 
@@ -504,10 +510,13 @@ def storm(name: str, history: Sequence[Compile], shared: Sequence[Why], n: int) 
     constant = None not in structures and len(set(structures)) == 1
     at = f" (at {differ.place})" if differ else ""
     verdict = (
-        "" if change.kind == "array"
-        else f"The programs differ only in their constants{at}: {culprit!r} is only used as a value. " if constant
+        ""
+        if change.kind == "array"
+        else f"The programs differ only in their constants{at}: {culprit!r} is only "
+        "used as a value. "
+        if constant
         else f"The programs differ in their structure, not only in constants{at}. "
-    )  # fmt: skip
+    )
     values = {c.new for c in changed} | {changed[0].old}
     if change.new is not None and None not in values and len(values) <= len(changed):
         fix = _combinations(culprit, len(values), history)
@@ -515,9 +524,14 @@ def storm(name: str, history: Sequence[Compile], shared: Sequence[Why], n: int) 
         fix = _fix(change, constant)
     logger.warning(
         "%s has compiled %d times, and %r changed %s (%.2f s spent compiling). %s%s",
-        name, len(history), culprit, when, sum(h.seconds for h in history), verdict,
+        name,
+        len(history),
+        culprit,
+        when,
+        sum(h.seconds for h in history),
+        verdict,
         fix,
-    )  # fmt: skip
+    )
     return True
 
 
@@ -578,9 +592,9 @@ def _fix(change: Change, constant: bool) -> str:
         "it is traced, with no compile per value.",
         "plain leaf": f"{name} is a Python value in a field of a plain `eqx.Module`, "
         "where `with_dynamic` keeps it as it is: store an array there instead "
-        f"(`eqx.tree_at(lambda m: m.{change.name.rsplit('.', 1)[-1]}, m, jnp.asarray(v))`"
-        "), or pass it as an argument of the call, and it is traced, with no compile "
-        "per value.",
+        f"(`eqx.tree_at(lambda m: m.{change.name.rsplit('.', 1)[-1]}, m, "
+        "jnp.asarray(v))`), or pass it as an argument of the call, and it is traced, "
+        "with no compile per value.",
         "argument": f"{name} is a Python value passed as an argument: pass "
         "`jnp.asarray(v)` instead, and it is traced, with no compile per value.",
     }[change.kind]
@@ -661,7 +675,10 @@ def traced_field_error(
     culprits = list({o.path: o for o in [*seen, *([named] if named else [])]}.values())
     if not culprits:
         return None
-    need = "where Python needs a concrete value (`if`, `int()`, a shape, a length, an index, a loop bound, ...)"
+    need = (
+        "where Python needs a concrete value (`if`, `int()`, a shape, a length, an "
+        "index, a loop bound, ...)"
+    )
     fields = [o for o in culprits if o.cls is not None]
     arguments = [o for o in culprits if o.cls is None]
     parts = []
@@ -691,7 +708,9 @@ def _fields_message(name: str, fields: Sequence[Visit], need: str) -> str:
         a = field_info(o.cls).annotations.get(o.field)
         numbers = numbers and a in (int, float, complex)
         described.append(f"{o.field!r} of `{o.cls.__qualname__}` (at {o.path})")
-        ann = a.__name__ if a in (bool, int, float, complex) else "..."  # pyright: ignore[reportOptionalMemberAccess]
+        ann = (
+            getattr(a, "__name__", "...") if a in (bool, int, float, complex) else "..."
+        )
         fixes.append(f"`{o.field}: {ann} = eqx.field(static=True)`")
     if len(fields) == 1:
         used = f"the traced field {described[0]} {need}. It is a dynamic field"
@@ -699,7 +718,8 @@ def _fields_message(name: str, fields: Sequence[Visit], need: str) -> str:
         rest = f"its value unknown while compiling. If {fields[0].field!r} selects"
         it = "it"
     else:
-        used = f"{len(fields)} traced fields {need}: {', '.join(described)}. They are dynamic fields"  # fmt: skip
+        listed = ", ".join(described)
+        used = f"{len(fields)} traced fields {need}: {listed}. They are dynamic fields"
         held = "numbers stored as arrays" if numbers else "arrays"
         rest = "their values unknown while compiling. If they select"
         it = "them"

@@ -35,19 +35,35 @@ _EMPTY: Final = "empty"  # shareable only when empty or None
 _IGNORED: Final = "ignored"  # debug information: not part of what runs
 # Every compile argument of JAX 0.8 - 0.12 (`tests/canary/test_jax_lowering.py`).
 _ARGUMENTS: Final = {
-    "backend": _SAME, "committed": _SAME, "context_mesh": _SAME,
-    "global_in_avals": _SAME, "global_out_avals": _SAME,
-    "in_layouts": _SAME, "out_layouts": _SAME,
-    "in_shardings": _SAME, "out_shardings": _SAME, "intermediate_shardings": _SAME,
-    "kept_var_idx": _SAME, "num_devices": _SAME, "tuple_args": _SAME,
-    "unordered_effects": _SAME, "donated_invars": _SAME,
-    "compiler_options_kvs": _SAME, "device_list": _SAME, "platforms": _SAME,
-    "ordered_effects": _EMPTY, "mut": _EMPTY, "keepalive": _EMPTY,
-    "all_args_info": _IGNORED, "pgle_profiler": _IGNORED,
+    "backend": _SAME,
+    "committed": _SAME,
+    "context_mesh": _SAME,
+    "global_in_avals": _SAME,
+    "global_out_avals": _SAME,
+    "in_layouts": _SAME,
+    "out_layouts": _SAME,
+    "in_shardings": _SAME,
+    "out_shardings": _SAME,
+    "intermediate_shardings": _SAME,
+    "kept_var_idx": _SAME,
+    "num_devices": _SAME,
+    "tuple_args": _SAME,
+    "unordered_effects": _SAME,
+    "donated_invars": _SAME,
+    "compiler_options_kvs": _SAME,
+    "device_list": _SAME,
+    "platforms": _SAME,
+    "ordered_effects": _EMPTY,
+    "mut": _EMPTY,
+    "keepalive": _EMPTY,
+    "all_args_info": _IGNORED,
+    "pgle_profiler": _IGNORED,
     "host_callbacks": _IGNORED,  # read from the jaxpr, compared one by one
     "shape_poly_state": _SAME,
-    "auto_spmd_lowering": _SAME, "pmap_nreps": _SAME, "spmd_lowering": _SAME,  # 0.8
-}  # fmt: skip
+    "auto_spmd_lowering": _SAME,
+    "pmap_nreps": _SAME,
+    "spmd_lowering": _SAME,  # 0.8
+}
 
 
 def host_callbacks(lowering: Any, jaxpr: Any) -> tuple[tuple | None, bool]:

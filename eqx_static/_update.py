@@ -454,7 +454,7 @@ class _EditTuple(tuple):
         self.source, self.parent, self.made = items, parent, {}
         return self
 
-    def __getitem__(self, i: Any) -> Any:  # pyright: ignore[reportIncompatibleMethodOverride]
+    def __getitem__(self, i: Any) -> Any:  # pyright: ignore
         if isinstance(i, slice):
             return tuple(self[j] for j in range(*i.indices(len(self))))
         j = operator.index(i)
@@ -476,7 +476,7 @@ class _EditList(list):
         self.parent = parent
         self.originals = {id(x) for x in items}
 
-    def __getitem__(self, i: Any) -> Any:  # pyright: ignore[reportIncompatibleMethodOverride]
+    def __getitem__(self, i: Any) -> Any:  # pyright: ignore
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         item = list.__getitem__(self, i)
@@ -490,15 +490,23 @@ class _EditList(list):
     def __iter__(self) -> Any:
         return (self[j] for j in range(len(self)))
 
-    def pop(self, i: Any = -1) -> Any:  # pyright: ignore[reportIncompatibleMethodOverride]
+    def pop(self, i: Any = -1) -> Any:  # pyright: ignore
         item = self[i]
         list.__delitem__(self, i)
         return item
 
 
 # Inside the block, JAX sees them as the tuple and list they stand for.
-jtu.register_pytree_node(_EditTuple, lambda t: (tuple(t), None), lambda _, c: tuple(c))  # pyright: ignore[reportArgumentType]
-jtu.register_pytree_node(_EditList, lambda t: (list(t), None), lambda _, c: list(c))  # pyright: ignore[reportArgumentType]
+jtu.register_pytree_node(
+    _EditTuple,
+    lambda t: (tuple(t), None),  # pyright: ignore
+    lambda _, c: tuple(c),
+)
+jtu.register_pytree_node(
+    _EditList,
+    lambda t: (list(t), None),  # pyright: ignore
+    lambda _, c: list(c),
+)
 
 
 def _freeze(record: _Copy) -> bool:

@@ -94,12 +94,36 @@ def test_every_module_keeps_to_its_line_budget():
 
 
 def test_the_budget_check_can_fail():
-    """A module one line over its budget, one without a budget, a 13th module."""
+    """A module one line over its budget, one whose budget is left more than the
+    slack above it (the ratchet), one without a budget, a 13th module."""
     house = _house()
     counts = {name: (0, lines) for name, lines in house.BUDGET.items()}
     counts["_jit.py"] = (0, house.BUDGET["_jit.py"] + 1)
+    counts["_key.py"] = (0, house.BUDGET["_key.py"] - house.SLACK - 1)
+    counts["_guard.py"] = (0, house.BUDGET["_guard.py"] - house.SLACK)  # allowed
     counts["_new.py"] = (0, 1)
     problems = house.budget_problems(counts)
     assert problems[0].startswith(f"_jit.py has {house.BUDGET['_jit.py'] + 1} code")
+    assert problems[1].startswith("_key.py's budget of")
+    assert not any(p.startswith("_guard.py") for p in problems)
     assert "_new.py has no budget in tools/house.py" in problems
     assert f"13 modules, more than {house.MAX_MODULES}" in problems
+
+
+def test_the_package_is_as_the_formatter_writes_it():
+    """So that the line counts are the formatter's: no `fmt:` marker, no line over
+    88 columns, every module unchanged by `ruff format`."""
+    assert _house().style_problems() == []
+
+
+def test_the_style_check_can_fail(tmp_path, monkeypatch):
+    house = _house()
+    (tmp_path / "_a.py").write_text("x = [1,2]  # fmt: skip\n")
+    (tmp_path / "_b.py").write_text(f'z = "{"x" * 90}"\n')
+    (tmp_path / "_c.py").write_text("y=1\n")
+    monkeypatch.setattr(house, "PACKAGE", tmp_path)
+    assert house.style_problems() == [
+        "_a.py:1: a `fmt:` marker",
+        "_b.py:1: a line over 88 columns",
+        "_c.py is not as `ruff format` writes it",
+    ]

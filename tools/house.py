@@ -1,7 +1,9 @@
 """The shape of the package: its modules' line counts, written into the module
-table of `docs/development.md` ("How it is built") and held to a budget; its imports (no cycle, no
-import inside a function, the data layer importing nothing of the jit); and no
-module writing another's globals (a module owns its state and exposes functions).
+table of `docs/development.md` ("How it is built") and held to a budget that only
+goes down; its text as `ruff format` writes it (so the counts are the formatter's
+lines: no `fmt: skip`, no line over 88 columns); its imports (no cycle, no import
+inside a function, the data layer importing nothing of the jit); and no module
+writing another's globals (a module owns its state and exposes functions).
 
     python tools/house.py            # print the counts and check the imports
     python tools/house.py --write    # also rewrite the counts in docs/development.md
@@ -14,6 +16,7 @@ module writing another's globals (a module owns its state and exposes functions)
 import ast
 import io
 import re
+import subprocess
 import sys
 import tokenize
 from pathlib import Path
@@ -157,18 +160,33 @@ def write_problems() -> list[str]:
 
 # Code lines each module may have: set at its count, so that a change that adds
 # lines raises the budget in the same diff and says what they buy. (The bar filed
-# for the package is 3,100 in at most 12 modules; it stands at 3,875, the features
-# filed beside it included.)
+# for the package is 3,100 in at most 12 modules; it stands at 4,410 as formatted,
+# the features filed beside it included.)
 BUDGET: dict[str, int] = {
-    "__init__.py": 40, "_compile.py": 826, "_diverge.py": 150, "_fields.py": 344,
-    "_guard.py": 281, "_jax.py": 386, "_jit.py": 610, "_key.py": 231,
-    "_module.py": 366, "_report.py": 518, "_sharing.py": 144, "_update.py": 354,
-}  # fmt: skip
+    "__init__.py": 40,
+    "_compile.py": 853,
+    "_diverge.py": 172,
+    "_fields.py": 345,
+    "_guard.py": 302,
+    "_jax.py": 394,
+    "_jit.py": 647,
+    "_key.py": 231,
+    "_module.py": 366,
+    "_report.py": 538,
+    "_sharing.py": 160,
+    "_update.py": 362,
+}
 MAX_MODULES = 12
 
 
+# A budget more than this above its module's count is lowered to the count: lines
+# taken out of a module leave its budget with them.
+SLACK = 10
+
+
 def budget_problems(counts: dict[str, tuple[int, int]]) -> list[str]:
-    """A module over its code-line budget, one without a budget, too many modules."""
+    """A module over its code-line budget, a budget left far above its module, one
+    without a budget, too many modules."""
     problems = [
         f"{name} has {code} code lines, over its budget of {BUDGET[name]}: raise "
         "BUDGET in tools/house.py, saying in the commit what the lines buy"
@@ -176,10 +194,52 @@ def budget_problems(counts: dict[str, tuple[int, int]]) -> list[str]:
         if name in BUDGET and code > BUDGET[name]
     ]
     problems += [
+        f"{name}'s budget of {BUDGET[name]} is more than {SLACK} above its {code} "
+        "code lines: lower it to the count in tools/house.py"
+        for name, (_, code) in counts.items()
+        if name in BUDGET and code + SLACK < BUDGET[name]
+    ]
+    problems += [
         f"{n} has no budget in tools/house.py" for n in counts if n not in BUDGET
     ]
     if len(counts) > MAX_MODULES:
         problems.append(f"{len(counts)} modules, more than {MAX_MODULES}")
+    return problems
+
+
+def formatted(path: Path) -> str | None:
+    """`path`'s text as `ruff format` writes it (None without ruff)."""
+    command = [sys.executable, "-m", "ruff", "format", "--stdin-filename", str(path)]
+    try:
+        out = subprocess.run(
+            [*command, "-"],
+            input=path.read_text(),
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            check=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout
+
+
+def style_problems() -> list[str]:
+    """A module not as `ruff format` writes it (or no ruff to tell), a marker that
+    keeps lines from the formatter, a line over 88 columns."""
+    problems = []
+    for path in sorted(PACKAGE.glob("*.py")):
+        text = path.read_text()
+        for i, line in enumerate(text.splitlines(), 1):
+            if "fmt: skip" in line or "fmt: off" in line:
+                problems.append(f"{path.name}:{i}: a `fmt:` marker")
+            if len(line) > 88:
+                problems.append(f"{path.name}:{i}: a line over 88 columns")
+        out = formatted(path)
+        if out is None:
+            problems.append("no ruff to format with: `pip install -e '.[test]'`")
+        elif out != text:
+            problems.append(f"{path.name} is not as `ruff format` writes it")
     return problems
 
 
@@ -217,7 +277,8 @@ def main(argv: list[str]) -> int:
         print(f"{where}'s line counts are stale: run `python tools/house.py --write`")
         status = 1
     problems = import_problems() + layer_problems() + write_problems()
-    for problem in problems + budget_problems(counts):
+    problems += style_problems() + budget_problems(counts)
+    for problem in problems:
         print(problem)
         status = 1
     return status
