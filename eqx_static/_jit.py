@@ -299,9 +299,11 @@ class _Slots(dict):
             del self.pick[cls]
 
     def _lookup(self, cls: type | None, values: tuple) -> Any:
-        """The value `values` are looked up by, as the chooser of `cls` finds it."""
+        """The value `values` are looked up by, as the chooser of `cls` finds it:
+        `OTHERS` for one its table cannot hold (no hash, an `__eq__` that raises)."""
+        at, choose = self.choosers[cls]
         try:
-            hash(value := self.choosers[cls][0](*values))
+            choose.es_table.get(value := at(*values))  # pyright: ignore
             return value
         except Exception:
             return _guard.OTHERS
@@ -907,7 +909,7 @@ def jit(
     maxsize: int | None = None,
     max_compiles: int | None = None,
     warn_after: int | None = 8,
-    **removed: Any,
+    **unknown: Any,
 ) -> Any:
     """Compile a function or method once per distinct program.
 
@@ -966,8 +968,8 @@ def jit(
         assert Model.__call__.compile_info().compiles == 2
         ```
     """
-    if removed:
-        raise TypeError(_removed_message(removed))
+    if unknown:
+        raise TypeError(_unknown_message(unknown))
     if fn is None:
         return functools.partial(
             jit,
@@ -979,16 +981,8 @@ def jit(
     return _Jit(fn, donate, maxsize, max_compiles, warn_after)
 
 
-def _removed_message(removed: dict[str, Any]) -> str:
-    if "depends_on" in removed:
-        return (
-            "`es.jit(depends_on=...)` was removed in eqx_static 0.2. Every `es.jit` "
-            "now compiles once per distinct program: a new key is traced, and if "
-            "its program is one this function compiled already, that executable "
-            "is reused. Changing a static field the method does not use costs one "
-            "trace and no compile, with no option. Drop `depends_on=`."
-        )
-    names = ", ".join(map(repr, sorted(removed)))
+def _unknown_message(unknown: dict[str, Any]) -> str:
+    names = ", ".join(map(repr, sorted(unknown)))
     return (
         f"`es.jit` got unexpected keyword arguments {names}; it takes `donate`, "
         "`maxsize`, `max_compiles` and `warn_after`."

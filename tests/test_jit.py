@@ -398,19 +398,6 @@ def test_jit_rejects_a_bad_count_with_its_own_message(name, value):
     )
 
 
-@pytest.mark.parametrize("form", ["decorator", "call"])
-def test_depends_on_was_removed_and_the_error_says_what_replaced_it(form):
-    with pytest.raises(TypeError) as info:
-        if form == "decorator":
-            es.jit(depends_on="auto")
-        else:
-            es.jit(lambda x: x, depends_on=("a",))
-    message = str(info.value)
-    assert message.startswith("`es.jit(depends_on=...)` was removed in eqx_static 0.2.")
-    assert "compiles once per distinct program" in message
-    assert message.endswith("Drop `depends_on=`.")
-
-
 def test_an_unknown_jit_option_is_named():
     with pytest.raises(TypeError) as info:
         es.jit(lambda x: x, static_argnums=0, donate_argnums=1)
