@@ -73,7 +73,13 @@ EXTRA = {
     ],
     "_module": ["tests/test_porting.py"],
     "_update": ["tests/test_porting.py"],
-    "_jax": ["tests/test_fallback.py", "tests/test_sharing.py", "tests/test_books.py"],
+    "_jax": [
+        "tests/test_fallback.py",
+        "tests/test_sharing.py",
+        "tests/test_books.py",
+        "tests/test_environment.py",  # `env_switch`, `env_seconds`
+        "tests/canary/test_jax_lowering.py",  # `callbacks_in`
+    ],
 }
 
 # Tests that read the package's own code objects (a trace function keyed on a
