@@ -1005,6 +1005,37 @@ def test_an_unhashable_static_that_contains_itself_is_keyed_by_its_shape(where):
     assert jf.cache_info().misses == 2
 
 
+class Uncopyable:
+    """Python cannot hash it (its `__eq__` is its own), it has no fields to read,
+    and `copy.deepcopy` refuses it."""
+
+    def __init__(self, n: Any):
+        self.n = n
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Uncopyable and self.n == other.n
+
+    def __deepcopy__(self, memo: dict) -> Any:
+        raise TypeError("not copyable")
+
+
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+def test_an_unhashable_static_that_cannot_be_copied_is_keyed_by_its_own_eq(where):
+    """A part of a static that has no form and cannot be copied is compared as it
+    is, by its own `==`: equal values are one key, others another."""
+
+    def f(m, x):
+        return x * m.w + m.s[0].n
+
+    x = jnp.array(2.0, jnp.float32)
+    with path(where):
+        jf = es.jit(f)
+        for n in (1, 1, 2, 2, 1):
+            m = PlainHolder(jnp.float32(1.5), [Uncopyable(n)])
+            _assert_same(jf(m, x), f(m, x))
+    assert jf.cache_info().misses == 2
+
+
 def test_unhashable_wrapper_attributes_compare_by_value():
     """Equinox keeps `eqx.module_update_wrapper`'s attributes in the structure and
     compares them with `==` (equinox 0.13.3 copies a function's `__annotations__`
