@@ -105,9 +105,15 @@ DESELECT["_jax"] = DESELECT["_sharing"] = [
 
 modules = [m.removesuffix(".py") for m in sys.argv[1:]]
 # MUTATION_TESTS=own: only the modules' own test files (EXTRA), to score a module
-# by the tests written for it, in a fraction of the time.
-base = [] if os.environ.get("MUTATION_TESTS") == "own" else TESTS
-tests = base + [t for m in modules for t in EXTRA.get(m, []) if t not in base]
+# by the tests written for it, in a fraction of the time; or the test files named
+# (`MUTATION_TESTS='tests/test_environment.py tests/test_errors.py'`), for a few
+# functions whose tests are known.
+chosen = os.environ.get("MUTATION_TESTS", "")
+if chosen not in ("", "own"):
+    tests = chosen.split()
+else:
+    base = [] if chosen == "own" else TESTS
+    tests = base + [t for m in modules for t in EXTRA.get(m, []) if t not in base]
 tests = [t for t in dict.fromkeys(tests) if pathlib.Path(t).exists()]
 tests += [f"--deselect={t}" for m in modules for t in DESELECT.get(m, [])]
 
