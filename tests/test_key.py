@@ -1005,6 +1005,26 @@ def test_an_unhashable_static_that_contains_itself_is_keyed_by_its_shape(where):
     assert jf.cache_info().misses == 2
 
 
+@pytest.mark.filterwarnings("ignore:A JAX array is being set as static")
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+def test_a_numpy_scalar_read_last_in_a_static_tuple_keeps_the_items_before_it(
+    where,
+):
+    """A static tuple whose last item read is a numpy scalar is keyed by all its
+    items: `(1, np.float32(2))` and `(5, np.float32(2))` are two keys."""
+
+    def f(m, x):
+        return x * m.w + m.s[0] * m.s[1]
+
+    x = jnp.array(2.0, jnp.float32)
+    with path(where):
+        jf = es.jit(f)
+        for k in (1, 1, 5, 5):
+            m = PlainHolder(jnp.float32(1.5), (k, np.float32(2.0)))
+            _assert_same(jf(m, x), f(m, x))
+    assert jf.cache_info().misses == 2
+
+
 class Uncopyable:
     """Python cannot hash it (its `__eq__` is its own), it has no fields to read,
     and `copy.deepcopy` refuses it."""
