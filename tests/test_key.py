@@ -1025,6 +1025,23 @@ def test_a_numpy_scalar_read_last_in_a_static_tuple_keeps_the_items_before_it(
     assert jf.cache_info().misses == 2
 
 
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+def test_a_static_tree_structure_is_keyed_by_the_structure(where):
+    """A `PyTreeDef` in a static field (where a module keeps the structure it
+    unflattens to) is one key per structure."""
+
+    def f(m, x):
+        return x * m.w * m.s.num_leaves
+
+    x = jnp.array(2.0, jnp.float32)
+    with path(where):
+        jf = es.jit(f)
+        for tree in ((1, 2), (1, 2), (1, 2, 3), [1, 2], (1, 2)):
+            m = PlainHolder(jnp.float32(1.5), jax.tree.structure(tree))
+            _assert_same(jf(m, x), f(m, x))
+    assert jf.cache_info().misses == 3
+
+
 class Uncopyable:
     """Python cannot hash it (its `__eq__` is its own), it has no fields to read,
     and `copy.deepcopy` refuses it."""
