@@ -1042,6 +1042,23 @@ def test_a_static_tree_structure_is_keyed_by_the_structure(where):
     assert jf.cache_info().misses == 3
 
 
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+def test_static_tuples_of_the_same_items_nested_otherwise_are_other_keys(where):
+    """`((1,), 2)` and `((1, 2),)` hold the same items in the same order, at other
+    depths: each tuple's length is part of its key."""
+
+    def f(m, x):
+        return x * m.w * len(m.s)
+
+    x = jnp.array(2.0, jnp.float32)
+    with path(where):
+        jf = es.jit(f)
+        for s in (((1,), 2), ((1,), 2), ((1, 2),), ((1, 2),)):
+            m = PlainHolder(jnp.float32(1.5), s)
+            _assert_same(jf(m, x), f(m, x))
+    assert jf.cache_info().misses == 2
+
+
 class Uncopyable:
     """Python cannot hash it (its `__eq__` is its own), it has no fields to read,
     and `copy.deepcopy` refuses it."""
