@@ -1059,6 +1059,38 @@ def test_static_tuples_of_the_same_items_nested_otherwise_are_other_keys(where):
     assert jf.cache_info().misses == 2
 
 
+@dataclasses.dataclass(frozen=True)
+class _Maybe:
+    a: Any  # no default: once deleted, unset
+
+
+def _none() -> _Maybe:
+    return _Maybe(None)
+
+
+def _unset() -> _Maybe:
+    m = _Maybe(None)
+    object.__delattr__(m, "a")
+    return m
+
+
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+def test_an_unset_field_of_a_static_frozen_dataclass_is_not_one_holding_none(where):
+    """A frozen dataclass in a static field whose field was deleted is another key
+    than one whose field holds None: the function can tell them apart."""
+
+    def f(m, x):
+        return x * m.w * (2.0 if hasattr(m.s, "a") else 3.0)
+
+    x = jnp.array(2.0, jnp.float32)
+    with path(where):
+        jf = es.jit(f)
+        for make in (_none, _none, _unset, _unset):
+            m = PlainHolder(jnp.float32(1.5), make())
+            _assert_same(jf(m, x), f(m, x))
+    assert jf.cache_info().misses == 2
+
+
 class Uncopyable:
     """Python cannot hash it (its `__eq__` is its own), it has no fields to read,
     and `copy.deepcopy` refuses it."""
