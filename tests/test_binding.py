@@ -167,6 +167,16 @@ def _partial():
     return es.jit(p), p, lambda v: p.keywords.__setitem__("scale", v)
 
 
+def _partial_of_a_default():
+    """A partial's function's own default, beside the partial's keyword."""
+
+    def f(x, scale=2.0, *, k):
+        return x * _scale(scale) * _scale(k), scale
+
+    p = functools.partial(f, k=1.0)
+    return es.jit(p), p, lambda v: setattr(f, "__defaults__", (v,))
+
+
 def _after_one_of_its_own():
     """A default that is the function's own (Python cannot hash a set), then a
     positional-only one, and `*args`."""
@@ -235,6 +245,7 @@ CHANGED = {
     "__kwdefaults__ in place": lambda: _keyword_only(replaced=False),
     "__kwdefaults__ replaced": lambda: _keyword_only(replaced=True),
     "a partial's keywords": _partial,
+    "a partial's function's default": _partial_of_a_default,
     "after a default of its own": _after_one_of_its_own,
     "a method's default": lambda: _method("scale"),
     "a method's key=None": lambda: _method("key"),
