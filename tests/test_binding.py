@@ -177,6 +177,17 @@ def _partial_of_a_default():
     return es.jit(p), p, lambda v: setattr(f, "__defaults__", (v,))
 
 
+def _with_an_fn_attribute():
+    """A function with an attribute `fn` of its own (as an `es.jit` method's
+    wrapper has): its own defaults are read, not those of `fn`."""
+
+    def f(x, scale=2.0):
+        return x * _scale(scale), scale
+
+    f.fn = lambda x, scale=9.0: None  # pyright: ignore[reportFunctionMemberAccess]
+    return es.jit(f), f, lambda v: setattr(f, "__defaults__", (v,))
+
+
 def _after_one_of_its_own():
     """A default that is the function's own (Python cannot hash a set), then a
     positional-only one, and `*args`."""
@@ -246,6 +257,7 @@ CHANGED = {
     "__kwdefaults__ replaced": lambda: _keyword_only(replaced=True),
     "a partial's keywords": _partial,
     "a partial's function's default": _partial_of_a_default,
+    "a function with an attribute fn": _with_an_fn_attribute,
     "after a default of its own": _after_one_of_its_own,
     "a method's default": lambda: _method("scale"),
     "a method's key=None": lambda: _method("key"),
