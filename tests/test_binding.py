@@ -377,3 +377,27 @@ def test_defaults_changed_between_calls_are_seen_as_python_sees_them(
                 for _ in range(2):
                     _same(jitted(jnp.ones(3), m), eager(jnp.ones(3), m))
                 _same(jitted(jnp.ones(3), m), _filtered(eager, jnp.ones(3), m))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Scale:
+    s: float
+
+
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+@pytest.mark.parametrize("donate", ["none", "all"])
+def test_a_default_without_arrays_is_keyed_by_value_whatever_donate(where, donate):
+    """A default left out that holds no arrays is keyed by its value, with or
+    without `donate`: changed in place (`object.__setattr__` on a frozen
+    dataclass), it is another key."""
+    default = _Scale(2.0)
+
+    def f(x, c=default):
+        return x * _scale(c.s)
+
+    with path(where):
+        jf = es.jit(f, donate=donate)
+        for v in (2.0, 3.0):
+            object.__setattr__(default, "s", v)
+            for _ in range(3):
+                np.testing.assert_array_equal(jf(jnp.ones(3)), f(jnp.ones(3)))
