@@ -188,6 +188,15 @@ def _with_an_fn_attribute():
     return es.jit(f), f, lambda v: setattr(f, "__defaults__", (v,))
 
 
+def _bound_method():
+    class Plain:
+        def f(self, x, scale=2.0):
+            return x * _scale(scale), scale
+
+    bound = Plain().f
+    return es.jit(bound), bound, lambda v: setattr(Plain.f, "__defaults__", (v,))
+
+
 def _after_one_of_its_own():
     """A default that is the function's own (Python cannot hash a set), then a
     positional-only one, and `*args`."""
@@ -258,6 +267,7 @@ CHANGED = {
     "a partial's keywords": _partial,
     "a partial's function's default": _partial_of_a_default,
     "a function with an attribute fn": _with_an_fn_attribute,
+    "es.jit(obj.method)": _bound_method,
     "after a default of its own": _after_one_of_its_own,
     "a method's default": lambda: _method("scale"),
     "a method's key=None": lambda: _method("key"),
