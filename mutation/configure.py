@@ -70,10 +70,18 @@ EXTRA = {
         "tests/test_programs.py",
         "tests/test_books.py",
         "tests/canary/test_jax_lowering.py",
+        "tests/test_errors.py",  # `host_callbacks`: a program waited for
     ],
     "_module": ["tests/test_porting.py"],
     "_update": ["tests/test_porting.py"],
-    "_jax": ["tests/test_fallback.py", "tests/test_sharing.py", "tests/test_books.py"],
+    "_jax": [
+        "tests/test_fallback.py",
+        "tests/test_sharing.py",
+        "tests/test_books.py",
+        "tests/test_environment.py",  # `env_switch`, `env_seconds`
+        "tests/canary/test_jax_lowering.py",  # `callbacks_in`
+        "tests/test_errors.py",  # `callbacks_in`: a program waited for
+    ],
 }
 
 # Tests that read the package's own code objects (a trace function keyed on a
@@ -90,12 +98,22 @@ DESELECT = {
         "tests/test_errors.py::test_a_method_raises_with_the_message_and_the_stack_inside",
     ],
 }
+# The same frames hold the trampolines of the other modules whose runs take them.
+DESELECT["_jax"] = DESELECT["_sharing"] = [
+    t for t in DESELECT["_compile"] if t.startswith("tests/test_errors.py")
+]
 
 modules = [m.removesuffix(".py") for m in sys.argv[1:]]
 # MUTATION_TESTS=own: only the modules' own test files (EXTRA), to score a module
-# by the tests written for it, in a fraction of the time.
-base = [] if os.environ.get("MUTATION_TESTS") == "own" else TESTS
-tests = base + [t for m in modules for t in EXTRA.get(m, []) if t not in base]
+# by the tests written for it, in a fraction of the time; or the test files named
+# (`MUTATION_TESTS='tests/test_environment.py tests/test_errors.py'`), for a few
+# functions whose tests are known.
+chosen = os.environ.get("MUTATION_TESTS", "")
+if chosen not in ("", "own"):
+    tests = chosen.split()
+else:
+    base = [] if chosen == "own" else TESTS
+    tests = base + [t for m in modules for t in EXTRA.get(m, []) if t not in base]
 tests = [t for t in dict.fromkeys(tests) if pathlib.Path(t).exists()]
 tests += [f"--deselect={t}" for m in modules for t in DESELECT.get(m, [])]
 

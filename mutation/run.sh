@@ -6,6 +6,7 @@
 #   bash mutation/run.sh _compile          # also runs tests/test_cache.py etc. per mutant
 #   JOBS=4 bash mutation/run.sh _key       # parallel workers (default 2)
 #   MUTATION_TESTS=own bash mutation/run.sh _sharing   # only the module's own tests
+#   MUTATION_TESTS='tests/test_environment.py' bash mutation/run.sh _jax   # these only
 #   MUTANTS='eqx_static._key.x_make_guard* eqx_static._key.xǁ_Writerǁ*' bash mutation/run.sh _key
 #                                          # only these mutants (fnmatch patterns)
 #

@@ -167,6 +167,36 @@ def _partial():
     return es.jit(p), p, lambda v: p.keywords.__setitem__("scale", v)
 
 
+def _partial_of_a_default():
+    """A partial's function's own default, beside the partial's keyword."""
+
+    def f(x, scale=2.0, *, k):
+        return x * _scale(scale) * _scale(k), scale
+
+    p = functools.partial(f, k=1.0)
+    return es.jit(p), p, lambda v: setattr(f, "__defaults__", (v,))
+
+
+def _with_an_fn_attribute():
+    """A function with an attribute `fn` of its own (as an `es.jit` method's
+    wrapper has): its own defaults are read, not those of `fn`."""
+
+    def f(x, scale=2.0):
+        return x * _scale(scale), scale
+
+    f.fn = lambda x, scale=9.0: None  # pyright: ignore[reportFunctionMemberAccess]
+    return es.jit(f), f, lambda v: setattr(f, "__defaults__", (v,))
+
+
+def _bound_method():
+    class Plain:
+        def f(self, x, scale=2.0):
+            return x * _scale(scale), scale
+
+    bound = Plain().f
+    return es.jit(bound), bound, lambda v: setattr(Plain.f, "__defaults__", (v,))
+
+
 def _after_one_of_its_own():
     """A default that is the function's own (Python cannot hash a set), then a
     positional-only one, and `*args`."""
@@ -235,6 +265,9 @@ CHANGED = {
     "__kwdefaults__ in place": lambda: _keyword_only(replaced=False),
     "__kwdefaults__ replaced": lambda: _keyword_only(replaced=True),
     "a partial's keywords": _partial,
+    "a partial's function's default": _partial_of_a_default,
+    "a function with an attribute fn": _with_an_fn_attribute,
+    "es.jit(obj.method)": _bound_method,
     "after a default of its own": _after_one_of_its_own,
     "a method's default": lambda: _method("scale"),
     "a method's key=None": lambda: _method("key"),
@@ -354,3 +387,27 @@ def test_defaults_changed_between_calls_are_seen_as_python_sees_them(
                 for _ in range(2):
                     _same(jitted(jnp.ones(3), m), eager(jnp.ones(3), m))
                 _same(jitted(jnp.ones(3), m), _filtered(eager, jnp.ones(3), m))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Scale:
+    s: float
+
+
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+@pytest.mark.parametrize("donate", ["none", "all"])
+def test_a_default_without_arrays_is_keyed_by_value_whatever_donate(where, donate):
+    """A default left out that holds no arrays is keyed by its value, with or
+    without `donate`: changed in place (`object.__setattr__` on a frozen
+    dataclass), it is another key."""
+    default = _Scale(2.0)
+
+    def f(x, c=default):
+        return x * _scale(c.s)
+
+    with path(where):
+        jf = es.jit(f, donate=donate)
+        for v in (2.0, 3.0):
+            object.__setattr__(default, "s", v)
+            for _ in range(3):
+                np.testing.assert_array_equal(jf(jnp.ones(3)), f(jnp.ones(3)))

@@ -278,15 +278,18 @@ def test_a_call_is_described_the_same_whatever_the_hash_seed_and_addresses():
     class M(eqx.Module):
         flags: frozenset = eqx.field(static=True)
         fn: object = eqx.field(static=True)
+        on: bool = eqx.field(static=True)
         w: jax.Array
 
     M.__qualname__ = "M"
-    key, _ = key_and_leaves((M(frozenset("cab"), object(), jnp.ones(2)), 1))
+    m = M(frozenset("cab"), object(), True, jnp.ones(2))
+    key, _ = key_and_leaves((m, 1))
     aval = ((2,), "float32", False, None)  # shape, dtype, weak type, sharding
     described = dict(_diverge._described(key, ("m", "x"), [aval]))
     assert described["argument m"] == "M"
     assert described["static field 'm.flags'"] == "['a', 'b', 'c'] (frozenset)"
     assert described["static field 'm.fn'"] == "<object object> (object)"
+    assert described["static field 'm.on'"] == "True (bool)"
     assert described["field 'm.w'"] == "float32[2]"
     assert described["argument x"] == "1 (int)"
 

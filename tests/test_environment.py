@@ -60,8 +60,9 @@ def test_the_divergence_timeout_with_a_bad_value_is_named(monkeypatch, value):
         _diverge.check(None, None, None, None)
 
 
-@pytest.mark.parametrize("value", ["1200", "2.5", " 30 "])
+@pytest.mark.parametrize("value", ["1200", "2.5", " 30 ", "1", ".5", "0.25", "7."])
 def test_the_divergence_timeout_reads_seconds(monkeypatch, value):
+    """Any number greater than 0, below 1 second too, with or without a fraction."""
     monkeypatch.setenv("EQX_STATIC_DIVERGENCE_TIMEOUT", value)
     assert _jax.env_seconds("EQX_STATIC_DIVERGENCE_TIMEOUT", 600.0) == float(value)
 

@@ -20,7 +20,7 @@ import jax.random as jr
 import numpy as np
 import pytest
 from eqx_static import _jax
-from helpers import opaque_host_callbacks, run_python
+from helpers import opaque_host_callbacks, path, run_python
 
 
 def _positive(x):
@@ -917,3 +917,31 @@ def test_every_field_a_call_needs_concrete_is_named_in_one_error():
         "eqx.field(static=True)` (each new value then compiles once). Otherwise "
         "keep them dynamic and use `jnp.where` or `jax.lax.cond`."
     )
+
+
+def _print(x):
+    jax.debug.print("x={}", x)
+
+
+def _call_back(x):
+    jax.debug.callback(lambda v: None, x)
+
+
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+@pytest.mark.parametrize("beside", [_print, _call_back])
+def test_an_error_if_beside_other_host_python_raises_as_equinox_s(where, beside):
+    """Host Python the package cannot account for (`jax.debug.print` stages no
+    callback it reads, `jax.debug.callback` one of another kind) may sit beside
+    an `eqx.error_if`: the program is waited for, and its failure raised as
+    `eqx.filter_jit` raises it, at each call."""
+
+    def f(x):
+        beside(x)
+        return eqx.error_if(x * 2, x > 0, "positive")
+
+    with path(where):
+        jf = es.jit(f)
+        np.testing.assert_array_equal(jf(jnp.float32(-1.0)), f(jnp.float32(-1.0)))
+        for _ in range(2):
+            with pytest.raises(eqx.EquinoxRuntimeError, match="positive"):
+                jf(jnp.float32(1.0))

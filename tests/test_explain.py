@@ -34,6 +34,14 @@ class Pair(NamedTuple):
     b: Any
 
 
+def _halve(v):
+    return v / 2
+
+
+def _double(v):
+    return v * 2
+
+
 def _fresh() -> Any:
     def f(x, y=None, *rest, z=None):
         # Every argument's value and structure in the program, so that each new
@@ -92,6 +100,11 @@ CASES = {
         ((X, P(X, [1])), {}),
         ((X, P(X, [1.0])), {}),
         "compiling (1 cached): static field 'y.xs' changed [1] -> [1.0]",
+    ),
+    "a function in a static field, by its name": (
+        ((X, P(X, _halve)), {}),
+        ((X, P(X, _double)), {}),
+        "compiling (1 cached): static field 'y.xs' changed _halve -> _double",
     ),
     "static dict field, nested": (
         ((X, P(X, {"a": [0.0]})), {}),

@@ -436,7 +436,19 @@ def _wide_with(value: Any) -> Any:
     return cls(**{n: jnp.float32(i) for i, n in enumerate(names)}, v=value)
 
 
+class _Holds(eqx.Module):
+    cfg: Any = eqx.field(static=True)
+
+
+def _scale_holder(treedef: Any) -> Any:
+    return jax.tree.unflatten(treedef, []).cfg
+
+
 def _scale_of(v: Any) -> Any:
+    if type(v) is frozenset:
+        return next(iter(v)).scale
+    if isinstance(v, jax.tree_util.PyTreeDef):  # a `_Holds`'s structure
+        return _scale_holder(v).scale
     return v[0] if type(v) is list else v[0].scale if type(v) is tuple else v.scale
 
 
@@ -453,9 +465,19 @@ def _scale_of(v: Any) -> Any:
             lambda: models.Layer(jnp.ones(4), (_Cfg(1.0), 2)),
             lambda m: object.__setattr__(m.k[0], "scale", 5.0),
         ),
+        (
+            lambda: models.Layer(jnp.ones(4), frozenset({_Cfg(1.0)})),
+            lambda m: object.__setattr__(next(iter(m.k)), "scale", 5.0),
+        ),
+        (
+            lambda: models.Layer(jnp.ones(4), jax.tree.structure(_Holds(_Cfg(1.0)))),
+            lambda m: object.__setattr__(_scale_holder(m.k), "scale", 5.0),
+        ),
     ],
     ids=["a list, wide module", "a frozen dataclass, wide module",
-         "a frozen dataclass", "a frozen dataclass in a tuple"],
+         "a frozen dataclass", "a frozen dataclass in a tuple",
+         "a frozen dataclass in a frozenset",
+         "a frozen dataclass in a tree structure"],
 )  # fmt: skip
 def test_a_static_value_changed_in_place_fails_the_guard(make, change):
     """The guard takes the same object for the same token only where the object

@@ -1005,6 +1005,123 @@ def test_an_unhashable_static_that_contains_itself_is_keyed_by_its_shape(where):
     assert jf.cache_info().misses == 2
 
 
+@pytest.mark.filterwarnings("ignore:A JAX array is being set as static")
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+def test_a_numpy_scalar_read_last_in_a_static_tuple_keeps_the_items_before_it(
+    where,
+):
+    """A static tuple whose last item read is a numpy scalar is keyed by all its
+    items: `(1, np.float32(2))` and `(5, np.float32(2))` are two keys."""
+
+    def f(m, x):
+        return x * m.w + m.s[0] * m.s[1]
+
+    x = jnp.array(2.0, jnp.float32)
+    with path(where):
+        jf = es.jit(f)
+        for k in (1, 1, 5, 5):
+            m = PlainHolder(jnp.float32(1.5), (k, np.float32(2.0)))
+            _assert_same(jf(m, x), f(m, x))
+    assert jf.cache_info().misses == 2
+
+
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+def test_a_static_tree_structure_is_keyed_by_the_structure(where):
+    """A `PyTreeDef` in a static field (where a module keeps the structure it
+    unflattens to) is one key per structure."""
+
+    def f(m, x):
+        return x * m.w * m.s.num_leaves
+
+    x = jnp.array(2.0, jnp.float32)
+    with path(where):
+        jf = es.jit(f)
+        for tree in ((1, 2), (1, 2), (1, 2, 3), [1, 2], (1, 2)):
+            m = PlainHolder(jnp.float32(1.5), jax.tree.structure(tree))
+            _assert_same(jf(m, x), f(m, x))
+    assert jf.cache_info().misses == 3
+
+
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+def test_static_tuples_of_the_same_items_nested_otherwise_are_other_keys(where):
+    """`((1,), 2)` and `((1, 2),)` hold the same items in the same order, at other
+    depths: each tuple's length is part of its key."""
+
+    def f(m, x):
+        return x * m.w * len(m.s)
+
+    x = jnp.array(2.0, jnp.float32)
+    with path(where):
+        jf = es.jit(f)
+        for s in (((1,), 2), ((1,), 2), ((1, 2),), ((1, 2),)):
+            m = PlainHolder(jnp.float32(1.5), s)
+            _assert_same(jf(m, x), f(m, x))
+    assert jf.cache_info().misses == 2
+
+
+@dataclasses.dataclass(frozen=True)
+class _Maybe:
+    a: Any  # no default: once deleted, unset
+
+
+def _none() -> _Maybe:
+    return _Maybe(None)
+
+
+def _unset() -> _Maybe:
+    m = _Maybe(None)
+    object.__delattr__(m, "a")
+    return m
+
+
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+def test_an_unset_field_of_a_static_frozen_dataclass_is_not_one_holding_none(where):
+    """A frozen dataclass in a static field whose field was deleted is another key
+    than one whose field holds None: the function can tell them apart."""
+
+    def f(m, x):
+        return x * m.w * (2.0 if hasattr(m.s, "a") else 3.0)
+
+    x = jnp.array(2.0, jnp.float32)
+    with path(where):
+        jf = es.jit(f)
+        for make in (_none, _none, _unset, _unset):
+            m = PlainHolder(jnp.float32(1.5), make())
+            _assert_same(jf(m, x), f(m, x))
+    assert jf.cache_info().misses == 2
+
+
+class Uncopyable:
+    """Python cannot hash it (its `__eq__` is its own), it has no fields to read,
+    and `copy.deepcopy` refuses it."""
+
+    def __init__(self, n: Any):
+        self.n = n
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Uncopyable and self.n == other.n
+
+    def __deepcopy__(self, memo: dict) -> Any:
+        raise TypeError("not copyable")
+
+
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+def test_an_unhashable_static_that_cannot_be_copied_is_keyed_by_its_own_eq(where):
+    """A part of a static that has no form and cannot be copied is compared as it
+    is, by its own `==`: equal values are one key, others another."""
+
+    def f(m, x):
+        return x * m.w + m.s[0].n
+
+    x = jnp.array(2.0, jnp.float32)
+    with path(where):
+        jf = es.jit(f)
+        for n in (1, 1, 2, 2, 1):
+            m = PlainHolder(jnp.float32(1.5), [Uncopyable(n)])
+            _assert_same(jf(m, x), f(m, x))
+    assert jf.cache_info().misses == 2
+
+
 def test_unhashable_wrapper_attributes_compare_by_value():
     """Equinox keeps `eqx.module_update_wrapper`'s attributes in the structure and
     compares them with `==` (equinox 0.13.3 copies a function's `__annotations__`

@@ -174,3 +174,10 @@ def test_the_callbacks_read_from_the_jaxpr_are_the_lowering_s_in_order():
 
 def _plus(k, y):
     return np.asarray(y + k, np.float32)
+
+
+def test_without_a_lowering_to_count_against_no_callback_is_accounted_for():
+    """A lowering this JAX does not let us read (None): its host callbacks cannot
+    be counted, so none is accounted for, and the program is waited for."""
+    traced = jax.jit(lambda x: jax.pure_callback(_host, SCALAR, x)).trace(SCALAR)
+    assert _sharing.host_callbacks(None, traced.jaxpr) == (None, True)
