@@ -1060,16 +1060,16 @@ def test_static_tuples_of_the_same_items_nested_otherwise_are_other_keys(where):
 
 
 @dataclasses.dataclass(frozen=True)
-class _Maybe:
+class _MaybeFrozen:
     a: Any  # no default: once deleted, unset
 
 
-def _none() -> _Maybe:
-    return _Maybe(None)
+def _none() -> _MaybeFrozen:
+    return _MaybeFrozen(None)
 
 
-def _unset() -> _Maybe:
-    m = _Maybe(None)
+def _unset() -> _MaybeFrozen:
+    m = _MaybeFrozen(None)
     object.__delattr__(m, "a")
     return m
 
