@@ -46,7 +46,11 @@ def _record(r: logging.LogRecord) -> tuple:
     # "TRACING CACHE MISS at <call site>: for <function> ...": JAX names the
     # function it traces, which under es.jit is the package's, and where.
     text = str(r.msg).split(" at ")[0]
-    return r.name, r.levelno, re.sub(r"jit\(\S*\)|tracing \S+|transforming \S+|[\d.]+ sec", "...", text)
+    return (
+        r.name,
+        r.levelno,
+        re.sub(r"jit\(\S*\)|tracing \S+|transforming \S+|[\d.]+ sec", "...", text),
+    )
 
 
 def _outcome(f: Callable, x: Any, switch: Callable, capsys, caplog) -> tuple:
