@@ -284,17 +284,19 @@ def probe() -> str | None:
     outputs and fastpath data of `jit_miss` serve the next call."""
     misses: list[int] = []
 
-    def twice(x: Any) -> Any:  # a new function: JAX's C++ caches are by function
+    # A new function each time (JAX's C++ caches are by function), named for what
+    # it is in compile logs and `jax.monitoring`: `jit(eqx_static_dispatcher_probe)`.
+    def eqx_static_dispatcher_probe(x: Any) -> Any:
         return x * 2
 
-    helper = jax_jit(twice)
+    helper = jax_jit(fn := eqx_static_dispatcher_probe)
 
     def miss(*args: Any) -> tuple:
         misses.append(1)
         return ("again", None, True) if len(misses) == 1 else jit_miss(helper, *args)
 
     try:
-        d = dispatcher("eqx_static.probe", twice, miss, (), twice)
+        d = dispatcher("eqx_static.probe", fn, miss, (), fn)
         x = jax.device_put(np.arange(3, dtype=np.float32))
         out = [d(x) for _ in range(3)]
     except Exception as e:

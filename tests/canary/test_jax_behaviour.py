@@ -13,12 +13,16 @@ import jax.random as jr
 import numpy as np
 import pytest
 from eqx_static import _jax
+from helpers import XlaCompiles
 from jax._src import core
 
 
 def test_the_dispatcher_does_on_a_probe_call_what_the_keys_need():
-    """What `_jax` checks at import (else each key runs on a public `jax.jit`)."""
+    """What `_jax` checks at import (else each key runs on a public `jax.jit`); the
+    one program it compiles is named for what it is, where JAX reports compiles."""
+    seen = XlaCompiles()
     assert _jax.probe() is None, "JAX changed: the per-key dispatcher behaves otherwise"
+    assert seen.names == ["jit(eqx_static_dispatcher_probe)"]
 
 
 def test_no_private_name_of_equinox_or_jaxtyping_is_missing():
