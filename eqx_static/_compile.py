@@ -23,7 +23,6 @@ import itertools
 import logging
 import os
 import re
-import sys
 import threading
 import types
 import warnings
@@ -201,7 +200,7 @@ class Function:
         # A plain function made again and again (a lambda in a loop): its code, and
         # the user's line that wraps it, once it has been wrapped before.
         self.code = code if type(fn) is types.FunctionType else None
-        self.wrapped_at = _caller() if self.code in _rewraps else ""
+        self.wrapped_at = _jax.user_line() if self.code in _rewraps else ""
         self.lock = threading.Lock()
         self.entries: dict[Key, Entry] = {}
         self.guard_sets = weakref.WeakSet[Guards]()  # each wrapper's guards
@@ -1261,16 +1260,6 @@ def _rewrapped(f: Function, digest: bytes | None) -> None:
             n,
             f.wrapped_at or "in a loop",
         )
-
-
-def _caller() -> str:
-    """The user's line that called into this package (through its type checks)."""
-    frame = sys._getframe(1)
-    while frame.f_back is not None and str(frame.f_globals.get("__name__")).startswith(
-        ("eqx_static.", "jaxtyping.", "beartype.")
-    ):
-        frame = frame.f_back
-    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
 jax.monitoring.register_scalar_listener(_on_compile_start)

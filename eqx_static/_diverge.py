@@ -96,7 +96,6 @@ _PREFIX: Final = "eqx_static/diverge"  # in JAX's key-value store
 _ABORT: Final = f"{_PREFIX}/abort"  # a timed-out process's message, for the watchdogs
 _checks: Final = itertools.count()  # checked misses, in order: alike on every process
 _ADDRESS: Final = re.compile(r" at 0x[0-9a-fA-F]+|0x[0-9a-fA-F]{6,}")
-_OURS: Final = ("eqx_static.", "jax.", "jaxlib.", "equinox.", "jaxtyping.", "beartype.")
 _SAME: Final = (
     "Every process must make the same calls in the same order, with the same static "
     "values (none from its environment or `jax.process_index()`), shapes, shardings, "
@@ -131,7 +130,7 @@ def check(miss: Any, lowering: Any, fp: Any, program: Any) -> None:
     module = fp.digest if fp is not None else digest(lowering.stablehlo()) or b""
     record = {
         "f": f.name(miss.entry.key),
-        "at": _user_line(),
+        "at": _jax.user_line(),
         "compiles": len(f.history),
         "program": hashlib.sha256(module).hexdigest()[:16],
         "decision": decision,
@@ -139,14 +138,6 @@ def check(miss: Any, lowering: Any, fp: Any, program: Any) -> None:
     }
     if message := _exchange(client, record, miss.why, limit):
         raise DivergenceError(message)
-
-
-def _user_line() -> str:
-    """The user's line that made the call: file name (no directory) and line."""
-    frame = sys._getframe(1)  # the code `es.jit` writes has no module: it is ours
-    while frame.f_back and frame.f_globals.get("__name__", _OURS[0]).startswith(_OURS):
-        frame = frame.f_back
-    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
 def _described(key: Key, argnames: Sequence[str], avals: Sequence) -> list:

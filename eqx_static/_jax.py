@@ -639,6 +639,19 @@ _NOT_USER: Final = tuple(
 )
 
 
+# Modules whose frames are not the user's, where a line of the user's is named.
+_OURS: Final = ("eqx_static.", "jax.", "jaxlib.", "equinox.", "jaxtyping.", "beartype.")
+
+
+def user_line() -> str:
+    """The user's line that called into this package (through JAX, Equinox and the
+    type checks): file name (no directory) and line."""
+    frame = sys._getframe(1)  # the code `es.jit` writes has no module: it is ours
+    while frame.f_back and frame.f_globals.get("__name__", _OURS[0]).startswith(_OURS):
+        frame = frame.f_back
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
 def user_frames(source_info: Any) -> list[tuple[str, int, str]]:
     """File, line and function of the frames that traced an equation, innermost
     first, outside JAX, Equinox and this package."""
