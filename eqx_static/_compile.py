@@ -184,12 +184,8 @@ class Function:
         max_compiles: int | None,
         warn_after: int | None,
     ):
-        self.layout, self.argnames, self.fn_key, self.n_fn = (
-            layout,
-            layout.names,
-            fn_key,
-            n_fn,
-        )
+        self.layout, self.argnames = layout, layout.names
+        self.fn_key, self.n_fn = fn_key, n_fn
         self.donate, self.maxsize, self.max_compiles = donate, maxsize, max_compiles
         self.warn_after, self.quiet = warn_after, donate in ("all", "all-except-first")
         self.qualname: str = qualname(fn)
@@ -255,7 +251,6 @@ class Function:
         `warn_after` compiles."""
         n = self.warn_after
         if n and not self.warned and len(self.history) >= n:
-            # Copies: another thread's miss may append to either while this reads.
             # Copies: another thread's miss may append to either while this reads.
             history, shared = list(self.history), tuple(self.shared)
             self.warned = _report.storm(self.name(key), history, shared, n)
