@@ -81,6 +81,40 @@ def test_a_merge_keeps_each_record_s_parts(tmp_path):
     assert got["parts"] == ["fast", "slow", "bench"]
 
 
+def test_the_groups_hold_each_test_file_once():
+    record = _record()
+    files = sorted(
+        str(f.relative_to(ROOT)) for f in (ROOT / "tests").rglob("test_*.py")
+    )
+    groups = [record.group_files(f"{i}/3") for i in (1, 2, 3)]
+    assert sorted(sum(groups, [])) == files
+    assert all(groups)
+    with pytest.raises(SystemExit, match="1 <= I <= N"):
+        record.group_files("4/3")
+
+
+def test_a_merge_adds_a_part_s_groups(tmp_path):
+    record = _record()
+    base = {"device": {"platform": "tpu"}, "benchmarks": None}
+    part = {"passed": 3, "failed": 1, "errors": 0, "skipped": 2, "seconds": 1.5}
+    a = {"fast": {**part, "failures": ["a"], "groups": ["1/2"], "exit_code": 1}}
+    b = {"fast": {**part, "failures": ["b"], "groups": ["2/2"], "exit_code": 0}}
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path, r in zip(paths, (a, b)):
+        path.write_text(json.dumps({**base, "pytest": r}))
+    got = record.merge(paths)["pytest"]["fast"]
+    assert {k: got[k] for k in ("passed", "failed", "skipped", "seconds")} == {
+        "passed": 6,
+        "failed": 2,
+        "skipped": 4,
+        "seconds": 3.0,
+    }
+    assert got["failures"] == ["a", "b"] and got["groups"] == ["1/2", "2/2"]
+    assert [r["exit_code"] for r in got["runs"]] == [1, 0]
+    with pytest.raises(SystemExit, match="overlap"):
+        record.merge([paths[0], paths[0]])
+
+
 def test_the_sgd_peers_train_alike():
     """es.jit, eqx.filter_jit and the hand loop take the same steps from the same
     model: the losses agree, step by step, in both modes."""

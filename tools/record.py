@@ -28,7 +28,9 @@ the machine's JAX, installs the packages into its site-packages (where the suite
 "user's line" tests expect libraries), and runs this script with `--out $OUT`.
 A part that does not fit in one command's time runs in the next
 (`--parts fast,slow`, then `--parts fast-unchecked,slow-unchecked,bench`), and
-`--merge` makes one record of the two.
+`--merge` makes one record of the two. A tier too long for one command runs in
+groups of its test files (`--group 1/2`, then `--group 2/2`, each file in one
+group, the groups balanced by file size), and `--merge` adds the groups' counts.
 
 """
 
@@ -108,12 +110,30 @@ def counts(junit: Path) -> dict[str, object]:
     }
 
 
-def pytest_part(name: str, quick: bool, timeout: float, tmp: Path) -> dict:
+def group_files(group: str) -> list[str]:
+    """The test files of group `I/N`: each file in the group that is lightest
+    so far, the heaviest files placed first (size stands in for time)."""
+    i, n = (int(x) for x in group.split("/"))
+    if not 1 <= i <= n:
+        raise SystemExit(f"--group {group}: I/N with 1 <= I <= N")
+    files = sorted((ROOT / "tests").rglob("test_*.py"), key=lambda f: f.stat().st_size)
+    groups: list[list[Path]] = [[] for _ in range(n)]
+    for f in reversed(files):
+        min(groups, key=lambda g: sum(x.stat().st_size for x in g)).append(f)
+    return sorted(str(f.relative_to(ROOT)) for f in groups[i - 1])
+
+
+def pytest_part(
+    name: str, quick: bool, timeout: float, tmp: Path, group: str | None = None
+) -> dict:
     junit = tmp / f"{name}.xml"
     files = QUICK_TESTS[name.split("-")[0]] if quick else []
+    files = group_files(group) if group else files
     command = [sys.executable, "-m", "pytest", "-q", *PYTEST[name], *files]
     rc, seconds = _run([*command, f"--junitxml={junit}"], timeout)
     got: dict = {"command": " ".join(command[1:]), "exit_code": rc, "seconds": seconds}
+    if group:
+        got["groups"] = [group]
     if rc is None:
         got["timed_out"] = True
     if junit.exists():
@@ -170,14 +190,32 @@ def _git() -> str | None:
         return None
 
 
+SUMMED = ("passed", "failed", "errors", "skipped", "failures", "seconds", "groups")
+
+
+def _add(a: dict, b: dict) -> dict:
+    """One part run in two groups of files: the counts added, each group's
+    command and exit code kept."""
+    if set(a["groups"]) & set(b["groups"]):
+        raise SystemExit(f"--merge: group(s) {a['groups']} and {b['groups']} overlap")
+    runs = [*a.get("runs", [a]), *b.get("runs", [b])]
+    runs = [{k: v for k, v in r.items() if k not in SUMMED} for r in runs]
+    summed = {k: a[k] + b[k] for k in SUMMED if k in a and k in b}
+    return {**summed, "runs": runs, "timed_out": any(r.get("timed_out") for r in runs)}
+
+
 def merge(paths: list[Path]) -> dict:
-    """One record of the parts of several (of one platform): later files win."""
+    """One record of the parts of several (of one platform): later files win,
+    and a part run in groups of files adds its groups' counts."""
     records = [json.loads(p.read_text()) for p in paths]
     if len({r["device"]["platform"] for r in records}) != 1:
         raise SystemExit("--merge: the records are of different platforms")
     out = {**records[-1], "pytest": {}, "benchmarks": None}
     for r in records:
-        out["pytest"] |= r["pytest"]
+        for name, got in r["pytest"].items():
+            old = out["pytest"].get(name)
+            both = old is not None and "groups" in old and "groups" in got
+            out["pytest"][name] = _add(old, got) if both else got
         out["benchmarks"] = r["benchmarks"] or out["benchmarks"]
     out["parts"] = [p for p in PARTS if p in out["pytest"] or p == "bench"]
     if out["benchmarks"] is None:
@@ -192,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", default=",".join(PARTS), help=f"among {PARTS}")
     parser.add_argument("--timeout", type=float, default=1800, help="s per process")
     parser.add_argument("--merge", type=Path, nargs="+", help="records to combine")
+    parser.add_argument("--group", help="I/N: the tiers' test files of group I of N")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.merge:
@@ -200,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         parts = args.parts.split(",")
         if unknown := set(parts) - set(PARTS):
             parser.error(f"unknown part(s) {sorted(unknown)}; choose among {PARTS}")
-        record = run(parts, args.quick, args.timeout, args.out)
+        record = run(parts, args.quick, args.timeout, args.out, args.group)
     path = _save(record, args.out)
     print(f"wrote {path}")
     for name, got in record["pytest"].items():
@@ -218,7 +257,9 @@ def _save(record: dict, out: Path) -> Path:
     return path
 
 
-def run(parts: list[str], quick: bool, timeout: float, out: Path) -> dict:
+def run(
+    parts: list[str], quick: bool, timeout: float, out: Path, group: str | None = None
+) -> dict:
     """The record, saved after each part (a run cut short keeps what it did)."""
     record: dict = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -236,7 +277,8 @@ def run(parts: list[str], quick: bool, timeout: float, out: Path) -> dict:
     print(f"recording on {record['device']} ({record['mode']})", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for name in (p for p in PYTEST if p in parts):
-            record["pytest"][name] = pytest_part(name, quick, timeout, Path(tmp))
+            got = pytest_part(name, quick, timeout, Path(tmp), group)
+            record["pytest"][name] = got
             _save(record, out)
         if "bench" in parts:
             record["benchmarks"] = bench_part(quick, timeout, Path(tmp))

@@ -24,4 +24,4 @@ print(f'jaxlib=={jaxlib.__version__}')" >> /tmp/installed.txt
     || echo "flax: not installed (its dependencies did not resolve)"
 fi
 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 "$V/bin/python" tools/record.py --out "$OUT" "$@" 2>&1 \
-  | tee "$OUT/log.txt"
+  | tee -a "$OUT/log.txt"
