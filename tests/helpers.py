@@ -180,7 +180,10 @@ def run_python(
         full.update(
             JAX_NUMPY_DTYPE_PROMOTION="strict",
             JAX_NUMPY_RANK_PROMOTION="raise",
-            PYTHONWARNINGS="error",
+            # A TPU machine's JAX warns at import about its host's memory settings
+            # (as pyproject's filterwarnings say); the later filters come first.
+            PYTHONWARNINGS="error,ignore:Transparent hugepages:UserWarning,"
+            "ignore:cloud_tpu_init failed:UserWarning",
         )
     full.update(env or {})
     command = [sys.executable, *(("-c", code) if code is not None else ()), *argv]
@@ -193,6 +196,17 @@ def run_python(
         text=True,
         timeout=timeout,
     )
+
+
+def no_socket() -> str | None:
+    """Why this machine lets no process open a socket on the loopback (which
+    `jax.distributed` needs), or None if it does."""
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+    except OSError as e:
+        return f"no socket can be opened here, and jax.distributed needs one: {e}"
+    return None
 
 
 def output(result: subprocess.CompletedProcess[str]) -> str:

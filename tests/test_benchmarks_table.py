@@ -65,3 +65,24 @@ def test_rewrite_only_touches_the_region():
         f"{rt.END}\nafter\n"
     )
     assert rt.region(new) == rt.render(data)
+
+
+def test_the_tpu_table_is_generated_from_its_record():
+    rt = _readme_table()
+    page = rt.PAGE.read_text()
+    record = rt.load(rt.TPU)
+    assert rt.region(page, rt.TPU_START, rt.TPU_END) == rt.render_record(record)
+
+
+def test_a_record_s_table_says_what_did_not_run():
+    rt = _readme_table()
+    record = rt.load(rt.TPU)
+    some = {"passed": 5, "failed": 1, "errors": 0, "skipped": 0, "seconds": 3.0}
+    record["pytest"] = {
+        "slow": {**some, "groups": ["1/3"], "failures": ["t::x"]},
+        "fast": {**some, "groups": ["1/2", "2/2"], "failures": [], "timed_out": True},
+    }
+    text = rt.render_record(record)
+    assert "| slow | 5 | 1 | 0 | 0 | 3 s | **groups 1/3 only: the rest" in text
+    assert "failed: `t::x`" in text
+    assert "| fast | 5 | 1 | 0 | 0 | 3 s | test files in 2 groups; **a run went" in text

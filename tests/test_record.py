@@ -113,6 +113,10 @@ def test_a_merge_adds_a_part_s_groups(tmp_path):
     assert [r["exit_code"] for r in got["runs"]] == [1, 0]
     with pytest.raises(SystemExit, match="overlap"):
         record.merge([paths[0], paths[0]])
+    over = {"fast": {"seconds": 9.0, "groups": ["3/3"], "timed_out": True}}
+    paths[1].write_text(json.dumps({**base, "pytest": over}))
+    got = record.merge(paths)["pytest"]["fast"]
+    assert got["passed"] == 3 and got["failed"] == 1 and got["timed_out"]
 
 
 def test_the_sgd_peers_train_alike():

@@ -200,7 +200,8 @@ def _add(a: dict, b: dict) -> dict:
         raise SystemExit(f"--merge: group(s) {a['groups']} and {b['groups']} overlap")
     runs = [*a.get("runs", [a]), *b.get("runs", [b])]
     runs = [{k: v for k, v in r.items() if k not in SUMMED} for r in runs]
-    summed = {k: a[k] + b[k] for k in SUMMED if k in a and k in b}
+    both = [(k, a.get(k), b.get(k)) for k in SUMMED]  # a group that ran over: none
+    summed = {k: y if x is None else x if y is None else x + y for k, x, y in both}
     return {**summed, "runs": runs, "timed_out": any(r.get("timed_out") for r in runs)}
 
 

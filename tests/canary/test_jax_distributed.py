@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from eqx_static import _jax
-from helpers import output, run_python
+from helpers import no_socket, output, run_python
 
 
 def test_a_lowering_names_the_processes_of_its_devices():
@@ -72,6 +72,8 @@ def test_the_key_value_store_does_what_the_check_needs():
     """A one-process job: records in a directory, listed in order and deleted as
     one; a barrier; an absent key an error (`JaxRuntimeError`), at once or after a
     timeout; a key set twice refused (the first timed-out process's message stays)."""
+    if reason := no_socket():
+        pytest.skip(reason)
     result = run_python(code=_STORE, timeout=120)
     assert "STORE OK" in result.stdout, (
         f"JAX changed: its key-value store behaves otherwise\n{output(result)}"
