@@ -488,10 +488,8 @@ class _Jit(functools.partial, Generic[_P, _R]):
         if self._lru:
             entry.used = next(f.clock)
         leaves = [*self._fn_leaves, *leaves]
-        try:
-            out = entry.call(*leaves)
-            if out is NEED_CALL:
-                out = self._retry(entry, values, leaves)
+        try:  # the call in hand first: a new key enters the dispatcher once
+            out = call_in_hand(Call(entry, self.fn, values, leaves))
         except Rerun as e:
             out = self._retry(entry, values, leaves, e)
         finally:

@@ -5,6 +5,8 @@ Implicit dtype promotion (`float32 + int32`) and implicit rank promotion
 accident of promotion; `pyproject.toml` turns every warning into an error.
 """
 
+import os
+
 import jax
 import pytest
 
@@ -47,3 +49,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if item.get_closest_marker("slow") is None]
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The run's CPU time, beside the wall time pytest prints next: a loaded
+    machine stretches the one and not the other."""
+    t = os.times()
+    cpu = t.user + t.system + t.children_user + t.children_system
+    terminalreporter.write_line(
+        f"CPU time: {cpu:.1f} s (pytest and the processes it started; the wall "
+        "time follows)"
+    )

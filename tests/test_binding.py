@@ -142,6 +142,28 @@ def _scale(s):
     return jnp.asarray(s, jnp.float32)
 
 
+_MISSING = object()  # a sentinel default, compared by identity
+_EMPTY: list = []  # one that is a container: it reaches the trace as an equal copy
+
+
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+def test_a_sentinel_default_is_the_object_itself(where):
+    """A default the caller left out reaches the traced function as the object
+    itself when it is a leaf (`u is _MISSING` holds, as in the eager call and
+    under `eqx.filter_jit`); a container without arrays arrives as an equal copy
+    of the same type (a kept difference: a key compares values, so a copy equal
+    to the default must run the same program)."""
+
+    def f(x, u=_MISSING, v=_EMPTY):
+        assert type(v) is list and v == _EMPTY
+        return x * (2 if u is _MISSING else 3) * (5 if v is _EMPTY else 7)
+
+    with path(where):
+        got = es.jit(f)(jnp.ones(()))
+        _same(got, _filtered(lambda x: f(x, v=[]), jnp.ones(())))
+        _same(es.jit(f)(jnp.ones(()), 1), f(jnp.ones(()), 1, []))
+
+
 def _positional():
     def f(x, scale=2.0):
         return x * _scale(scale), scale

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from eqx_static import _compile, _jax
 from helpers import run_python, seed, XlaCompiles
 
 
@@ -731,3 +732,26 @@ def test_ten_thousand_keys_made_and_dropped():
     gc.collect()
     assert f.cache_info() == es.CacheInfo(0, 10_000, 16, 16)
     assert f.compile_info()[:2] == (1, 1)
+
+
+def test_a_new_key_enters_the_dispatcher_once(monkeypatch):
+    """The general path hands the call over before it calls the key's dispatcher,
+    so a new key's miss runs once, not once to ask for the call and again with
+    it; a new shape of a known key (through its guard) asks once more."""
+    if not _jax.DISPATCH:
+        pytest.skip("the public path has no dispatcher of its own")
+    misses, cache_miss = [], _compile.cache_miss
+
+    def counted(*args: Any) -> Any:
+        misses.append(args[2:])
+        return cache_miss(*args)
+
+    monkeypatch.setattr(_compile, "cache_miss", counted)
+    f = es.jit(lambda x, n: x * n)  # n, a Python int: static
+    for n in (2, 3):
+        assert float(f(jnp.ones(()), n)) == n
+    assert len(misses) == 2
+    f(jnp.ones(()), 2), f(jnp.ones(()), 2)  # a hit, through the guard made
+    assert len(misses) == 2
+    assert f(jnp.ones(2), 2).shape == (2,)  # a new shape: through the guard
+    assert len(misses) == 4
