@@ -295,9 +295,11 @@ class Report:
         readme: bool | None = None,
         note: str = "",
         unit: str = "s",
+        ratio: float | None = None,
     ) -> Row:
-        """A ratio `t[num] / t[den]` with both values, and its target if any."""
-        r = t[num] / t[den]
+        """A ratio `t[num] / t[den]` (or `ratio`, measured otherwise: the median of
+        per-round ratios) with both values, and its target if any."""
+        r = t[num] / t[den] if ratio is None else ratio
         row = Row(
             group,
             key,

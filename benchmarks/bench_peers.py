@@ -7,14 +7,24 @@
 - `flax.struct` + `jax.jit` at 10 ... 10,000 array fields, fresh, beside `es.jit`
   and raw `jax.jit` (the scaling plot's flax line);
 - one-field update at 10,000 leaves (nested layout): flax `.replace` and
-  `jax_dataclasses.copy_and_mutate` beside `with_dynamic`.
+  `jax_dataclasses.copy_and_mutate` beside `with_dynamic`;
+- the call group's models (the seed Child, 10 array fields, 100 static fields,
+  `__call__(self, x, *, key=None)` called `m(x)`, a chain of modules 50 deep), each
+  in one comparison: `es.jit`, raw `jax.jit` on the `eqx.Module`, and `jax.jit` on
+  the method of a `flax.struct` and of a `jax_dataclasses` dataclass with the same
+  fields (the static ones `pytree_node=False` / `jdc.Static`) and the same body,
+  all fresh; each ratio the median of the per-round ratios, with their 25th-75th
+  percentiles (target: es.jit <= flax.struct + jax.jit).
 """
 
+import dataclasses
 import functools
+import statistics
 from collections.abc import Callable
 from typing import Any
 
 import _harness as h
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import models
@@ -181,6 +191,127 @@ def run(rep: h.Report, s: h.Settings) -> None:
     if flax_struct is not None:
         _flax_scaling(rep, s)
     _updates(rep, s)
+    _calls(rep, s)
+
+
+def _raw() -> Callable[..., Any]:
+    return jax.jit(lambda m, x: m(x))
+
+
+def _raw_kwonly() -> Callable[..., Any]:
+    return jax.jit(lambda m, x, key=None: m(x, key=key))
+
+
+def _with_x(build: Callable[[], tuple[Any, Any]]) -> Callable[[], tuple[Any, ...]]:
+    return lambda: (*build(), models.x_input())
+
+
+# key, label, the call group's (es.Module, eqx.Module, x) builder, raw jax.jit on
+# the eqx.Module (as in the call group)
+CALLS: list[tuple[str, str, Callable[[], tuple[Any, ...]], Callable[[], Any]]] = [
+    ("child", "seed Child", models.seed_pair, _raw),
+    ("leaves10", "10 array fields", _with_x(lambda: models.wide(10)), _raw),
+    ("statics100", "100 static fields", _with_x(lambda: models.statics(100)), _raw),
+    (
+        "kwonly",
+        "__call__(self, x, *, key=None), called m(x)",
+        _with_x(models.kwonly),
+        _raw_kwonly,
+    ),
+    ("chain50", "a chain of modules 50 deep", _with_x(lambda: models.chain(50)), _raw),
+]
+PEERS = {"flax.struct": "flax.struct + jax.jit", "jdc": "jax_dataclasses + jax.jit"}
+
+
+def _peer(obj: Any, kind: str, classes: dict[type, type]) -> Any:
+    """`obj`, and every `eqx.Module` in its fields, rebuilt as a `flax.struct`
+    (`kind` "flax.struct") or `jax_dataclasses` (`kind` "jdc") dataclass: the same
+    fields, the static ones static, the same `__call__`."""
+    if not isinstance(obj, eqx.Module):
+        return obj
+    cls = type(obj)
+    if cls not in classes:
+        ann: dict[str, Any] = {}
+        ns: dict[str, Any] = {"__module__": __name__, "__annotations__": ann}
+        for f in dataclasses.fields(cls):
+            static = f.metadata.get("static", False)
+            ann[f.name] = jdc.Static[Any] if static and kind == "jdc" else Any
+            if static and kind == "flax.struct":
+                ns[f.name] = flax_struct.field(pytree_node=False)
+        if "__call__" in vars(cls):
+            ns["__call__"] = vars(cls)["__call__"]
+        new = type(f"{kind.split('.')[0].title()}{cls.__name__}", (), ns)
+        classes[cls] = (
+            flax_struct.dataclass if kind == "flax.struct" else jdc.pytree_dataclass
+        )(new)
+    fields = {
+        f.name: _peer(getattr(obj, f.name), kind, classes)
+        for f in dataclasses.fields(obj)
+    }
+    return classes[cls](**fields)
+
+
+def _calls(rep: h.Report, s: h.Settings) -> None:
+    """The call group's models: es.jit, raw jax.jit on the eqx.Module and the peers'
+    dataclasses + jax.jit, fresh, in one comparison each."""
+    installed = {"flax.struct": flax_struct, "jdc": jdc}
+    for key, label, build, raw_jit in CALLS:
+        m, p, xm = build()
+        raw = raw_jit()
+        v = {
+            "es.jit": h.fresh(lambda a, xm=xm: a(xm), lambda m=m: models.tree_copy(m)),
+            "jax.jit": h.fresh(
+                lambda a, raw=raw, xm=xm: raw(a, xm), lambda p=p: models.tree_copy(p)
+            ),
+        }
+        skipped: dict[str, str] = {}
+        for kind in PEERS:
+            try:  # an API change in an optional library must not stop the run
+                if installed[kind] is None:
+                    raise ImportError("not installed")
+                inst = _peer(p, kind, {})
+                call = jax.jit(type(inst).__call__)
+                jax.block_until_ready(call(inst, xm))
+            except Exception as e:
+                skipped[kind] = f"skipped: {type(e).__name__}: {e}"[:120]
+                continue
+            v[kind] = h.fresh(
+                lambda a, call=call, xm=xm: call(a, xm),
+                lambda inst=inst: models.tree_copy(inst),
+            )
+        if len(skipped) == len(PEERS):
+            rep.skip_row(GROUP, f"peers.call.{key}", label, "; ".join(skipped.values()))
+            continue
+        name = f"peers.call.{key}"
+        h.compare(v, s, raw=rep.raw, key=name)
+        samples = rep.raw[name]["samples_s"]
+        rows = [("es", "es.jit", "jax.jit", None)]
+        rows += [(k.split(".")[0], k, "jax.jit", None) for k in PEERS if k in v]
+        if "flax.struct" in v:
+            rows.append(("es_vs_flax", "es.jit", "flax.struct", ("<=", 1.0)))
+        for row_key, num, den, target in rows:
+            _paired_row(rep, f"{name}.{row_key}", label, samples, num, den, target)
+        for kind, why in skipped.items():
+            rep.skip_row(
+                GROUP, f"{name}.{kind.split('.')[0]}", f"{label}: {PEERS[kind]}", why
+            )
+
+
+def _paired_row(
+    rep: h.Report, key: str, label: str, samples: dict[str, list[float]], num: str,
+    den: str, target: tuple[str, float] | None,
+) -> None:  # fmt: skip
+    """`num / den` as the median of the per-round ratios (the two timed in the same
+    rounds), each variant's median beside it, the 25th-75th percentiles in a note."""
+    ratios = [a / b for a, b in zip(samples[num], samples[den], strict=True)]
+    q1, median, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    names = {k: PEERS.get(k, k) for k in (num, den)}
+    t = {names[k]: statistics.median(samples[k]) for k in (num, den)}
+    rep.compare_row(
+        GROUP, key, f"{label}: {names[num]} / {names[den]}{' on eqx.Module' if den == 'jax.jit' else ''}",
+        t, names[num], names[den], "fresh", target, readme=True, ratio=median,
+        note=f"median of {len(ratios)} rounds' ratios; 25th-75th {q1:.2f}-{q3:.2f}x",
+    )  # fmt: skip
 
 
 def _nnx_timing(key: str, x: Any) -> Any:
