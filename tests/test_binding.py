@@ -5,6 +5,7 @@ callable has no signature to read, what the caller passed is passed on."""
 
 import dataclasses
 import functools
+import operator
 
 import equinox as eqx
 import eqx_static as es
@@ -104,6 +105,109 @@ def test_a_default_the_caller_did_not_pass_belongs_to_the_function():
         f(X, _Options())
 
 
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+def test_a_callable_without_a_signature_gets_what_the_caller_passed(where):
+    """`operator.itemgetter(0)` has no signature to read: it is called with the
+    arguments as passed, at the first call, a hit and through the guard."""
+    g, pair = operator.itemgetter(0), (X, 2.0)
+    with path(where):
+        jg = es.jit(g)
+        for _ in range(3):
+            np.testing.assert_array_equal(jg(pair), g(pair))
+        assert jg.cache_info() == es.CacheInfo(2, 1, None, 1)
+
+
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+def test_arguments_past_the_parameters_go_to_star_args(where):
+    """`f(x, scale=2.0, *rest, shift=0.0)` called with more positional arguments
+    than it has parameters: they fill `x` and `scale`, then `rest`, as Python
+    binds them; `shift` is by keyword only."""
+
+    def f(x, scale=2.0, *rest, shift=0.0):
+        return x * scale + sum(rest) + shift
+
+    with path(where):
+        jf = es.jit(f)
+        for args in [(X,), (X, 3.0), (X, 3.0, 1.0, 2.0), (X, 3.0, 1.0, 2.0)]:
+            np.testing.assert_array_equal(jf(*args), f(*args))
+            np.testing.assert_array_equal(jf(*args, shift=1.0), f(*args, shift=1.0))
+
+
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+def test_a_builtin_s_default_is_read_from_its_signature(where):
+    """`sum(iterable, /, start=0)` keeps its default in C: read from its signature,
+    it is used where the caller leaves it out; one passed replaces it."""
+    with path(where):
+        js = es.jit(sum)
+        for _ in range(3):
+            np.testing.assert_array_equal(js([X, X]), sum([X, X]))
+            np.testing.assert_array_equal(js([X], 1.0), sum([X], 1.0))
+
+
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+def test_a_positional_only_name_passed_by_keyword_goes_to_kwargs(where):
+    """`f(x, y, /, **kwargs)` called with `y=` by keyword: Python puts it in
+    `kwargs`, beside the positional `y`, and so does the call."""
+
+    def f(x, y, /, **kwargs):
+        return x * y + sum(kwargs.values())
+
+    with path(where):
+        jf = es.jit(f)
+        for _ in range(3):
+            np.testing.assert_array_equal(jf(X, 2.0, y=3.0), f(X, 2.0, y=3.0))
+            np.testing.assert_array_equal(jf(X, 2.0, x=1.0), f(X, 2.0, x=1.0))
+
+
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+def test_defaults_left_to_the_function_keep_their_keys_as_another_changes(where):
+    """Two defaults that cannot be keyed (sets, left to the function) each keep
+    their marker while a third default changes: changed back, the call is the
+    key it was (a hit)."""
+    tags, more = {"a"}, {"b", "c"}
+
+    def f(x, tags=tags, more=more, scale=2.0):
+        return x * scale * len(tags) * len(more)
+
+    with path(where):
+        jf = es.jit(f)
+        for v in (2.0, 3.0, 2.0):
+            f.__defaults__ = (tags, more, v)
+            np.testing.assert_array_equal(jf(X), f(X))
+        assert jf.cache_info() == es.CacheInfo(1, 2, None, 2)
+
+
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+def test_a_partial_s_keywords_left_to_the_function_keep_their_keys(where):
+    """The same for a partial's keywords that the function's `**kwargs` takes:
+    two sets keep their markers while a third keyword changes and changes back."""
+
+    def g(x, **kwargs):
+        return x * kwargs["scale"] * len(kwargs["tags"]) * len(kwargs["more"])
+
+    p = functools.partial(g, tags={"a"}, more={"b", "c"}, scale=2.0)
+    with path(where):
+        jp = es.jit(p)
+        for v in (2.0, 3.0, 2.0):
+            p.keywords["scale"] = v
+            np.testing.assert_array_equal(jp(X), p(X))
+        assert jp.cache_info() == es.CacheInfo(1, 2, None, 2)
+
+
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+def test_a_function_without_parameters_is_called(where):
+    """No parameters: no values to key but the function's, at the first call, a
+    hit and through the guard."""
+
+    def f():
+        return jnp.arange(3.0)
+
+    with path(where):
+        jf = es.jit(f)
+        for _ in range(3):
+            np.testing.assert_array_equal(jf(), f())
+
+
 def test_a_static_int_of_any_size_keys_and_guards():
     """A static `int` past Python's 4,300-digit `repr` limit keys, hits through its
     guard, and another such `int` is another key."""
@@ -199,6 +303,16 @@ def _partial_of_a_default():
     return es.jit(p), p, lambda v: setattr(f, "__defaults__", (v,))
 
 
+def _partial_into_kwargs():
+    """A partial's keyword that `**kwargs` takes, beside the function's default."""
+
+    def f(x, scale=2.0, **kwargs):
+        return x * _scale(scale) * _scale(kwargs["k"]), scale
+
+    p = functools.partial(f, k=1.0)
+    return es.jit(p), p, lambda v: setattr(f, "__defaults__", (v,))
+
+
 def _with_an_fn_attribute():
     """A function with an attribute `fn` of its own (as an `es.jit` method's
     wrapper has): its own defaults are read, not those of `fn`."""
@@ -288,6 +402,7 @@ CHANGED = {
     "__kwdefaults__ replaced": lambda: _keyword_only(replaced=True),
     "a partial's keywords": _partial,
     "a partial's function's default": _partial_of_a_default,
+    "a partial's keyword in **kwargs": _partial_into_kwargs,
     "a function with an attribute fn": _with_an_fn_attribute,
     "es.jit(obj.method)": _bound_method,
     "after a default of its own": _after_one_of_its_own,
@@ -321,6 +436,59 @@ def test_a_default_changed_after_wrapping_is_the_one_used(where, kind):
 
 
 @pytest.mark.parametrize("where", ["dispatcher", "public"])
+def test_an_array_default_replaced_is_traced_as_the_first_was(where):
+    """An array default is a traced argument: replaced after wrapping by another
+    array of the same shape and dtype, it runs the program of the first (a hit),
+    with the new values."""
+
+    first = jnp.asarray(2.0)
+
+    def f(x, scale=first):
+        return x * scale
+
+    with path(where):
+        jf = es.jit(f)
+        np.testing.assert_array_equal(jf(X), f(X))
+        f.__defaults__ = (jnp.asarray(3.0),)
+        for _ in range(3):
+            np.testing.assert_array_equal(jf(X), f(X))
+        assert jf.cache_info() == es.CacheInfo(3, 1, None, 1)
+
+
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+def test_lower_binds_each_default_changed_as_a_call_does(where):
+    """`lower` reads the function's defaults at the call, as a call does: one
+    changed after wrapping, then changed again, is the one lowered and compiled."""
+
+    def f(x, scale=2.0):
+        return x * scale
+
+    with path(where):
+        jf = es.jit(f)
+        for v in (3.0, 4.0):
+            f.__defaults__ = (v,)
+            np.testing.assert_array_equal(jf.lower(X).compile()(X), f(X))
+            np.testing.assert_array_equal(jf(X), f(X))
+
+
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+def test_a_keyword_added_to_a_partial_for_a_defaulted_parameter_is_used(where):
+    """A partial's keywords are compared whole: one added after wrapping, for a
+    parameter whose default is the function's, is used from the next call on."""
+
+    def f(x, a, b=2.0):
+        return x * a + b
+
+    p = functools.partial(f, a=1.0)
+    with path(where):
+        jp = es.jit(p)
+        np.testing.assert_array_equal(jp(X), p(X))
+        p.keywords["b"] = 5.0
+        for _ in range(3):
+            np.testing.assert_array_equal(jp(X), p(X))
+
+
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
 def test_a_default_taken_away_is_required_until_given_back(where):
     """Taken away, a default is a missing argument, with Python's own message;
     given back, it is used again. A partial's keyword taken away is left to the
@@ -340,6 +508,7 @@ def test_a_default_taken_away_is_required_until_given_back(where):
             jf(X, shift=1.0)
         with pytest.raises(TypeError, match=r"f\(\) missing 1 required keyword-only"):
             jf(X, 2.0)
+        assert jf.cache_info() == es.CacheInfo(0, 0, None, 0)  # refused, not missed
         f.__defaults__, f.__kwdefaults__ = (3.0,), {"shift": 1.0}
         np.testing.assert_array_equal(jf(X), f(X))
         for change in ({"b": 3.0}, {"b": 4.0}, {"a": 1.0}):

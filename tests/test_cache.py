@@ -266,6 +266,41 @@ def test_maxsize_evicts_the_least_recently_used_entry():
     assert M.__call__.cache_info() == es.CacheInfo(3, 5, 2, 2)
 
 
+def test_an_evicted_key_s_guard_goes_with_it():
+    """A key evicted by `maxsize` keeps no guard: called again, it is a new key,
+    whose first two calls take the general path (its guard is made anew at the
+    second), as its first two did before."""
+
+    @es.jit(maxsize=1)
+    def f(x, k):
+        return x * k
+
+    x = jnp.ones(2)
+    for k in (1, 2, 1):  # 2 evicts 1, and 1 evicts 2
+        for _ in range(3):
+            np.testing.assert_array_equal(f(x, k), x * k)
+    assert f.cache_info() == es.CacheInfo(6, 3, 1, 1)
+    assert f.f.general == 2 * 3
+
+
+@pytest.mark.sharing
+def test_a_program_two_keys_share_is_held_while_either_runs_it():
+    """Keys "a" and "b" share one program; with `maxsize=2`, "c" (another program)
+    evicts "a": the program is still held for "b" (two held), and "d", whose
+    program it is too, runs it without a compile."""
+
+    @es.jit(maxsize=2)
+    def f(x, tag):
+        return jnp.sin(x) if tag == "c" else x * 2
+
+    x = jnp.ones(2)
+    for tag in ("a", "b", "c"):
+        f(x, tag)
+    assert f.compile_info()[:2] == (2, 2)
+    np.testing.assert_array_equal(f(x, "d"), x * 2)
+    assert f.compile_info()[:2] == (2, 2)
+
+
 def test_maxsize_counts_shapes_as_entries():
     traces = [0]
 
@@ -675,6 +710,8 @@ def test_a_key_evicted_while_its_first_call_traces_holds_nothing_past_maxsize():
     info = f.cache_info()
     assert info.currsize <= 1 and info.hits + info.misses == 3
     assert f.compile_info().programs <= info.currsize
+    for tag, want in [("a", 1.0), ("b", 2.0), ("a", 1.0)]:  # each made again
+        assert float(f(X, tag)[0]) == want
 
 
 def _executables_alive_during(monkeypatch: pytest.MonkeyPatch, run: Any) -> list:

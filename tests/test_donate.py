@@ -1,6 +1,7 @@
 """`es.jit(donate=...)`, with `eqx.filter_jit`'s five values and meaning: which
 buffers XLA may reuse, `self`'s included, and which it must leave alone."""
 
+import functools
 from typing import Any
 
 import equinox as eqx
@@ -159,3 +160,25 @@ def test_a_default_left_out_is_never_donated(where, held, donate):
         jf(jnp.ones(3), passed)
         filtered(jnp.ones(3), passed_too)
         assert mine.w.is_deleted() and theirs.w.is_deleted()
+
+
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+@pytest.mark.parametrize("donate", ["all", "all-except-first"])
+def test_a_partial_s_keyword_that_kwargs_takes_is_never_donated(where, donate):
+    """A partial's keyword that the function's `**kwargs` takes is a default the
+    caller did not pass: an array in it is never donated, and it outlives every
+    call; the array the caller passes is donated."""
+    w = jnp.arange(3.0)
+
+    def g(x, **kwargs):
+        return x + kwargs["w"], x * kwargs["w"]  # both donated buffers usable
+
+    p = functools.partial(g, w=w)
+    with path(where):
+        jp = es.jit(p, donate=donate)
+        for _ in range(3):
+            x = jnp.ones(3)
+            for got, want in zip(jp(x), p(jnp.ones(3))):
+                np.testing.assert_array_equal(got, want)
+            assert x.is_deleted() is (donate == "all")
+        assert not w.is_deleted()

@@ -786,9 +786,96 @@ def test_a_loop_over_a_traced_int_field_is_named_under_a_grad_inside_the_call():
     assert "`n: int = eqx.field(static=True)`" in ours and "'w'" not in ours
 
 
+def _doubled_bound(m, x):  # the first operation takes no derivative
+    return jax.lax.fori_loop(0, m.n * 2, lambda i, c: c * m.w, x)
+
+
+@jax.custom_jvp
+def _clipped(w):
+    return jnp.maximum(w, 0.0)
+
+
+@_clipped.defjvp
+def _clipped_jvp(primals, tangents):
+    (w,), (t,) = primals, tangents
+    return _clipped(w), jnp.where(w > 0, t, 0.0)
+
+
+def _after_a_custom_rule(m, x):  # `_clipped` is differentiated by its own rule
+    w = _clipped(m.w)
+    return jax.lax.fori_loop(0, m.n, lambda i, c: c * w, x)
+
+
+def _after_an_integer_loop(m, x):  # no derivative flows through the first loop
+    k = jax.lax.while_loop(lambda i: i < m.w * 3, lambda i: i + 1, 0)
+    return jax.lax.fori_loop(0, m.n, lambda i, c: c * m.w, x * k)
+
+
+def _in_a_jit(m, x):  # a call, whose program takes its inputs one for one
+    loop = jax.jit(lambda w, x: jax.lax.fori_loop(0, m.n, lambda i, c: c * w, x))
+    return loop(m.w, x)
+
+
+def _in_a_scan(m, x):  # another nested program: any of its inputs counts
+    def step(c, _):
+        return jax.lax.fori_loop(0, m.n, lambda i, c: c * m.w, c), None
+
+    return jax.lax.scan(step, x, None, length=1)[0]
+
+
+_LOOPS = [_doubled_bound, _after_a_custom_rule, _after_an_integer_loop]
+
+
+@pytest.mark.parametrize("fn", [*_LOOPS, _in_a_jit, _in_a_scan])
+def test_a_loop_over_a_traced_int_field_is_named_wherever_it_is(fn):
+    """The loop is found past what comes before it in the program (an operation
+    on the field alone, one with a rule of its own, a loop that no derivative
+    flows through) and inside a `jax.jit` or a `scan`."""
+    m = _Port(3, jnp.array(2.0))
+    with pytest.raises(ValueError, match="Reverse-mode differentiation"):
+        eqx.filter_grad(lambda m, x: eqx.filter_jit(fn)(m, x).sum())(m, X)
+    with pytest.raises(es.TracedFieldError) as info:
+        eqx.filter_grad(lambda m, x: es.jit(fn)(m, x).sum())(m, X)
+    assert "the traced field 'n' of `_Port`" in str(info.value)
+
+
 class _Counted(eqx.Module):
     n: jax.Array  # a concrete 0-d number
     w: jax.Array
+
+
+def _integer_carry(m, x):  # an integer that depends on `x`
+    start = (x.sum() > 0).astype(jnp.int32)
+    end = jax.lax.while_loop(lambda i: i < m.n, lambda i: i + 1, start)
+    return x * m.w * end.astype(x.dtype)
+
+
+def _constant_float_carry(m, x):  # its bound depends on `x`, its float carry not
+    bound = m.n + 0.0 * x.sum()
+    return x * m.w * jax.lax.while_loop(lambda c: c < bound, lambda c: c + 1.0, 0.0)
+
+
+def _grad_counted(wrap, fn) -> tuple[jax.Array, int]:
+    """A grad in `x` of `fn` wrapped, and how many times it was traced."""
+    m, traces = _Counted(jnp.array(3), jnp.array(2.0)), []
+
+    @wrap
+    def f(m, x):
+        traces.append(None)
+        return fn(m, x).sum()
+
+    return jax.grad(lambda x: f(m, x))(X), len(traces)
+
+
+@pytest.mark.parametrize("fn", [_integer_carry, _constant_float_carry])
+def test_a_grad_of_a_loop_no_derivative_flows_through_traces_as_filter_jit(fn):
+    """A `while` loop whose carry takes no derivative (an integer, or a float that
+    does not depend on what is differentiated) is differentiated: no trace more
+    than under `eqx.filter_jit`."""
+    ours, traced = _grad_counted(es.jit, fn)
+    theirs, traced_by_equinox = _grad_counted(eqx.filter_jit, fn)
+    np.testing.assert_array_equal(ours, theirs)
+    assert traced == traced_by_equinox > 0
 
 
 def _grads_counted(wrap, grad: str) -> tuple[list, int]:

@@ -283,6 +283,22 @@ def test_of_equally_close_signatures_the_most_recent_explains(caplog):
     ]
 
 
+def test_a_key_evicted_by_maxsize_no_longer_explains_a_miss(caplog):
+    """With `maxsize=1`, each new key evicts the one before: a miss is explained
+    against the key held, never against one evicted, even one closer to it."""
+    f, x3 = _fresh().fn, jnp.ones(3, jnp.float32)
+    jf = es.jit(maxsize=1)(f)
+    with caplog.at_level(logging.INFO, logger="eqx_static"):
+        for args in [(X, "a"), (X, "b"), (x3, "a")]:  # "b" evicts "a"
+            jf(*args)
+    got = [r.getMessage() for r in caplog.records if r.name == "eqx_static"]
+    assert [_what(line.removeprefix(f"{jf.qualname}: ")) for line in got] == [
+        "compiling (1 cached): argument y changed 'a' -> 'b'",
+        "compiling (1 cached): argument y changed 'b' -> 'a'; "
+        "argument x shape (2,) -> (3,)",
+    ]
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_compile_line_names_the_change_old_to_new(caplog, case):
     first, second, line = CASES[case]

@@ -194,6 +194,36 @@ def test_a_model_changed_in_place_after_wrapping_is_seen_at_the_call(change, whe
             _same(jf(x), eqx.filter_jit(m)(x))
 
 
+@pytest.mark.parametrize("change", list(CHANGES))
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+def test_a_model_changed_in_place_is_seen_at_the_next_call(change, where):
+    """Changed after its guard serves it, with nothing else between (no `lower`),
+    the model is read as it is at the next call, and at the next few."""
+    with path(where):
+        m = Changing(jnp.array(2.0), [jnp.array(1.0)], True)
+        jf = es.jit(m)
+        for _ in range(3):
+            _same(jf(jnp.ones(2)), m(jnp.ones(2)))
+        CHANGES[change](m)
+        for _ in range(3):
+            _same(jf(jnp.ones(2)), m(jnp.ones(2)))
+
+
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+def test_a_model_unchanged_since_wrapping_is_served_by_its_guard(where):
+    """`es.jit(model)` reads the model at every call; while it is as wrapped, the
+    calls at one shape are served by the key's guard from the third on, as a
+    function's are: two take the general path."""
+    with path(where):
+        m = Changing(jnp.array(2.0), [jnp.array(1.0)], True)
+        jf = es.jit(m)
+        jf.cache_clear()  # an equal model's wrapper shares the cache
+        for _ in range(5):
+            _same(jf(jnp.ones(2)), m(jnp.ones(2)))
+        assert jf.cache_info() == es.CacheInfo(4, 1, None, 1)
+        assert jf.f.general == 2
+
+
 def test_a_key_that_traces_again_keeps_no_argument_alive():
     """The key compares; it does not hold the call: nothing of a call's list stays
     alive in the cache after the call (a copy is kept to compare against)."""

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from eqx_static import _jax
 
 
 def _log_twice() -> Callable:
@@ -122,3 +123,40 @@ def test_a_nan_only_the_program_makes_says_so_as_jax_jit_does():
             f(jnp.ones(2))
         messages.append(str(info.value))
     assert messages[1] == messages[0]
+
+
+def _traced_with_a_nan(wrap: Callable) -> Callable:
+    """`wrap` of a function whose program was traced, and run, with a NaN that it
+    no longer reads (a Python value changed since)."""
+    scale = [float("nan")]
+    f = wrap(lambda x: x * scale[0])
+    f(jnp.ones(2))
+    scale[0] = 1.0
+    return f
+
+
+def test_a_nan_the_eager_run_does_not_make_is_told_as_jax_jit_tells_it(capsys, caplog):
+    """A program traced with a NaN that the function, run again eagerly, no longer
+    reads (a Python value changed since): at a hit, the error, printed lines and
+    records that `jax.jit`'s say that the de-optimized run found no invalid value."""
+    outcomes, switch = [], lambda: jax.debug_nans(True)
+    for wrap in (jax.jit, es.jit):
+        f = _traced_with_a_nan(wrap)
+        outcomes.append(_outcome(f, jnp.ones(2), switch, capsys, caplog))
+    assert outcomes[1] == outcomes[0]
+    assert "did not produce invalid values" in outcomes[0][0][1]
+
+
+@pytest.mark.skipif(not _jax.DISPATCH, reason="a public jax.jit reruns in JAX's code")
+def test_without_jax_s_own_message_the_eager_run_finding_none_is_said(monkeypatch):
+    """Where JAX has no function that raises its message (another version), the
+    error is still a `FloatingPointError` saying that the eager run found no
+    invalid value where the program made one."""
+    from jax._src import api_util
+
+    monkeypatch.delattr(api_util, "_raise_no_nan_in_deoptimized")
+    f = _traced_with_a_nan(es.jit)
+    with jax.debug_nans(True), pytest.raises(FloatingPointError) as info:
+        f(jnp.ones(2))
+    assert str(info.value).endswith(": the eager run found no invalid value")
+    assert "nan" in str(info.value)
