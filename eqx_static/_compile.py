@@ -346,7 +346,7 @@ class Function:
             return
         with self.lock:
             self._empty(entry)
-        if _jax.DISPATCH:
+        if _jax.DISPATCH and not isinstance(entry.dispatch, _Public):
             _jax.clear(entry.dispatch)
         entry.helper = None
 
@@ -358,9 +358,11 @@ class Function:
         self.recent = collections.deque(
             (s for s in self.recent if s.key is not entry.key), maxlen=64
         )
-        if entry.dispatch is not None and _jax.DISPATCH:
-            _jax.clear(entry.dispatch)  # its executables go with it (a public
-            # `jax.jit` goes with the entry: JAX's caches of it are weak)
+        if isinstance(entry.dispatch, _Public):  # a new `jax.jit`: the old one goes
+            entry.dispatch.renew()  # now, with its executables (the entry and its
+            # call refer to each other: they wait for the cycle collector)
+        elif entry.dispatch is not None and _jax.DISPATCH:
+            _jax.clear(entry.dispatch)  # its executables go with it
         entry.helper = None
 
     def _empty(self, entry: Entry) -> None:
@@ -1114,13 +1116,14 @@ class _Public:
         self.f, self.entry, self.donated = f, entry, donated
         self.reports = False  # a program may hold `eqx.error_if`: wait for it
         self.staged = False  # it was called under a transformation
+        entry.dispatch = self
         self.renew()
 
     def renew(self) -> None:
         """A new `jax.jit` of the key: JAX's caches of the last one, and the
         executables they hold, go with it (they are weak in its function)."""
         jitted = _jax.jax_jit(_traced(self.f, self.entry), donate_argnums=self.donated)
-        self.entry.dispatch = self.jitted = jitted
+        self.jitted = jitted
         self.run = _report.reporting_errors(jitted, wait=lambda: self.reports)
 
 

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from eqx_static import _compile, _jax
-from helpers import run_python, seed, XlaCompiles
+from helpers import path, run_python, seed, XlaCompiles
 
 
 def _counted():
@@ -750,6 +750,28 @@ def test_maxsize_bounds_the_executables_alive(monkeypatch, shapes):
     alive = _executables_alive_during(monkeypatch, run)
     assert max(alive) <= 2
     assert f.cache_info() == es.CacheInfo(0, shapes, 2, 2)
+
+
+@pytest.mark.parametrize("where", ["dispatcher", "public"])
+def test_maxsize_bounds_the_executables_of_keys_evicted(monkeypatch, where):
+    """With `maxsize=2` and 60 keys, each its own program, at most 2 executables
+    are alive after every call, without waiting for Python's cycle collector: an
+    evicted key lets go of its executables at once, on both paths."""
+    fn = lambda x, k: x * k  # noqa: E731
+    with path(where):
+        f = es.jit(maxsize=2, warn_after=None)(fn)
+
+        def run(step: Any) -> None:
+            for k in range(1, 61):
+                np.testing.assert_array_equal(f(np.ones(3, np.float32), k), fn(1, k))
+                step()
+
+        gc.disable()
+        try:
+            alive = _executables_alive_during(monkeypatch, run)
+        finally:
+            gc.enable()
+    assert max(alive) <= 2
 
 
 @pytest.mark.slow

@@ -164,7 +164,7 @@ def write_problems() -> list[str]:
 # the features filed beside it included.)
 BUDGET: dict[str, int] = {
     "__init__.py": 40,
-    "_compile.py": 841,
+    "_compile.py": 844,
     "_diverge.py": 166,
     "_fields.py": 345,
     "_guard.py": 302,
