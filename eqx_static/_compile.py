@@ -933,13 +933,18 @@ def _decide(miss: _Miss) -> Program:
     program = f.running(lowering)
     if program is None and fp is not None:
         program = f.find(fp, miss.mark)  # None: marked, until it is registered
-    _diverge.check(miss, lowering, fp, program)  # every process decides alike
+    _diverge.check(_for_diverge(miss), lowering, fp, program)  # decided alike
     if program is not None:
         miss.shared = program
         if _jax.env_switch("EQX_STATIC_CHECK_SHARING", False) and program.fingerprint:
             _check_sharing(miss, program)
         return program
     return _compile(miss, lowering, fp)
+
+
+def _for_diverge(miss: _Miss) -> _diverge.Miss:
+    avals = miss.sig[0][miss.f.n_fn :]
+    return _diverge.Miss(miss.f, miss.entry.key, avals, miss.why, miss.traced)
 
 
 def _check_sharing(miss: _Miss, program: Program) -> None:
@@ -1168,7 +1173,7 @@ def _explain_public(miss: _Miss, public: _Public) -> None:
     lowered = traced.lower()
     module = lowered.compiler_ir("stablehlo")
     miss.digest = digest(module)
-    _diverge.check(miss, _jax.lowering_of(lowered), None, None)  # alike, or raise
+    _diverge.check(_for_diverge(miss), _jax.lowering_of(lowered), None, None)
     _record(miss, module, traced.jaxpr)
     _plan(miss)
     public.reports |= host_callbacks(_jax.lowering_of(lowered), traced.jaxpr)[1]

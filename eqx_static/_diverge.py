@@ -30,7 +30,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import jax
 
@@ -107,15 +107,28 @@ _stop: Final = threading.Event()
 atexit.register(_stop.set)  # at exit, before JAX's own exit (registered earlier)
 
 
-def check(miss: Any, lowering: Any, fp: Any, program: Any) -> None:
-    """At a miss (`_compile._Miss`) about to reuse `program`, or (None) to compile:
-    raise `DivergenceError` if the processes' programs or decisions differ. Nothing
-    for a program of this process alone, nor for a miss that traced nothing and
-    reuses (a hit). The switches: `EQX_STATIC_CHECK_DIVERGENCE=0` turns it off;
+class Miss(NamedTuple):
+    """What the check reads of a miss: the function (`_compile.Function`), the
+    call's key and avals, why it missed (`_report.Why`), and whether it traced."""
+
+    f: Any
+    key: Key
+    avals: Sequence
+    why: Any
+    traced: bool
+
+
+def check(miss: Miss | None, lowering: Any, fp: Any, program: Any) -> None:
+    """At a miss about to reuse `program`, or (None) to compile: raise
+    `DivergenceError` if the processes' programs or decisions differ. Nothing for a
+    program of this process alone, nor for a miss that traced nothing and reuses (a
+    hit). The switches: `EQX_STATIC_CHECK_DIVERGENCE=0` turns it off;
     `EQX_STATIC_DIVERGENCE_TIMEOUT`, the seconds a process waits for the others."""
     on = _jax.env_switch("EQX_STATIC_CHECK_DIVERGENCE", True)
     limit = _jax.env_seconds("EQX_STATIC_DIVERGENCE_TIMEOUT", 600.0)  # read, so checked
-    if not on or lowering is None or (program is not None and not miss.traced):
+    if not on or miss is None or lowering is None:
+        return
+    if program is not None and not miss.traced:
         return
     if not _jax.spans_processes(lowering) or (client := _jax.kv_store()) is None:
         return
@@ -129,12 +142,12 @@ def check(miss: Any, lowering: Any, fp: Any, program: Any) -> None:
     # The canonical module: its avals and shardings, by their types and attributes.
     module = fp.digest if fp is not None else digest(lowering.stablehlo()) or b""
     record = {
-        "f": f.name(miss.entry.key),
+        "f": f.name(miss.key),
         "at": _jax.user_line(),
         "compiles": len(f.history),
         "program": hashlib.sha256(module).hexdigest()[:16],
         "decision": decision,
-        "key": _described(miss.entry.key, f.argnames, miss.sig[0][f.n_fn :]),
+        "key": _described(miss.key, f.argnames, miss.avals),
     }
     if message := _exchange(client, record, miss.why, limit):
         raise DivergenceError(message)

@@ -164,8 +164,8 @@ def write_problems() -> list[str]:
 # the features filed beside it included.)
 BUDGET: dict[str, int] = {
     "__init__.py": 40,
-    "_compile.py": 844,
-    "_diverge.py": 166,
+    "_compile.py": 847,
+    "_diverge.py": 174,
     "_fields.py": 345,
     "_guard.py": 302,
     "_jax.py": 400,
