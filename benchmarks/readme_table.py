@@ -142,6 +142,7 @@ def _tier(name: str, got: dict[str, Any]) -> str:
     if got.get("timed_out"):
         notes.append("**a run went over its time: its tests are not counted**")
     notes += [f"failed: `{f}`" for f in got.get("failures") or []]
+    notes += [f"skipped: `{f}`" for f in got.get("skips") or []]
     cells = " | ".join(str(c) for c in counts)
     return f"| {name} | {cells} | {got['seconds']:,.0f} s | {'; '.join(notes)} |"
 

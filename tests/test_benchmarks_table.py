@@ -79,10 +79,10 @@ def test_a_record_s_table_says_what_did_not_run():
     record = rt.load(rt.TPU)
     some = {"passed": 5, "failed": 1, "errors": 0, "skipped": 0, "seconds": 3.0}
     record["pytest"] = {
-        "slow": {**some, "groups": ["1/3"], "failures": ["t::x"]},
+        "slow": {**some, "groups": ["1/3"], "failures": ["t::x"], "skips": ["t::y: z"]},
         "fast": {**some, "groups": ["1/2", "2/2"], "failures": [], "timed_out": True},
     }
     text = rt.render_record(record)
     assert "| slow | 5 | 1 | 0 | 0 | 3 s | **groups 1/3 only: the rest" in text
-    assert "failed: `t::x`" in text
+    assert "failed: `t::x`; skipped: `t::y: z`" in text
     assert "| fast | 5 | 1 | 0 | 0 | 3 s | test files in 2 groups; **a run went" in text

@@ -64,6 +64,7 @@ def test_counts_are_pytest_s_own(tmp_path):
         "errors": 1,
         "skipped": 2,
         "failures": ["test_some::test_c", "test_some::test_d"],
+        "skips": ["test_some::test_e: no", "test_some::test_f[1]: unconditional skip"],
     }
 
 

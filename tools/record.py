@@ -90,8 +90,8 @@ def _run(command: list[str], timeout: float) -> tuple[int | None, float]:
 
 
 def counts(junit: Path) -> dict[str, object]:
-    """Passed / failed / errors / skipped, and the failures by name, from pytest's
-    JUnit XML."""
+    """Passed / failed / errors / skipped, the failures by name and the skips with
+    their reasons, from pytest's JUnit XML."""
     suite = ET.parse(junit).getroot()
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
     assert suite is not None
@@ -101,12 +101,18 @@ def counts(junit: Path) -> dict[str, object]:
         for case in suite.iter("testcase")
         if case.find("failure") is not None or case.find("error") is not None
     ]
+    skips = [
+        f"{case.get('classname')}::{case.get('name')}: {skip.get('message')}"
+        for case in suite.iter("testcase")
+        if (skip := case.find("skipped")) is not None
+    ]
     return {
         "passed": got["tests"] - got["failures"] - got["errors"] - got["skipped"],
         "failed": got["failures"],
         "errors": got["errors"],
         "skipped": got["skipped"],
         "failures": failed,
+        "skips": skips,
     }
 
 
@@ -190,7 +196,8 @@ def _git() -> str | None:
         return None
 
 
-SUMMED = ("passed", "failed", "errors", "skipped", "failures", "seconds", "groups")
+SUMMED = ("passed", "failed", "errors", "skipped", "failures", "skips", "seconds")
+SUMMED += ("groups",)
 
 
 def _add(a: dict, b: dict) -> dict:
