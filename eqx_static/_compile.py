@@ -346,9 +346,7 @@ class Function:
             return
         with self.lock:
             self._empty(entry)
-        if _jax.DISPATCH and not isinstance(entry.dispatch, _Public):
-            _jax.clear(entry.dispatch)
-        entry.helper = None
+        _let_go(entry)
 
     def _evict(self, entry: Entry) -> None:
         del self.entries[entry.key]
@@ -358,12 +356,7 @@ class Function:
         self.recent = collections.deque(
             (s for s in self.recent if s.key is not entry.key), maxlen=64
         )
-        if isinstance(entry.dispatch, _Public):  # a new `jax.jit`: the old one goes
-            entry.dispatch.renew()  # now, with its executables (the entry and its
-            # call refer to each other: they wait for the cycle collector)
-        elif entry.dispatch is not None and _jax.DISPATCH:
-            _jax.clear(entry.dispatch)  # its executables go with it
-        entry.helper = None
+        _let_go(entry)
 
     def _empty(self, entry: Entry) -> None:
         for p in entry.runs.values():
@@ -381,6 +374,18 @@ class Function:
             same[:] = [q for q in same if q is not p]
             if not same:
                 self.programs.pop(p.fingerprint.digest, None)
+
+
+def _let_go(entry: Entry) -> None:
+    """Drop the executables `entry`'s dispatcher holds: a C++ dispatcher empties its
+    cache; a public `jax.jit` is made anew, and the old one goes at once with JAX's
+    caches of it (the entry and its call refer to each other: left to them, it
+    would wait for the cycle collector)."""
+    if isinstance(entry.dispatch, _Public):
+        entry.dispatch.renew()
+    elif entry.dispatch is not None and _jax.DISPATCH:
+        _jax.clear(entry.dispatch)
+    entry.helper = None
 
 
 def _where(fn: Any) -> str:
@@ -1146,9 +1151,9 @@ def _public(f: Function, entry: Entry, donated: tuple) -> Callable:
         miss = _Miss(f, entry, leaves, _PGLE if top else _TRANSFORMED)
         miss.public, public.staged = (public if top else None), public.staged or not top
         full = f.maxsize is not None and len(entry.runs) >= f.maxsize
-        if top and full and miss.sig not in entry.runs:
-            f.make_room(entry, miss.sig)  # the books, and JAX's cache of the key
-            public.renew()
+        if top and full and miss.sig not in entry.runs:  # `make_room`'s own test,
+            # made here first so that a call that needs no room reads no avals
+            f.make_room(entry, miss.sig)  # the books, and a new `jax.jit` of the key
         run, jitted = public.run, public.jitted
         with _quiet(f), _report.marked(__equinox_jit_id__):
             return _booked(miss, lambda: run(*leaves), jitted)
