@@ -127,3 +127,9 @@ def test_the_style_check_can_fail(tmp_path, monkeypatch):
         "_b.py:1: a line over 88 columns",
         "_c.py is not as `ruff format` writes it",
     ]
+    monkeypatch.setattr(house, "formatted", lambda path: None)  # no ruff: said once
+    assert house.style_problems() == [
+        "_a.py:1: a `fmt:` marker",
+        "_b.py:1: a line over 88 columns",
+        "no ruff to format with: `pip install -e '.[test]'`",
+    ]

@@ -160,7 +160,7 @@ def write_problems() -> list[str]:
 
 # Code lines each module may have: set at its count, so that a change that adds
 # lines raises the budget in the same diff and says what they buy. (The bar filed
-# for the package is 3,100 in at most 12 modules; it stands at 4,391 as formatted,
+# for the package is 3,100 in at most 12 modules; it stands at 4,402 as formatted,
 # the features filed beside it included.)
 BUDGET: dict[str, int] = {
     "__init__.py": 40,
@@ -227,7 +227,7 @@ def formatted(path: Path) -> str | None:
 def style_problems() -> list[str]:
     """A module not as `ruff format` writes it (or no ruff to tell), a marker that
     keeps lines from the formatter, a line over 88 columns."""
-    problems = []
+    problems, no_ruff = [], False
     for path in sorted(PACKAGE.glob("*.py")):
         text = path.read_text()
         for i, line in enumerate(text.splitlines(), 1):
@@ -236,10 +236,11 @@ def style_problems() -> list[str]:
             if len(line) > 88:
                 problems.append(f"{path.name}:{i}: a line over 88 columns")
         out = formatted(path)
-        if out is None:
-            problems.append("no ruff to format with: `pip install -e '.[test]'`")
-        elif out != text:
+        no_ruff = no_ruff or out is None
+        if out is not None and out != text:
             problems.append(f"{path.name} is not as `ruff format` writes it")
+    if no_ruff:  # said once, not once per module
+        problems.append("no ruff to format with: `pip install -e '.[test]'`")
     return problems
 
 
