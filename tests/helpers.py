@@ -209,6 +209,20 @@ def no_socket() -> str | None:
     return None
 
 
+def inherited_path() -> list[str]:
+    """The folders of this process's `PYTHONPATH` other than this checkout (an
+    accelerator machine's JAX may be found there, not in site-packages)."""
+    path = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    return [p for p in path if p and Path(p).resolve() != ROOT]
+
+
+def package_folders() -> list[str]:
+    """The folders this interpreter imports installed packages from: its
+    site-packages (a venv's and the system's it sees) and `inherited_path()`."""
+    site = [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")]
+    return [*dict.fromkeys([*site, *inherited_path()])]
+
+
 def output(result: subprocess.CompletedProcess[str]) -> str:
     """A finished process's output, for an assertion message."""
     return f"--- stdout ---\n{result.stdout}\n--- stderr ---\n{result.stderr}"

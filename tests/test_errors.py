@@ -20,7 +20,7 @@ import jax.random as jr
 import numpy as np
 import pytest
 from eqx_static import _jax
-from helpers import opaque_host_callbacks, path, run_python
+from helpers import inherited_path, opaque_host_callbacks, path, run_python
 
 
 def _positive(x):
@@ -619,7 +619,8 @@ def test_a_traced_field_error_names_the_user_s_place_without_the_import_hook(
         ignore=shutil.ignore_patterns("__pycache__"),
     )
     (clone / "place.py").write_text(_PLACE)
-    done = run_python("place.py", env={"PYTHONPATH": str(clone)}, cwd=clone)
+    path = os.pathsep.join([str(clone), *inherited_path()])
+    done = run_python("place.py", env={"PYTHONPATH": path}, cwd=clone)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout == "named\n"
 
