@@ -132,17 +132,30 @@ def _rows(rows: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def _tier(name: str, got: dict[str, Any]) -> str:
+def _tier(name: str, got: dict[str, Any], git: str) -> str:
     counts = [got.get(k, "n/a") for k in ("passed", "failed", "errors", "skipped")]
     groups = sorted(got.get("groups", []))
     n = int(groups[0].split("/")[1]) if groups else 0
-    notes = [f"test files in {n} groups"] if len(groups) == n else []
+    notes = [f"test files in {n} groups"] if groups and len(groups) == n else []
     if len(groups) < n:
         notes = [f"**groups {', '.join(groups)} only: the rest not run yet**"]
+    over = [
+        g
+        for r in got.get("runs", [])
+        if r.get("timed_out")
+        for g in r.get("groups", [])
+    ]
     if got.get("timed_out"):
-        notes.append("**a run went over its time: its tests are not counted**")
+        which = f"group {', '.join(over)}" if over else "a run"
+        notes.append(f"**{which} went over its time: its tests are not counted**")
+    if (trees := got.get("trees", [git])) != [git]:
+        notes.append(f"run at git {', '.join(f'`{t}`' for t in trees)}")
     notes += [f"failed: `{f}`" for f in got.get("failures") or []]
-    notes += [f"skipped: `{f}`" for f in got.get("skips") or []]
+    why: dict[str, list[str]] = {}  # the tests skipped, by reason
+    for skip in got.get("skips") or []:
+        test, _, reason = skip.partition(": ")
+        why.setdefault(reason, []).append(f"`{test}`")
+    notes += [f"skipped ({r}): {', '.join(tests)}" for r, tests in why.items()]
     cells = " | ".join(str(c) for c in counts)
     return f"| {name} | {cells} | {got['seconds']:,.0f} s | {'; '.join(notes)} |"
 
@@ -166,8 +179,13 @@ def render_record(record: dict[str, Any]) -> str:
         "",
         "| tier | passed | failed | errors | skipped | time | notes |",
         "|---|---|---|---|---|---|---|",
-        *(_tier(name, got) for name, got in record["pytest"].items()),
+        *(_tier(n, got, record["git"]) for n, got in record["pytest"].items()),
         "",
+        *(
+            [f"The benchmarks ran at git `{bench['git']}`.", ""]
+            if bench.get("git") not in (None, record["git"])
+            else []
+        ),
         "| measurement | instance | result | target | met |",
         "|---|---|---|---|---|",
     ]

@@ -81,8 +81,17 @@ def test_a_record_s_table_says_what_did_not_run():
     record["pytest"] = {
         "slow": {**some, "groups": ["1/3"], "failures": ["t::x"], "skips": ["t::y: z"]},
         "fast": {**some, "groups": ["1/2", "2/2"], "failures": [], "timed_out": True},
+        "fast-unchecked": {**some, "trees": [record["git"], "0ther"]},
     }
     text = rt.render_record(record)
+    assert "| 3 s | run at git `" + record["git"] + "`, `0ther` |" in text
+    record["benchmarks"]["git"] = record["git"]
+    assert "The benchmarks ran at git" not in rt.render_record(record)
+    runs = [{"groups": ["1/2"]}, {"groups": ["2/2"], "timed_out": True}]
+    record["pytest"]["fast"]["runs"] = runs
+    assert "**group 2/2 went over its time" in rt.render_record(record)
+    record["benchmarks"]["git"] = "0ther"
+    assert "The benchmarks ran at git `0ther`." in rt.render_record(record)
     assert "| slow | 5 | 1 | 0 | 0 | 3 s | **groups 1/3 only: the rest" in text
-    assert "failed: `t::x`; skipped: `t::y: z`" in text
+    assert "failed: `t::x`; skipped (z): `t::y`" in text
     assert "| fast | 5 | 1 | 0 | 0 | 3 s | test files in 2 groups; **a run went" in text

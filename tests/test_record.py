@@ -78,7 +78,7 @@ def test_a_merge_keeps_each_record_s_parts(tmp_path):
         path.write_text(json.dumps(r))
     got = record.merge(paths)
     assert got["pytest"] == {"fast": {"passed": 1}, "slow": {"passed": 2}}
-    assert got["benchmarks"] == {"rows": [1]}
+    assert got["benchmarks"] == {"rows": [1], "git": None}  # b has no tree
     assert got["parts"] == ["fast", "slow", "bench"]
 
 
@@ -101,9 +101,10 @@ def test_a_merge_adds_a_part_s_groups(tmp_path):
     a = {"fast": {**part, "failures": ["a"], "groups": ["1/2"], "exit_code": 1}}
     b = {"fast": {**part, "failures": ["b"], "groups": ["2/2"], "exit_code": 0}}
     paths = [tmp_path / "a.json", tmp_path / "b.json"]
-    for path, r in zip(paths, (a, b)):
-        path.write_text(json.dumps({**base, "pytest": r}))
+    for path, r, git in zip(paths, (a, b), ("c4b99c5", "4448a2c")):
+        path.write_text(json.dumps({**base, "pytest": r, "git": git}))
     got = record.merge(paths)["pytest"]["fast"]
+    assert got["trees"] == ["c4b99c5", "4448a2c"]  # the groups ran different trees
     assert {k: got[k] for k in ("passed", "failed", "skipped", "seconds")} == {
         "passed": 6,
         "failed": 2,
@@ -112,6 +113,7 @@ def test_a_merge_adds_a_part_s_groups(tmp_path):
     }
     assert got["failures"] == ["a", "b"] and got["groups"] == ["1/2", "2/2"]
     assert [r["exit_code"] for r in got["runs"]] == [1, 0]
+    assert [r["groups"] for r in got["runs"]] == [["1/2"], ["2/2"]]  # which ran over
     with pytest.raises(SystemExit, match="overlap"):
         record.merge([paths[0], paths[0]])
     over = {"fast": {"seconds": 9.0, "groups": ["3/3"], "timed_out": True}}

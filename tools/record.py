@@ -197,7 +197,7 @@ def _git() -> str | None:
 
 
 SUMMED = ("passed", "failed", "errors", "skipped", "failures", "skips", "seconds")
-SUMMED += ("groups",)
+SUMMED += ("groups", "trees")  # the trees its groups ran: records of several
 
 
 def _add(a: dict, b: dict) -> dict:
@@ -206,9 +206,11 @@ def _add(a: dict, b: dict) -> dict:
     if set(a["groups"]) & set(b["groups"]):
         raise SystemExit(f"--merge: group(s) {a['groups']} and {b['groups']} overlap")
     runs = [*a.get("runs", [a]), *b.get("runs", [b])]
-    runs = [{k: v for k, v in r.items() if k not in SUMMED} for r in runs]
+    runs = [{k: v for k, v in r.items() if k not in SUMMED[:-2]} for r in runs]
     both = [(k, a.get(k), b.get(k)) for k in SUMMED]  # a group that ran over: none
     summed = {k: y if x is None else x if y is None else x + y for k, x, y in both}
+    if summed["trees"]:
+        summed["trees"] = list(dict.fromkeys(summed["trees"]))
     return {**summed, "runs": runs, "timed_out": any(r.get("timed_out") for r in runs)}
 
 
@@ -221,10 +223,13 @@ def merge(paths: list[Path]) -> dict:
     out = {**records[-1], "pytest": {}, "benchmarks": None}
     for r in records:
         for name, got in r["pytest"].items():
+            if "trees" not in got and r.get("git"):
+                got = {**got, "trees": [r["git"]]}
             old = out["pytest"].get(name)
             both = old is not None and "groups" in old and "groups" in got
             out["pytest"][name] = _add(old, got) if both else got
-        out["benchmarks"] = r["benchmarks"] or out["benchmarks"]
+        if r["benchmarks"]:
+            out["benchmarks"] = {"git": r.get("git"), **r["benchmarks"]}
     out["parts"] = [p for p in PARTS if p in out["pytest"] or p == "bench"]
     if out["benchmarks"] is None:
         out["parts"].remove("bench")
