@@ -367,6 +367,30 @@ try:
         """The string an MLIR string attribute holds (a function's symbol name)."""
         return _ir.StringAttr(attribute).value
 
+    def large_constants(op: Any, limit: int) -> list:
+        """The dense constants that `op` and the operations inside it hold, in a
+        fixed order, which the printer elides at `limit` (not a splat, more
+        elements); None for one this cannot read (a resource, whose data is not in
+        the module). Walked here, not by MLIR's `walk`: an error in its callback
+        aborts. Reading a constant of complex numbers aborts: the caller checks the
+        module's element types first."""
+        found: list = []
+        todo = [op]
+        while todo:
+            inner = todo.pop()
+            attributes = inner.attributes
+            for i in range(len(attributes)):
+                a = attributes[i].attr
+                if isinstance(a, _ir.DenseResourceElementsAttr):
+                    found.append(None)
+                elif isinstance(a, _ir.DenseElementsAttr) and not a.is_splat:
+                    found.extend([a] if len(a) > limit else [])
+            for region in inner.regions:
+                for block in region.blocks:
+                    todo.extend(o.operation for o in block.operations)
+        return found
+
+
 except (ImportError, AttributeError):  # pragma: no cover
     _printers = False  # told below, once `stop_sharing` is defined
 

@@ -2,8 +2,8 @@
 both: by an allow-list of what is known, never by comparing values that could
 change later.
 
-Two lowerings are one program when they have the same module (constants printed in
-full, source locations left out, private functions named by what they compute),
+Two lowerings are one program when they have the same module (constants in full:
+large ones by their bytes' digest; source locations left out, private functions named by what they compute),
 the same compile arguments (each one on the list below, compared as that kind of
 value; an argument not on the list makes a program unshareable), and the same host
 callbacks, in order: each the *identical* Python function over argument structures
@@ -175,7 +175,7 @@ def digest(module: Any) -> bytes | None:
         if "sym_name" not in op.attributes:
             return None
         name = _jax.string_value(op.attributes["sym_name"]).encode()
-        texts[name] = op.get_asm(**_ASM, assume_verified=True)
+        texts[name] = _text(op)
         visibility = "public"  # a symbol that is not a function (`sdy.mesh`) has none
         if "sym_visibility" in op.attributes:
             visibility = _jax.string_value(op.attributes["sym_visibility"])
@@ -207,6 +207,38 @@ def digest(module: Any) -> bytes | None:
     except _CycleError:
         return None
     return top.digest()
+
+
+# A large constant is hashed from its bytes, not printed in hexadecimal (ten times
+# slower): the printer elides each one of more than `_LIMIT` elements, and the walk
+# finds them, in an order the text fixes (equal texts: the same operations).
+_LIMIT: Final = 16
+_ELIDED: Final = b"dense_resource<__elided__>"
+# The tensors' element types whose constants the bindings can read: reading one of
+# another type (complex) aborts the process.
+_ELEMENT_TYPE: Final = re.compile(rb"tensor<(?:[\d?]+x)*([^>]*)>")
+_READABLE: Final = re.compile(rb"u?i\d+|bf16|f\d+(?:E\w+)?|index")
+
+
+def _text(op: Any) -> bytes:
+    """A function's text, its large constants elided and their bytes' digest added;
+    in full where the walk does not find one constant for each elided."""
+    text = op.get_asm(**_ASM | {"large_elements_limit": _LIMIT}, assume_verified=True)
+    if _ELIDED not in text:
+        return text
+    if not all(map(_READABLE.fullmatch, set(_ELEMENT_TYPE.findall(text)))):
+        return op.get_asm(**_ASM, assume_verified=True)
+    large = _jax.large_constants(op, _LIMIT)
+    h = hashlib.sha256()
+    try:
+        if len(large) != text.count(_ELIDED) or any(c is None for c in large):
+            raise ValueError("an elided constant the walk does not find")
+        for constant in large:
+            data = memoryview(constant)
+            h.update(data.nbytes.to_bytes(8, "little") + data.cast("B"))
+    except (ValueError, TypeError, BufferError):  # one with no plain buffer
+        return op.get_asm(**_ASM, assume_verified=True)
+    return text + b"\n// constants " + h.hexdigest().encode()
 
 
 _SELF: Final = b"@self"  # a function's own name, in its header

@@ -671,6 +671,57 @@ def test_a_function_emitted_twice_under_two_names_is_one_program():
     )
 
 
+@pytest.mark.parametrize(
+    "dtype", ["float32", "bfloat16", "int8", "uint32", "bool", "complex64"]
+)
+@pytest.mark.parametrize("where", ["top", "cond", "while"])
+def test_a_large_constant_is_hashed_whole_of_every_dtype_and_place(dtype, where):
+    """A large constant is hashed from its bytes, not printed: one element changed
+    (first, middle, last) is another program, in any dtype, also inside a `cond`
+    branch or a loop's body; equal values are one program."""
+    rng = np.random.default_rng(0)
+    base = (rng.random(300) * 100).astype(np.float32).astype(dtype)
+    if dtype == "bool":
+        base = rng.random(300) > 0.5
+
+    def lowered(c):
+        c = jnp.asarray(c)
+
+        def step(i, y):
+            return y * jnp.real(c).astype(y.dtype)
+
+        def body(x):
+            if where == "cond":
+                return jax.lax.cond(x[0] > 0, lambda y: step(0, y), jnp.sin, x)
+            if where == "while":
+                return jax.lax.fori_loop(0, x.shape[0], step, x)
+            return x + jnp.real(c).astype(x.dtype)
+
+        return _lowered(body, jnp.ones(300))
+
+    first = _digest(lowered(base))
+    assert first is not None and _digest(lowered(base.copy())) == first
+    for i in (0, 150, 299):
+        other = base.copy()
+        other[i] = not other[i] if dtype == "bool" else other[i] + 1
+        assert _digest(lowered(other)) != first, i
+
+
+def test_a_constant_the_walk_does_not_find_is_printed_in_full(monkeypatch):
+    """An elided constant the walk does not account for (one inside another
+    attribute): the function is printed in full, as the walk's digest would not
+    pin it."""
+    from eqx_static import _sharing
+
+    c = jnp.asarray(np.arange(100, dtype=np.float32))
+    module = _lowered(lambda x: x + c, jnp.ones(100)).stablehlo()  # kept: owns op
+    op = module.body.operations[0]
+    full = op.operation.get_asm(**_sharing._ASM, assume_verified=True)
+    assert _sharing._text(op.operation) != full  # elided, with its digest
+    monkeypatch.setattr(_jax, "large_constants", lambda op, limit: [])
+    assert _sharing._text(op.operation) == full
+
+
 def test_the_structure_masks_every_constant_large_or_splat_and_keeps_the_rest():
     """`structure` (which the storm warning and "only in a constant" compare) is
     the same for programs that differ only in a constant's values, a large one
