@@ -2,10 +2,11 @@
 both: by an allow-list of what is known, never by comparing values that could
 change later.
 
-Two lowerings are one program when they have the same module (constants in full:
-large ones by their bytes' digest; source locations left out, private functions named by what they compute),
-the same compile arguments (each one on the list below, compared as that kind of
-value; an argument not on the list makes a program unshareable), and the same host
+Two lowerings are one program when they have the same module (constants in full,
+large ones by their bytes' digest; source locations left out; private functions
+named by what they compute), the same compile arguments (each one on the list
+below, compared as that kind of value; an argument not on the list makes a
+program unshareable), and the same host
 callbacks, in order: each the *identical* Python function over argument structures
 equal as keys compare them. What runs Python on the host is read from the traced
 jaxpr, which holds it on every platform (a TPU's lowering holds only opaque
