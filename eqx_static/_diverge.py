@@ -177,7 +177,7 @@ def _described(key: Key, argnames: Sequence[str], avals: Sequence) -> list:
 def _value(tok: Any) -> str:
     """A static value as every process writes it: no address, no set order."""
     v = value_of(tok)
-    text = repr(sorted(v, key=repr)) if isinstance(v, frozenset | set) else repr(v)
+    text = _report.show(sorted(v, key=repr) if isinstance(v, frozenset | set) else v)
     return f"{_ADDRESS.sub('', text)[:80]} ({type(v).__qualname__})"
 
 

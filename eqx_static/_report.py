@@ -86,8 +86,9 @@ _REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 6, 160, 200
 _REPR.maxtuple = _REPR.maxlist = _REPR.maxdict = _REPR.maxset = _REPR.maxfrozenset = 40
 
 
-def _show(tok: Any) -> str:
-    """A static value as a change names it: a function by its name, else `repr`."""
+def show(tok: Any) -> str:
+    """A static value as a message names it: a function by its name, else `repr`,
+    cut short."""
     v = value_of(tok)
     name = getattr(v, "__qualname__", None)
     if isinstance(name, str) and not isinstance(v, type):
@@ -114,7 +115,7 @@ def _compare(a: Node, b: Node, v: Visit, method: bool, out: list[Change]) -> boo
             if x != y:
                 full = f"{path}.{field}"
                 field = field if is_self else f"{name}.{field}"
-                detail = f"changed {_show(x)} -> {_show(y)}"
+                detail = f"changed {show(x)} -> {show(y)}"
                 phrase = f"static field {field!r} {detail}"
                 out.append(Change(phrase, field, "static field", detail, full, y, x))
         if a.head != b.head:
@@ -122,7 +123,7 @@ def _compare(a: Node, b: Node, v: Visit, method: bool, out: list[Change]) -> boo
             out.append(Change(f"{what} {detail}", name, "structure", detail, path))
         return False
     if ka == kb == "static":
-        detail = f"changed {_show(a.head)} -> {_show(b.head)}"
+        detail = f"changed {show(a.head)} -> {show(b.head)}"
         plain = v.cls is not None and not field_info(v.cls).stores_arrays
         kind = "argument" if argument else "plain leaf" if plain else "leaf"
         change = Change(f"{what} {detail}", name, kind, detail, path, b.head, a.head)
@@ -475,11 +476,6 @@ def budget_error(
     )
 
 
-def _names_on(line: Frame) -> set[str]:
-    """The names on a line of source (where the programs differ)."""
-    return set(re.findall(r"\w+", linecache.getline(line[0], line[1])))
-
-
 def storm(name: str, history: Sequence[Compile], shared: Sequence[Why], n: int) -> bool:
     """Warn once something changed at each of the last `n` compiles; of several,
     name the one whose name is on the line where the last programs differ, or else
@@ -493,53 +489,40 @@ def storm(name: str, history: Sequence[Compile], shared: Sequence[Why], n: int) 
     if not common:
         return False
     differ = recent[-1].differ
-    read = _names_on(differ.line) if differ is not None and differ.line else set()
+    line = differ.line[:2] if differ is not None and differ.line else ("", 0)
+    read = set(re.findall(r"\w+", linecache.getline(*line)))  # where programs differ
     reused = collections.Counter(c.name for why in shared for c in why.changes)
     culprit = min(
-        common,
-        key=lambda k: (k.rsplit(".", 1)[-1] not in read, reused.get(k, 0), k),
+        common, key=lambda k: (k.rsplit(".", 1)[-1] not in read, reused.get(k, 0), k)
     )
     change = per_compile[-1][culprit]
     changed = [c for h in history for c in h.changes if c.name == culprit]
-    when = (
-        "every time"
-        if len(changed) == len(history) - 1
-        else f"at each of the last {len(per_compile)} compiles"
-    )
+    when = f"at each of the last {len(per_compile)} compiles"
+    when = "every time" if len(changed) == len(history) - 1 else when
     structures = [h.structure for h in recent]
     constant = None not in structures and len(set(structures)) == 1
     at = f" (at {differ.place})" if differ else ""
-    verdict = (
-        ""
-        if change.kind == "array"
-        else f"The programs differ only in their constants{at}: {culprit!r} is only "
-        "used as a value. "
-        if constant
-        else f"The programs differ in their structure, not only in constants{at}. "
-    )
+    verdict = f"The programs differ in their structure, not only in constants{at}. "
+    if constant:
+        verdict = f"The programs differ only in their constants{at}: {culprit!r} is "
+        verdict += "only used as a value. "
     values = {c.new for c in changed} | {changed[0].old}
-    if change.new is not None and None not in values and len(values) <= len(changed):
-        fix = _combinations(culprit, len(values), history)
-    else:
-        fix = _fix(change, constant)
+    few = change.new is not None and None not in values and len(values) <= len(changed)
+    fix = (
+        _combinations(culprit, len(values), history) if few else _fix(change, constant)
+    )
     logger.warning(
-        "%s has compiled %d times, and %r changed %s (%.2f s spent compiling). %s%s",
-        name,
-        len(history),
-        culprit,
-        when,
-        sum(h.seconds for h in history),
-        verdict,
-        fix,
+        f"{name} has compiled {len(history)} times, and {culprit!r} changed {when} "
+        f"({sum(h.seconds for h in history):.2f} s spent compiling). "
+        f"{'' if change.kind == 'array' else verdict}{fix}"
     )
     return True
 
 
 def _combinations(culprit: str, values: int, history: Sequence[Compile]) -> str:
     """What to say of a field that took few values but changed at many compiles."""
-    others = collections.Counter(
-        c.name for h in history for c in h.changes if c.name != culprit
-    )
+    names = [c.name for h in history for c in h.changes if c.name != culprit]
+    others = collections.Counter(names)
     top = [f"{k!r} at {n}" for k, n in others.most_common(3)]
     said = ", ".join(top) + (f", and {len(others) - 3} more" if len(others) > 3 else "")
     if said:
@@ -553,51 +536,41 @@ def _combinations(culprit: str, values: int, history: Sequence[Compile]) -> str:
     )
 
 
-# The fix for a change that no value of the call names.
-_FIXED: Final = {
+# The fix for a value that keeps changing, by its kind; "picks structure" stands
+# for the kinds of a value the program reads as more than a value. `{name}`: the
+# value's name, `{field}`: its last part.
+_FIXES: Final = {
+    "array": "{name} is an array whose shape, dtype or sharding keeps changing, and "
+    "each new one is a new program: pad or bucket shapes to a few sizes.",
     "jax": "JAX's profile-guided optimisation (`jax_enable_pgle`) compiles each "
     "program again once it has profiled it.",
     "transformed": "An eager `jax.grad`, `jax.vmap` or `jax.checkpoint` compiles "
     "each transformed program: put the transformation under a `jax.jit`.",
+    "structure": "Keep the structure of {name} the same from call to call.",
+    "context": "Keep JAX's configuration (`jax.config`, and context managers such as "
+    "`jax.default_device`) the same from call to call.",
+    "picks structure": "{name} picks program structure (an `if`, a loop length, a "
+    "shape), so it must stay static: reduce the number of distinct values.",
+    "static field": "Make {name} dynamic: drop `static=True`, and a number is "
+    "stored as an array and traced, with no compile per value.",
+    "leaf": "{name} is a Python value in a dynamic field (as `eqx.tree_at` leaves "
+    "one): store an array there instead (`jnp.asarray(v)`, or `with_dynamic`), and "
+    "it is traced, with no compile per value.",
+    "plain leaf": "{name} is a Python value in a field of a plain `eqx.Module`, "
+    "where `with_dynamic` keeps it as it is: store an array there instead "
+    "(`eqx.tree_at(lambda m: m.{field}, m, jnp.asarray(v))`), or pass it as an "
+    "argument of the call, and it is traced, with no compile per value.",
+    "argument": "{name} is a Python value passed as an argument: pass "
+    "`jnp.asarray(v)` instead, and it is traced, with no compile per value.",
 }
+_VALUES: Final = ("static field", "leaf", "plain leaf", "argument")
 
 
 def _fix(change: Change, constant: bool) -> str:
     """What to do about a value that keeps changing (`constant`: only as a value)."""
-    name = repr(change.name)
-    if change.kind == "array":
-        return (
-            f"{name} is an array whose shape, dtype or sharding keeps changing, and "
-            "each new one is a new program: pad or bucket shapes to a few sizes."
-        )
-    if change.kind in _FIXED:
-        return _FIXED[change.kind]
-    if change.kind == "structure":
-        return f"Keep the structure of {name} the same from call to call."
-    if change.kind == "context":
-        return (
-            "Keep JAX's configuration (`jax.config`, and context managers such as "
-            "`jax.default_device`) the same from call to call."
-        )
-    if not constant:
-        return (
-            f"{name} picks program structure (an `if`, a loop length, a shape), so it "
-            "must stay static: reduce the number of distinct values."
-        )
-    return {
-        "static field": f"Make {name} dynamic: drop `static=True`, and a number is "
-        "stored as an array and traced, with no compile per value.",
-        "leaf": f"{name} is a Python value in a dynamic field (as `eqx.tree_at` leaves "
-        "one): store an array there instead (`jnp.asarray(v)`, or `with_dynamic`), and "
-        "it is traced, with no compile per value.",
-        "plain leaf": f"{name} is a Python value in a field of a plain `eqx.Module`, "
-        "where `with_dynamic` keeps it as it is: store an array there instead "
-        f"(`eqx.tree_at(lambda m: m.{change.name.rsplit('.', 1)[-1]}, m, "
-        "jnp.asarray(v))`), or pass it as an argument of the call, and it is traced, "
-        "with no compile per value.",
-        "argument": f"{name} is a Python value passed as an argument: pass "
-        "`jnp.asarray(v)` instead, and it is traced, with no compile per value.",
-    }[change.kind]
+    kind = "picks structure" if change.kind in _VALUES and not constant else change.kind
+    field = change.name.rsplit(".", 1)[-1]
+    return _FIXES[kind].format(name=repr(change.name), field=field)
 
 
 # ----------------------------------------------------------------------------------
