@@ -70,12 +70,10 @@ def diff(old: Key, new: Key, argnames: Sequence[str]) -> list[Change]:
     method = argnames[:1] == ("self",)
     before = {v.path: v.node for v in visits(old, argnames)}
     out: list[Change] = []
-    stopped: set[str] = set()
+    stopped: set[str] = set()  # below a change of structure: already said
     for v in visits(new, argnames):
         a = before.get(v.path)
-        if v.parent in stopped or a is None:
-            stopped.add(v.path)  # below a change of structure: already said
-        elif a[:5] != v.node[:5] and _compare(a, v.node, v, method, out):
+        if a is None or v.parent in stopped or _compare(a, v.node, v, method, out):
             stopped.add(v.path)
     return out
 
@@ -99,8 +97,10 @@ def show(tok: Any) -> str:
 
 
 def _compare(a: Node, b: Node, v: Visit, method: bool, out: list[Change]) -> bool:
-    """Append what differs between two unequal nodes themselves; return whether
-    to skip their children."""
+    """Append what differs between two nodes themselves; return whether to skip
+    their children."""
+    if a[:5] == b[:5]:
+        return False
     path = v.path
     is_self = method and path == "self"
     name = path.removeprefix("self.") if method else path
@@ -126,8 +126,7 @@ def _compare(a: Node, b: Node, v: Visit, method: bool, out: list[Change]) -> boo
         detail = f"changed {show(a.head)} -> {show(b.head)}"
         plain = v.cls is not None and not field_info(v.cls).stores_arrays
         kind = "argument" if argument else "plain leaf" if plain else "leaf"
-        change = Change(f"{what} {detail}", name, kind, detail, path, b.head, a.head)
-        out.append(change)
+        out.append(Change(f"{what} {detail}", name, kind, detail, path, b.head, a.head))
         return True
     if ka != kb:
         detail = f"changed kind: {ka} -> {kb}"
@@ -207,9 +206,8 @@ class Why:
 
 def _distance(seen: Seen, key: Key, sig: tuple) -> int:
     """How many tokens and avals differ, position by position."""
-    a, b = seen.key, key
-    tokens = abs(len(a) - len(b)) + sum(map(operator.ne, a, b))
-    return tokens + abs(len(seen.sig) - len(sig)) + sum(map(operator.ne, seen.sig, sig))
+    pairs = ((seen.key, key), (seen.sig, sig))
+    return sum(abs(len(a) - len(b)) + sum(map(operator.ne, a, b)) for a, b in pairs)
 
 
 def merge_copies(changes: Sequence[Change]) -> list[Change]:
@@ -221,9 +219,8 @@ def merge_copies(changes: Sequence[Change]) -> list[Change]:
     for c in changes:
         group = next((g for g in groups if c.detail and _copies(g[0], c)), None)
         if group is None:
-            groups.append([c])
-        else:
-            group.append(c)
+            groups.append(group := [])
+        group.append(c)
     out = []
     for group in groups:
         first = min(group, key=lambda c: len(c.path))
@@ -625,6 +622,10 @@ _LEAF_INDEX: Final = re.compile(r"_es_leaves\[(\d+)\]")
 _OURS: Final = re.compile(
     rf"(?<!\S)\S+ at {re.escape(os.path.dirname(__file__))}\S+:\d+"
 )
+_NEED: Final = (
+    "where Python needs a concrete value (`if`, `int()`, a shape, a length, an index, "
+    "a loop bound, ...)"
+)
 # JAX's error in the backward pass of a loop whose bound is traced.
 REVERSE: Final = "Reverse-mode differentiation does not work"
 
@@ -648,20 +649,14 @@ def traced_field_error(
     culprits = list({o.path: o for o in [*seen, *([named] if named else [])]}.values())
     if not culprits:
         return None
-    need = (
-        "where Python needs a concrete value (`if`, `int()`, a shape, a length, an "
-        "index, a loop bound, ...)"
-    )
     fields = [o for o in culprits if o.cls is not None]
     arguments = [o for o in culprits if o.cls is None]
-    parts = []
-    if fields:
-        parts.append(_fields_message(name, fields, need))
+    parts = [_fields_message(name, fields)] if fields else []
     if arguments:
         paths = ", ".join(o.path for o in arguments)
         parts.append(
             f"{name} used the traced argument{'s' if len(arguments) > 1 else ''} "
-            f"{paths} {need}. An array argument is traced, its value unknown while "
+            f"{paths} {_NEED}. An array argument is traced, its value unknown while "
             "compiling: pass a Python value instead (static: one compile per value), "
             "or keep the array and use `jnp.where` or `jax.lax.cond`."
         )
@@ -672,7 +667,7 @@ def traced_field_error(
     return kind("\n".join(parts) + f"\n\nJAX said: {said}", said)
 
 
-def _fields_message(name: str, fields: Sequence[Visit], need: str) -> str:
+def _fields_message(name: str, fields: Sequence[Visit]) -> str:
     """What to do about dynamic fields used as concrete values: each named, with
     its class and path, and the one line that makes each static."""
     described, fixes, numbers = [], [], True
@@ -681,18 +676,16 @@ def _fields_message(name: str, fields: Sequence[Visit], need: str) -> str:
         a = field_info(o.cls).annotations.get(o.field)
         numbers = numbers and a in (int, float, complex)
         described.append(f"{o.field!r} of `{o.cls.__qualname__}` (at {o.path})")
-        ann = (
-            getattr(a, "__name__", "...") if a in (bool, int, float, complex) else "..."
-        )
+        ann = a.__name__ if a in (bool, int, float, complex) else "..."
         fixes.append(f"`{o.field}: {ann} = eqx.field(static=True)`")
     if len(fields) == 1:
-        used = f"the traced field {described[0]} {need}. It is a dynamic field"
+        used = f"the traced field {described[0]} {_NEED}. It is a dynamic field"
         held = "a number stored as an array" if numbers else "an array"
         rest = f"its value unknown while compiling. If {fields[0].field!r} selects"
         it = "it"
     else:
         listed = ", ".join(described)
-        used = f"{len(fields)} traced fields {need}: {listed}. They are dynamic fields"
+        used = f"{len(fields)} traced fields {_NEED}: {listed}. They are dynamic fields"
         held = "numbers stored as arrays" if numbers else "arrays"
         rest = "their values unknown while compiling. If they select"
         it = "them"
