@@ -133,11 +133,9 @@ def check(miss: Miss | None, lowering: Any, fp: Any, program: Any) -> None:
     if not _jax.spans_processes(lowering) or (client := _jax.kv_store()) is None:
         return
     f = miss.f
-    try:
-        decision = (
-            "reuse" if program is not None else f.check_budget((), None) or "compile"
-        )
-    except _report.RecompileError:  # the budget's own rule
+    try:  # a refusal is the budget's own rule
+        decision = f.check_budget((), None) or "compile" if program is None else "reuse"
+    except _report.RecompileError:
         decision = "refuse"
     # The canonical module: its avals and shardings, by their types and attributes.
     module = fp.digest if fp is not None else digest(lowering.stablehlo()) or b""
@@ -190,11 +188,8 @@ def _exchange(client: Any, record: dict, why: Any, limit: float) -> str:
         _state["client"], interval = client, max(1.0, jax.process_count() / 100)  # n/s
         threading.Thread(target=_watchdog, args=(client, interval), daemon=True).start()
     slow = "%s: waiting for every process to come to this miss (at %s), at most %g s"
-    warning = threading.Timer(
-        min(60, limit / 2),
-        _report.logger.warning,
-        (slow, record["f"], record["at"], limit),
-    )
+    said = (slow, record["f"], record["at"], limit)
+    warning = threading.Timer(min(60, limit / 2), _report.logger.warning, said)
     warning.start()
     try:
         client.key_value_set(f"{at}/{me:06d}", json.dumps(record))  # sorted so

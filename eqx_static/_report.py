@@ -108,7 +108,8 @@ def _compare(a: Node, b: Node, v: Visit, method: bool, out: list[Change]) -> boo
     # (`x`, `args[1]` of `*args`, `cfg['lr']`), never as a field.
     argument = v.cls is None
     what = "self" if is_self else f"argument {path}" if argument else f"field {name!r}"
-    ka, kb = _kind(a), _kind(b)
+    # An `arrays` node holds a sequence of arrays; to the user, a sequence.
+    ka, kb = ("sequence" if n.kind == "arrays" else n.kind for n in (a, b))
     if ka == kb == "module" and module_info(a.head) is module_info(b.head):
         names = module_info(a.head).static_names
         for field, x, y in zip(names, a.statics, b.statics):
@@ -140,10 +141,6 @@ def _compare(a: Node, b: Node, v: Visit, method: bool, out: list[Change]) -> boo
     phrase = detail if is_self and ka == kb else f"{what} {detail}"
     out.append(Change(phrase, name, "structure", detail, path))
     return True
-
-
-def _kind(n: Node) -> str:
-    return "sequence" if n.kind == "arrays" else n.kind
 
 
 class Seen(NamedTuple):
