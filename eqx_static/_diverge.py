@@ -272,10 +272,9 @@ def _watchdog(client: Any, interval: float) -> None:
 def _end(message: str) -> None:
     """End this process, stuck (where nothing can be raised) after another raised."""
     main = sys._current_frames().get(threading.main_thread().ident or 0)
-    print(
+    sys.stderr.write(
         f"eqx_static: process {jax.process_index()} is ended, for another raised "
-        f"es.DivergenceError:\n{message}\nIt was waiting here:",
-        file=sys.stderr,
+        f"es.DivergenceError:\n{message}\nIt was waiting here:\n"
     )
     traceback.print_stack(main, file=sys.stderr)
     sys.stderr.flush()

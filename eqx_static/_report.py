@@ -277,12 +277,13 @@ def log(name: str, what: str, n: int, why: Why, tail: object = None) -> None:
 
 
 Frame = tuple[str, int, str]  # file, line, function
+Where = tuple[Frame, Frame | None]  # the user's frame, and a library's inside it
 
 
 class Op(NamedTuple):
     what: bytes  # a digest of the primitive, its parameters and inputs
     name: str  # the primitive's name
-    where: tuple[Frame, Frame | None] | None  # the user's frame, a library's inside
+    where: Where | None
 
 
 class Differ(NamedTuple):
@@ -293,9 +294,8 @@ class Differ(NamedTuple):
     line: Frame | None  # the user's line
 
     def __str__(self) -> str:
-        if self.constant:
-            return f"the programs differ only in a constant, at {self.place}"
-        return f"the programs first differ at {self.place}"
+        how = "differ only in a constant," if self.constant else "first differ"
+        return f"the programs {how} at {self.place}"
 
 
 # Operations that only call the program nested in them (whose operations are listed).
@@ -320,11 +320,7 @@ def ops_of(jaxpr: Any, depth: int = 0, outer: Frame | None = None) -> Iterator[O
     for eqn in inner.eqns:
         name, where = eqn.primitive.name, _user_frame(eqn.source_info, outer)
         if name not in _CALLS:
-            params = [
-                (k, _stable(v))
-                for k, v in sorted(eqn.params.items())
-                if not list(_jax.nested_jaxprs({k: v}))
-            ]
+            params = [(k, _stable(v)) for k, v in sorted(eqn.params.items())]
             inputs = [_input(v, consts, numbers) for v in eqn.invars]
             what = hashlib.sha1(repr((name, params, inputs)).encode()).digest()[:8]
             yield Op(what, name, where)
@@ -351,9 +347,7 @@ _LIBRARIES: Final = tuple(
 )
 
 
-def _user_frame(
-    source_info: Any, outer: Frame | None = None
-) -> tuple[Frame, Frame | None] | None:
+def _user_frame(source_info: Any, outer: Frame | None = None) -> Where | None:
     """The innermost frame of the user's own code that traced an equation (else
     `outer`, that of the operation holding it), and the innermost library frame
     inside it (diffrax's, optimistix's), if any."""
@@ -365,7 +359,7 @@ def _user_frame(
     return user, (frames[0] if frames[0] is not user else None)
 
 
-def _place(where: tuple[Frame, Frame | None]) -> str:
+def _place(where: Where) -> str:
     """`train.py:41 in loss`, then `, inside diffrax _integrate.py:1157`."""
     (file, line, function), inner = where
     place = f"{os.path.basename(file)}:{line} in {function.rsplit('.', 1)[-1]}"
@@ -377,7 +371,10 @@ def _place(where: tuple[Frame, Frame | None]) -> str:
 
 
 def _stable(v: Any) -> Any:
-    """A parameter as it is from one trace to the next: a function by its name."""
+    """A parameter as it is from one trace to the next: a function by its name; a
+    nested program by a placeholder (its operations are recorded in their turn)."""
+    if list(_jax.nested_jaxprs({"": v})):
+        return "nested"
     if callable(v) and not isinstance(v, type):
         return getattr(v, "__qualname__", type(v).__name__)
     return v
