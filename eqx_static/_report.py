@@ -221,7 +221,7 @@ def merge_copies(changes: Sequence[Change]) -> list[Change]:
     out = []
     for group in groups:
         first = min(group, key=lambda c: len(c.path))
-        tail = len(first.path) - len(re.match(r"\w*", first.path)[0])  # pyright: ignore
+        tail = len(re.sub(r"^\w*", "", first.path))  # past the root
         if heads := [c.path[: len(c.path) - tail] for c in group if c is not first]:
             also = f"(and the same under {' and '.join(heads)})"
             first = first._replace(phrase=f"{first.phrase} {also}")
@@ -234,8 +234,7 @@ def _copies(a: Change, b: Change) -> bool:
     if a.kind != b.kind or a.detail != b.detail:
         return False
     short, long = sorted((a.path, b.path), key=len)
-    root = len(re.match(r"\w*", short)[0])  # pyright: ignore[reportOptionalSubscript]
-    tail = short[root:]
+    tail = re.sub(r"^\w*", "", short)  # past the root
     return bool(tail) and long.endswith(tail) and long != short
 
 
