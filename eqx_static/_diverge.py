@@ -126,15 +126,14 @@ def check(miss: Miss | None, lowering: Any, fp: Any, program: Any) -> None:
     `EQX_STATIC_DIVERGENCE_TIMEOUT`, the seconds a process waits for the others."""
     on = _jax.env_switch("EQX_STATIC_CHECK_DIVERGENCE", True)
     limit = _jax.env_seconds("EQX_STATIC_DIVERGENCE_TIMEOUT", 600.0)  # read, so checked
-    if not on or miss is None or lowering is None:
-        return
-    if program is not None and not miss.traced:
+    reused = program is not None
+    if not on or miss is None or lowering is None or reused and not miss.traced:
         return
     if not _jax.spans_processes(lowering) or (client := _jax.kv_store()) is None:
         return
     f = miss.f
     try:  # a refusal is the budget's own rule
-        decision = f.check_budget((), None) or "compile" if program is None else "reuse"
+        decision = "reuse" if reused else f.check_budget((), None) or "compile"
     except _report.RecompileError:
         decision = "refuse"
     # The canonical module: its avals and shardings, by their types and attributes.
