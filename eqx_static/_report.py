@@ -111,8 +111,7 @@ def _compare(a: Node, b: Node, v: Visit, method: bool, out: list[Change]) -> boo
     # An `arrays` node holds a sequence of arrays; to the user, a sequence.
     ka, kb = ("sequence" if n.kind == "arrays" else n.kind for n in (a, b))
     if ka == kb == "module" and module_info(a.head) is module_info(b.head):
-        names = module_info(a.head).static_names
-        for field, x, y in zip(names, a.statics, b.statics):
+        for field, x, y in zip(module_info(a.head).static_names, a.statics, b.statics):
             if x != y:
                 full = f"{path}.{field}"
                 field = field if is_self else f"{name}.{field}"
@@ -671,17 +670,16 @@ def _fields_message(name: str, fields: Sequence[Visit]) -> str:
         described.append(f"{o.field!r} of `{o.cls.__qualname__}` (at {o.path})")
         ann = a.__name__ if a in (bool, int, float, complex) else "..."
         fixes.append(f"`{o.field}: {ann} = eqx.field(static=True)`")
+    it = "it" if len(fields) == 1 else "them"
     if len(fields) == 1:
         used = f"the traced field {described[0]} {_NEED}. It is a dynamic field"
         held = "a number stored as an array" if numbers else "an array"
         rest = f"its value unknown while compiling. If {fields[0].field!r} selects"
-        it = "it"
     else:
         listed = ", ".join(described)
         used = f"{len(fields)} traced fields {_NEED}: {listed}. They are dynamic fields"
         held = "numbers stored as arrays" if numbers else "arrays"
         rest = "their values unknown while compiling. If they select"
-        it = "them"
     return (
         f"{name} used {used} holding {held}, traced, {rest} program structure, "
         f"declare {it} static: {' and '.join(fixes)} (each new value then compiles "
