@@ -126,18 +126,15 @@ def check(miss: Miss | None, lowering: Any, fp: Any, program: Any) -> None:
     `EQX_STATIC_DIVERGENCE_TIMEOUT`, the seconds a process waits for the others."""
     on = _jax.env_switch("EQX_STATIC_CHECK_DIVERGENCE", True)
     limit = _jax.env_seconds("EQX_STATIC_DIVERGENCE_TIMEOUT", 600.0)  # read, so checked
-    if not on or miss is None or lowering is None:
-        return
-    if program is not None and not miss.traced:
+    reused = program is not None
+    if not on or miss is None or lowering is None or reused and not miss.traced:
         return
     if not _jax.spans_processes(lowering) or (client := _jax.kv_store()) is None:
         return
     f = miss.f
-    try:
-        decision = (
-            "reuse" if program is not None else f.check_budget((), None) or "compile"
-        )
-    except _report.RecompileError:  # the budget's own rule
+    try:  # a refusal is the budget's own rule
+        decision = "reuse" if reused else f.check_budget((), None) or "compile"
+    except _report.RecompileError:
         decision = "refuse"
     # The canonical module: its avals and shardings, by their types and attributes.
     module = fp.digest if fp is not None else digest(lowering.stablehlo()) or b""
@@ -177,7 +174,7 @@ def _described(key: Key, argnames: Sequence[str], avals: Sequence) -> list:
 def _value(tok: Any) -> str:
     """A static value as every process writes it: no address, no set order."""
     v = value_of(tok)
-    text = repr(sorted(v, key=repr)) if isinstance(v, frozenset | set) else repr(v)
+    text = _report.show(sorted(v, key=repr) if isinstance(v, frozenset | set) else v)
     return f"{_ADDRESS.sub('', text)[:80]} ({type(v).__qualname__})"
 
 
@@ -190,11 +187,8 @@ def _exchange(client: Any, record: dict, why: Any, limit: float) -> str:
         _state["client"], interval = client, max(1.0, jax.process_count() / 100)  # n/s
         threading.Thread(target=_watchdog, args=(client, interval), daemon=True).start()
     slow = "%s: waiting for every process to come to this miss (at %s), at most %g s"
-    warning = threading.Timer(
-        min(60, limit / 2),
-        _report.logger.warning,
-        (slow, record["f"], record["at"], limit),
-    )
+    said = (slow, record["f"], record["at"], limit)
+    warning = threading.Timer(min(60, limit / 2), _report.logger.warning, said)
     warning.start()
     try:
         client.key_value_set(f"{at}/{me:06d}", json.dumps(record))  # sorted so
@@ -277,10 +271,9 @@ def _watchdog(client: Any, interval: float) -> None:
 def _end(message: str) -> None:
     """End this process, stuck (where nothing can be raised) after another raised."""
     main = sys._current_frames().get(threading.main_thread().ident or 0)
-    print(
+    sys.stderr.write(
         f"eqx_static: process {jax.process_index()} is ended, for another raised "
-        f"es.DivergenceError:\n{message}\nIt was waiting here:",
-        file=sys.stderr,
+        f"es.DivergenceError:\n{message}\nIt was waiting here:\n"
     )
     traceback.print_stack(main, file=sys.stderr)
     sys.stderr.flush()

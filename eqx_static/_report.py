@@ -70,12 +70,10 @@ def diff(old: Key, new: Key, argnames: Sequence[str]) -> list[Change]:
     method = argnames[:1] == ("self",)
     before = {v.path: v.node for v in visits(old, argnames)}
     out: list[Change] = []
-    stopped: set[str] = set()
+    stopped: set[str] = set()  # below a change of structure: already said
     for v in visits(new, argnames):
         a = before.get(v.path)
-        if v.parent in stopped or a is None:
-            stopped.add(v.path)  # below a change of structure: already said
-        elif a[:5] != v.node[:5] and _compare(a, v.node, v, method, out):
+        if a is None or v.parent in stopped or _compare(a, v.node, v, method, out):
             stopped.add(v.path)
     return out
 
@@ -86,8 +84,9 @@ _REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 6, 160, 200
 _REPR.maxtuple = _REPR.maxlist = _REPR.maxdict = _REPR.maxset = _REPR.maxfrozenset = 40
 
 
-def _show(tok: Any) -> str:
-    """A static value as a change names it: a function by its name, else `repr`."""
+def show(tok: Any) -> str:
+    """A static value as a message names it: a function by its name, else `repr`,
+    cut short."""
     v = value_of(tok)
     name = getattr(v, "__qualname__", None)
     if isinstance(name, str) and not isinstance(v, type):
@@ -98,8 +97,10 @@ def _show(tok: Any) -> str:
 
 
 def _compare(a: Node, b: Node, v: Visit, method: bool, out: list[Change]) -> bool:
-    """Append what differs between two unequal nodes themselves; return whether
-    to skip their children."""
+    """Append what differs between two nodes themselves; return whether to skip
+    their children."""
+    if a[:5] == b[:5]:
+        return False
     path = v.path
     is_self = method and path == "self"
     name = path.removeprefix("self.") if method else path
@@ -107,14 +108,14 @@ def _compare(a: Node, b: Node, v: Visit, method: bool, out: list[Change]) -> boo
     # (`x`, `args[1]` of `*args`, `cfg['lr']`), never as a field.
     argument = v.cls is None
     what = "self" if is_self else f"argument {path}" if argument else f"field {name!r}"
-    ka, kb = _kind(a), _kind(b)
+    # An `arrays` node holds a sequence of arrays; to the user, a sequence.
+    ka, kb = ("sequence" if n.kind == "arrays" else n.kind for n in (a, b))
     if ka == kb == "module" and module_info(a.head) is module_info(b.head):
-        names = module_info(a.head).static_names
-        for field, x, y in zip(names, a.statics, b.statics):
+        for field, x, y in zip(module_info(a.head).static_names, a.statics, b.statics):
             if x != y:
                 full = f"{path}.{field}"
                 field = field if is_self else f"{name}.{field}"
-                detail = f"changed {_show(x)} -> {_show(y)}"
+                detail = f"changed {show(x)} -> {show(y)}"
                 phrase = f"static field {field!r} {detail}"
                 out.append(Change(phrase, field, "static field", detail, full, y, x))
         if a.head != b.head:
@@ -122,11 +123,10 @@ def _compare(a: Node, b: Node, v: Visit, method: bool, out: list[Change]) -> boo
             out.append(Change(f"{what} {detail}", name, "structure", detail, path))
         return False
     if ka == kb == "static":
-        detail = f"changed {_show(a.head)} -> {_show(b.head)}"
+        detail = f"changed {show(a.head)} -> {show(b.head)}"
         plain = v.cls is not None and not field_info(v.cls).stores_arrays
         kind = "argument" if argument else "plain leaf" if plain else "leaf"
-        change = Change(f"{what} {detail}", name, kind, detail, path, b.head, a.head)
-        out.append(change)
+        out.append(Change(f"{what} {detail}", name, kind, detail, path, b.head, a.head))
         return True
     if ka != kb:
         detail = f"changed kind: {ka} -> {kb}"
@@ -140,10 +140,6 @@ def _compare(a: Node, b: Node, v: Visit, method: bool, out: list[Change]) -> boo
     phrase = detail if is_self and ka == kb else f"{what} {detail}"
     out.append(Change(phrase, name, "structure", detail, path))
     return True
-
-
-def _kind(n: Node) -> str:
-    return "sequence" if n.kind == "arrays" else n.kind
 
 
 class Seen(NamedTuple):
@@ -206,9 +202,8 @@ class Why:
 
 def _distance(seen: Seen, key: Key, sig: tuple) -> int:
     """How many tokens and avals differ, position by position."""
-    a, b = seen.key, key
-    tokens = abs(len(a) - len(b)) + sum(map(operator.ne, a, b))
-    return tokens + abs(len(seen.sig) - len(sig)) + sum(map(operator.ne, seen.sig, sig))
+    pairs = ((seen.key, key), (seen.sig, sig))
+    return sum(abs(len(a) - len(b)) + sum(map(operator.ne, a, b)) for a, b in pairs)
 
 
 def merge_copies(changes: Sequence[Change]) -> list[Change]:
@@ -220,13 +215,12 @@ def merge_copies(changes: Sequence[Change]) -> list[Change]:
     for c in changes:
         group = next((g for g in groups if c.detail and _copies(g[0], c)), None)
         if group is None:
-            groups.append([c])
-        else:
-            group.append(c)
+            groups.append(group := [])
+        group.append(c)
     out = []
     for group in groups:
         first = min(group, key=lambda c: len(c.path))
-        tail = len(first.path) - len(re.match(r"\w*", first.path)[0])  # pyright: ignore
+        tail = len(re.sub(r"^\w*", "", first.path))  # past the root
         if heads := [c.path[: len(c.path) - tail] for c in group if c is not first]:
             also = f"(and the same under {' and '.join(heads)})"
             first = first._replace(phrase=f"{first.phrase} {also}")
@@ -239,8 +233,7 @@ def _copies(a: Change, b: Change) -> bool:
     if a.kind != b.kind or a.detail != b.detail:
         return False
     short, long = sorted((a.path, b.path), key=len)
-    root = len(re.match(r"\w*", short)[0])  # pyright: ignore[reportOptionalSubscript]
-    tail = short[root:]
+    tail = re.sub(r"^\w*", "", short)  # past the root
     return bool(tail) and long.endswith(tail) and long != short
 
 
@@ -282,12 +275,13 @@ def log(name: str, what: str, n: int, why: Why, tail: object = None) -> None:
 
 
 Frame = tuple[str, int, str]  # file, line, function
+Where = tuple[Frame, Frame | None]  # the user's frame, and a library's inside it
 
 
 class Op(NamedTuple):
     what: bytes  # a digest of the primitive, its parameters and inputs
     name: str  # the primitive's name
-    where: tuple[Frame, Frame | None] | None  # the user's frame, a library's inside
+    where: Where | None
 
 
 class Differ(NamedTuple):
@@ -298,9 +292,8 @@ class Differ(NamedTuple):
     line: Frame | None  # the user's line
 
     def __str__(self) -> str:
-        if self.constant:
-            return f"the programs differ only in a constant, at {self.place}"
-        return f"the programs first differ at {self.place}"
+        how = "differ only in a constant," if self.constant else "first differ"
+        return f"the programs {how} at {self.place}"
 
 
 # Operations that only call the program nested in them (whose operations are listed).
@@ -325,11 +318,7 @@ def ops_of(jaxpr: Any, depth: int = 0, outer: Frame | None = None) -> Iterator[O
     for eqn in inner.eqns:
         name, where = eqn.primitive.name, _user_frame(eqn.source_info, outer)
         if name not in _CALLS:
-            params = [
-                (k, _stable(v))
-                for k, v in sorted(eqn.params.items())
-                if not list(_jax.nested_jaxprs({k: v}))
-            ]
+            params = [(k, _stable(v)) for k, v in sorted(eqn.params.items())]
             inputs = [_input(v, consts, numbers) for v in eqn.invars]
             what = hashlib.sha1(repr((name, params, inputs)).encode()).digest()[:8]
             yield Op(what, name, where)
@@ -356,9 +345,7 @@ _LIBRARIES: Final = tuple(
 )
 
 
-def _user_frame(
-    source_info: Any, outer: Frame | None = None
-) -> tuple[Frame, Frame | None] | None:
+def _user_frame(source_info: Any, outer: Frame | None = None) -> Where | None:
     """The innermost frame of the user's own code that traced an equation (else
     `outer`, that of the operation holding it), and the innermost library frame
     inside it (diffrax's, optimistix's), if any."""
@@ -370,7 +357,7 @@ def _user_frame(
     return user, (frames[0] if frames[0] is not user else None)
 
 
-def _place(where: tuple[Frame, Frame | None]) -> str:
+def _place(where: Where) -> str:
     """`train.py:41 in loss`, then `, inside diffrax _integrate.py:1157`."""
     (file, line, function), inner = where
     place = f"{os.path.basename(file)}:{line} in {function.rsplit('.', 1)[-1]}"
@@ -382,7 +369,10 @@ def _place(where: tuple[Frame, Frame | None]) -> str:
 
 
 def _stable(v: Any) -> Any:
-    """A parameter as it is from one trace to the next: a function by its name."""
+    """A parameter as it is from one trace to the next: a function by its name; a
+    nested program by a placeholder (its operations are recorded in their turn)."""
+    if list(_jax.nested_jaxprs({"": v})):
+        return "nested"
     if callable(v) and not isinstance(v, type):
         return getattr(v, "__qualname__", type(v).__name__)
     return v
@@ -475,11 +465,6 @@ def budget_error(
     )
 
 
-def _names_on(line: Frame) -> set[str]:
-    """The names on a line of source (where the programs differ)."""
-    return set(re.findall(r"\w+", linecache.getline(line[0], line[1])))
-
-
 def storm(name: str, history: Sequence[Compile], shared: Sequence[Why], n: int) -> bool:
     """Warn once something changed at each of the last `n` compiles; of several,
     name the one whose name is on the line where the last programs differ, or else
@@ -493,53 +478,40 @@ def storm(name: str, history: Sequence[Compile], shared: Sequence[Why], n: int) 
     if not common:
         return False
     differ = recent[-1].differ
-    read = _names_on(differ.line) if differ is not None and differ.line else set()
+    line = differ.line[:2] if differ is not None and differ.line else ("", 0)
+    read = set(re.findall(r"\w+", linecache.getline(*line)))  # where programs differ
     reused = collections.Counter(c.name for why in shared for c in why.changes)
     culprit = min(
-        common,
-        key=lambda k: (k.rsplit(".", 1)[-1] not in read, reused.get(k, 0), k),
+        common, key=lambda k: (k.rsplit(".", 1)[-1] not in read, reused.get(k, 0), k)
     )
     change = per_compile[-1][culprit]
     changed = [c for h in history for c in h.changes if c.name == culprit]
-    when = (
-        "every time"
-        if len(changed) == len(history) - 1
-        else f"at each of the last {len(per_compile)} compiles"
-    )
+    when = f"at each of the last {len(per_compile)} compiles"
+    when = "every time" if len(changed) == len(history) - 1 else when
     structures = [h.structure for h in recent]
     constant = None not in structures and len(set(structures)) == 1
     at = f" (at {differ.place})" if differ else ""
-    verdict = (
-        ""
-        if change.kind == "array"
-        else f"The programs differ only in their constants{at}: {culprit!r} is only "
-        "used as a value. "
-        if constant
-        else f"The programs differ in their structure, not only in constants{at}. "
-    )
+    verdict = f"The programs differ in their structure, not only in constants{at}. "
+    if constant:
+        verdict = f"The programs differ only in their constants{at}: {culprit!r} is "
+        verdict += "only used as a value. "
     values = {c.new for c in changed} | {changed[0].old}
-    if change.new is not None and None not in values and len(values) <= len(changed):
-        fix = _combinations(culprit, len(values), history)
-    else:
-        fix = _fix(change, constant)
+    few = change.new is not None and None not in values and len(values) <= len(changed)
+    fix = (
+        _combinations(culprit, len(values), history) if few else _fix(change, constant)
+    )
     logger.warning(
-        "%s has compiled %d times, and %r changed %s (%.2f s spent compiling). %s%s",
-        name,
-        len(history),
-        culprit,
-        when,
-        sum(h.seconds for h in history),
-        verdict,
-        fix,
+        f"{name} has compiled {len(history)} times, and {culprit!r} changed {when} "
+        f"({sum(h.seconds for h in history):.2f} s spent compiling). "
+        f"{'' if change.kind == 'array' else verdict}{fix}"
     )
     return True
 
 
 def _combinations(culprit: str, values: int, history: Sequence[Compile]) -> str:
     """What to say of a field that took few values but changed at many compiles."""
-    others = collections.Counter(
-        c.name for h in history for c in h.changes if c.name != culprit
-    )
+    names = [c.name for h in history for c in h.changes if c.name != culprit]
+    others = collections.Counter(names)
     top = [f"{k!r} at {n}" for k, n in others.most_common(3)]
     said = ", ".join(top) + (f", and {len(others) - 3} more" if len(others) > 3 else "")
     if said:
@@ -553,51 +525,41 @@ def _combinations(culprit: str, values: int, history: Sequence[Compile]) -> str:
     )
 
 
-# The fix for a change that no value of the call names.
-_FIXED: Final = {
+# The fix for a value that keeps changing, by its kind; "picks structure" stands
+# for the kinds of a value the program reads as more than a value. `{name}`: the
+# value's name, `{field}`: its last part.
+_FIXES: Final = {
+    "array": "{name} is an array whose shape, dtype or sharding keeps changing, and "
+    "each new one is a new program: pad or bucket shapes to a few sizes.",
     "jax": "JAX's profile-guided optimisation (`jax_enable_pgle`) compiles each "
     "program again once it has profiled it.",
     "transformed": "An eager `jax.grad`, `jax.vmap` or `jax.checkpoint` compiles "
     "each transformed program: put the transformation under a `jax.jit`.",
+    "structure": "Keep the structure of {name} the same from call to call.",
+    "context": "Keep JAX's configuration (`jax.config`, and context managers such as "
+    "`jax.default_device`) the same from call to call.",
+    "picks structure": "{name} picks program structure (an `if`, a loop length, a "
+    "shape), so it must stay static: reduce the number of distinct values.",
+    "static field": "Make {name} dynamic: drop `static=True`, and a number is "
+    "stored as an array and traced, with no compile per value.",
+    "leaf": "{name} is a Python value in a dynamic field (as `eqx.tree_at` leaves "
+    "one): store an array there instead (`jnp.asarray(v)`, or `with_dynamic`), and "
+    "it is traced, with no compile per value.",
+    "plain leaf": "{name} is a Python value in a field of a plain `eqx.Module`, "
+    "where `with_dynamic` keeps it as it is: store an array there instead "
+    "(`eqx.tree_at(lambda m: m.{field}, m, jnp.asarray(v))`), or pass it as an "
+    "argument of the call, and it is traced, with no compile per value.",
+    "argument": "{name} is a Python value passed as an argument: pass "
+    "`jnp.asarray(v)` instead, and it is traced, with no compile per value.",
 }
+_VALUES: Final = ("static field", "leaf", "plain leaf", "argument")
 
 
 def _fix(change: Change, constant: bool) -> str:
     """What to do about a value that keeps changing (`constant`: only as a value)."""
-    name = repr(change.name)
-    if change.kind == "array":
-        return (
-            f"{name} is an array whose shape, dtype or sharding keeps changing, and "
-            "each new one is a new program: pad or bucket shapes to a few sizes."
-        )
-    if change.kind in _FIXED:
-        return _FIXED[change.kind]
-    if change.kind == "structure":
-        return f"Keep the structure of {name} the same from call to call."
-    if change.kind == "context":
-        return (
-            "Keep JAX's configuration (`jax.config`, and context managers such as "
-            "`jax.default_device`) the same from call to call."
-        )
-    if not constant:
-        return (
-            f"{name} picks program structure (an `if`, a loop length, a shape), so it "
-            "must stay static: reduce the number of distinct values."
-        )
-    return {
-        "static field": f"Make {name} dynamic: drop `static=True`, and a number is "
-        "stored as an array and traced, with no compile per value.",
-        "leaf": f"{name} is a Python value in a dynamic field (as `eqx.tree_at` leaves "
-        "one): store an array there instead (`jnp.asarray(v)`, or `with_dynamic`), and "
-        "it is traced, with no compile per value.",
-        "plain leaf": f"{name} is a Python value in a field of a plain `eqx.Module`, "
-        "where `with_dynamic` keeps it as it is: store an array there instead "
-        f"(`eqx.tree_at(lambda m: m.{change.name.rsplit('.', 1)[-1]}, m, "
-        "jnp.asarray(v))`), or pass it as an argument of the call, and it is traced, "
-        "with no compile per value.",
-        "argument": f"{name} is a Python value passed as an argument: pass "
-        "`jnp.asarray(v)` instead, and it is traced, with no compile per value.",
-    }[change.kind]
+    kind = "picks structure" if change.kind in _VALUES and not constant else change.kind
+    field = change.name.rsplit(".", 1)[-1]
+    return _FIXES[kind].format(name=repr(change.name), field=field)
 
 
 # ----------------------------------------------------------------------------------
@@ -652,6 +614,10 @@ _LEAF_INDEX: Final = re.compile(r"_es_leaves\[(\d+)\]")
 _OURS: Final = re.compile(
     rf"(?<!\S)\S+ at {re.escape(os.path.dirname(__file__))}\S+:\d+"
 )
+_NEED: Final = (
+    "where Python needs a concrete value (`if`, `int()`, a shape, a length, an index, "
+    "a loop bound, ...)"
+)
 # JAX's error in the backward pass of a loop whose bound is traced.
 REVERSE: Final = "Reverse-mode differentiation does not work"
 
@@ -675,20 +641,14 @@ def traced_field_error(
     culprits = list({o.path: o for o in [*seen, *([named] if named else [])]}.values())
     if not culprits:
         return None
-    need = (
-        "where Python needs a concrete value (`if`, `int()`, a shape, a length, an "
-        "index, a loop bound, ...)"
-    )
     fields = [o for o in culprits if o.cls is not None]
     arguments = [o for o in culprits if o.cls is None]
-    parts = []
-    if fields:
-        parts.append(_fields_message(name, fields, need))
+    parts = [_fields_message(name, fields)] if fields else []
     if arguments:
         paths = ", ".join(o.path for o in arguments)
         parts.append(
             f"{name} used the traced argument{'s' if len(arguments) > 1 else ''} "
-            f"{paths} {need}. An array argument is traced, its value unknown while "
+            f"{paths} {_NEED}. An array argument is traced, its value unknown while "
             "compiling: pass a Python value instead (static: one compile per value), "
             "or keep the array and use `jnp.where` or `jax.lax.cond`."
         )
@@ -699,7 +659,7 @@ def traced_field_error(
     return kind("\n".join(parts) + f"\n\nJAX said: {said}", said)
 
 
-def _fields_message(name: str, fields: Sequence[Visit], need: str) -> str:
+def _fields_message(name: str, fields: Sequence[Visit]) -> str:
     """What to do about dynamic fields used as concrete values: each named, with
     its class and path, and the one line that makes each static."""
     described, fixes, numbers = [], [], True
@@ -708,21 +668,18 @@ def _fields_message(name: str, fields: Sequence[Visit], need: str) -> str:
         a = field_info(o.cls).annotations.get(o.field)
         numbers = numbers and a in (int, float, complex)
         described.append(f"{o.field!r} of `{o.cls.__qualname__}` (at {o.path})")
-        ann = (
-            getattr(a, "__name__", "...") if a in (bool, int, float, complex) else "..."
-        )
+        ann = a.__name__ if a in (bool, int, float, complex) else "..."
         fixes.append(f"`{o.field}: {ann} = eqx.field(static=True)`")
+    it = "it" if len(fields) == 1 else "them"
     if len(fields) == 1:
-        used = f"the traced field {described[0]} {need}. It is a dynamic field"
+        used = f"the traced field {described[0]} {_NEED}. It is a dynamic field"
         held = "a number stored as an array" if numbers else "an array"
         rest = f"its value unknown while compiling. If {fields[0].field!r} selects"
-        it = "it"
     else:
         listed = ", ".join(described)
-        used = f"{len(fields)} traced fields {need}: {listed}. They are dynamic fields"
+        used = f"{len(fields)} traced fields {_NEED}: {listed}. They are dynamic fields"
         held = "numbers stored as arrays" if numbers else "arrays"
         rest = "their values unknown while compiling. If they select"
-        it = "them"
     return (
         f"{name} used {used} holding {held}, traced, {rest} program structure, "
         f"declare {it} static: {' and '.join(fixes)} (each new value then compiles "

@@ -294,6 +294,21 @@ def test_a_call_is_described_the_same_whatever_the_hash_seed_and_addresses():
     assert described["argument x"] == "1 (int)"
 
 
+def test_a_function_and_a_huge_int_are_described_as_the_explanations_name_them():
+    def double(x):
+        return 2 * x
+
+    class M(eqx.Module):
+        fn: object = eqx.field(static=True)
+        n: int = eqx.field(static=True)
+
+    M.__qualname__, double.__qualname__ = "M", "double"
+    key, _ = key_and_leaves((M(double, 2**15000),))  # past what `repr` prints
+    described = dict(_diverge._described(key, ("m",), []))
+    assert described["static field 'm.fn'"] == "double (function)"
+    assert described["static field 'm.n'"] == "<an int of 15,001 bits> (int)"
+
+
 def test_without_the_key_value_store_the_check_is_off_with_one_warning(monkeypatch):
     """A JAX whose distributed client lacks a name the check uses: no store, one
     warning (then none), and calls go on."""
