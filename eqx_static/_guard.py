@@ -315,36 +315,25 @@ return MISS""".splitlines()
 _numbers: Final = itertools.count(1)
 
 
-def checks(key: Key, values: tuple, params: Sequence[str]) -> _Writer:
-    """The checks of `key` on values named `params` (those of the call it was made
-    from: `values`)."""
-    w = _Writer(key)
-    w.write(list(zip(params, values)))
-    return w
-
-
-def checker(key: Key, values: tuple, params: Sequence[str]) -> Callable:
-    """The checks alone, as a function that returns the call's traced leaves, or
-    `MISS` (what a hit's guard runs before it dispatches, to compare with the key)."""
-    w = checks(key, values, params)
-    return _compiled(
-        "check", params, [*w.lines, f"return [{', '.join(w.leaves)}]"], w.ns, ""
-    )
-
-
 def guard(
     key: Key,
     values: tuple,
     params: Sequence[str],
     name: str,
-    dispatch: Callable[[list[str]], list[str]],
-    ns: dict[str, Any],
+    dispatch: Callable[[list[str]], list[str]] | None = None,
+    ns: dict[str, Any] | None = None,
 ) -> Callable:
-    """The guard of `key`: its checks, then the lines `dispatch(leaves)` writes
-    (that call the key's dispatcher with the leaves' expressions), with the names
-    in `ns`."""
-    w = checks(key, values, params)
-    w.ns.update(ns)
+    """The guard of `key` on values named `params` (those of the call it was made
+    from: `values`): its checks, then the lines `dispatch(leaves)` writes (that call
+    the key's dispatcher with the leaves' expressions), with the names in `ns`.
+    Without `dispatch`, the checks alone: a function that returns the call's traced
+    leaves, or `MISS`."""
+    w = _Writer(key)
+    w.write(list(zip(params, values)))
+    w.ns.update(ns or {})
+    if dispatch is None:
+        lines = [*w.lines, f"return [{', '.join(w.leaves)}]"]
+        return _compiled("check", params, lines, w.ns, name)
     made = _compiled("guard", params, [*w.lines, *dispatch(w.leaves)], w.ns, name)
     made.es_dispatch_at = len(w.lines) + 2  # pyright: ignore
     return made
