@@ -32,7 +32,7 @@ from ._fields import (
     value_of,
 )
 from ._jax import GENERATED
-from ._key import ARRAYS, DICT, end_of, Key, LEAF, NAMED, node_at, SEQ, walk
+from ._key import ARRAYS, DICT, end_of, Key, LEAF, NAMED, node_at, SEQ, steps, walk
 
 
 logger: Final = logging.getLogger("eqx_static.guards")
@@ -137,9 +137,9 @@ class _Writer:
             self.i = n.next
             t = self.const(tok[1])
             self.fail_if(f"type({expr}) is not {t} or len({expr}) != {tok[2]}")
-            return self.items(expr, enumerate(value))
+            return self.items(expr, value, steps(n))
         elif n.kind == DICT.name and all(type(k) is str for k in tok[1]):
-            return self.str_dict(expr, value, tok[1])
+            return self.str_dict(expr, value, steps(n))
         else:  # other dicts, other pytrees, odd modules: compared whole
             self.i = end_of(key, i)
             sub, whole = self.name(), self.const(key[i : self.i])
@@ -163,7 +163,7 @@ class _Writer:
             return f"({expr} is {self.const(value)} or {same})"
         return same
 
-    def str_dict(self, expr: str, value: Any, keys: tuple) -> list[tuple[str, Any]]:
+    def str_dict(self, expr: str, value: Any, keys: list) -> list[tuple[str, Any]]:
         """A dict of string keys, key by key: its key types before its keys (a
         key of another type may hash or compare as it likes), its values in the
         sorted order of the key."""
@@ -181,15 +181,15 @@ class _Writer:
             self.leaves.append(f"*{items}")
             self.i = i + len(keys)
             return []
-        return self.items(expr, [(k, value[k]) for k in keys])
+        return self.items(expr, value, keys)
 
-    def items(self, expr: str, pairs: Any) -> list[tuple[str, Any]]:
-        """The item `expr[k]` of each `(k, value)`, a node each, to check next."""
+    def items(self, expr: str, value: Any, steps: list) -> list[tuple[str, Any]]:
+        """The item `expr[k]` of each of `steps`, a node each, to check next."""
         out = []
-        for k, item in pairs:
+        for k in steps:
             local = self.name()
             self.lines.append(f"{local} = {expr}[{k!r}]")
-            out.append((local, item))
+            out.append((local, value[k]))
         return out
 
     def module(self, expr: str, value: Any, n: Any) -> list[tuple[str, Any]]:
@@ -245,7 +245,7 @@ class _Writer:
                 self.fail_if(f"not ({' and '.join(checks)})")
             if n.children == -1:
                 return []
-        return [(e, vd[k]) for e, k in zip(dynamic, info.dynamic_names)]
+        return [(e, vd[k]) for e, k in zip(dynamic, steps(n))]
 
 
 def _frozen(key: Key, i: int, j: int) -> bool:
