@@ -14,7 +14,6 @@ import itertools
 import linecache
 import logging
 import operator
-import sys
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Final
@@ -82,12 +81,11 @@ class _Writer:
             "STR": _STR,
             "MISS": MISS,
         }
-        self.count = 0
+        self.count = itertools.count(1)
 
     def name(self) -> str:
         """A new name in the guard's code, for a local variable or a constant."""
-        self.count += 1
-        return f"_{self.count}"
+        return f"_{next(self.count)}"
 
     def const(self, value: Any) -> str:
         name = self.name()
@@ -356,33 +354,20 @@ def _compiled(
     return fn
 
 
-class _Passed(Exception):  # noqa: N818  (stops a guard's run, never shown)
-    pass
-
-
 def first_failure(guard: Callable, values: tuple) -> str | None:
     """The check of `guard` that turns `values` away: its line, as the guard's
     source numbers it, and the line itself; None if it passes. (For the DEBUG log
-    only: it traces the guard's run, and stops it before it would dispatch.)"""
-    code, seen = guard.__code__, [0]
+    only: the guard's checks are run again, as a function in which each check
+    returns its line number and nothing is dispatched.)"""
+    filename = guard.__code__.co_filename
+    lines = linecache.getlines(filename)
     dispatch_at = guard.es_dispatch_at  # pyright: ignore[reportFunctionMemberAccess]
-
-    def trace(frame: Any, event: str, arg: Any) -> Any:
-        if frame.f_code is not code:
-            return None
-        if event == "line":
-            if frame.f_lineno >= dispatch_at:
-                raise _Passed
-            seen[0] = frame.f_lineno
-        return trace
-
-    previous = sys.gettrace()
-    sys.settrace(trace)
-    try:
-        guard(*values)
-    except _Passed:
-        return None
-    finally:
-        sys.settrace(previous)
-    text = linecache.getline(code.co_filename, seen[0]).strip()
-    return f"{code.co_filename}:{seen[0]}: {text}"
+    checks = [  # each check ends its line with `return MISS`
+        line.removesuffix("MISS\n") + f"{n}\n" if line.endswith(" MISS\n") else line
+        for n, line in enumerate(lines[1 : dispatch_at - 1], 2)
+    ]
+    source = "".join([lines[0], *checks, "    return None\n"])
+    ns = dict(guard.__globals__)
+    exec(compile(source, filename, "exec"), ns)
+    n = ns["guard"](*values)
+    return None if n is None else f"{filename}:{n}: {lines[n - 1].strip()}"
