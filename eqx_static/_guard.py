@@ -214,11 +214,8 @@ class _Writer:
                 self.fail_if(f"not AT.issuperset(map(type, {ds}))")
                 self.leaves.append(f"*{ds}")
                 return []
-            dynamic = []
-            for k in range(len(info.dynamic_names)):
-                local = self.name()
-                self.lines.append(f"{local} = {ds}[{k}]")
-                dynamic.append(local)
+            dynamic = [self.name() for _ in info.dynamic_names]
+            self.lines += [f"{e} = {ds}[{k}]" for k, e in enumerate(dynamic)]
         else:
             statics = [self.name() for _ in info.static_names]
             dynamic = [self.name() for _ in info.dynamic_names]
@@ -241,8 +238,8 @@ class _Writer:
                 self.leaves += dynamic
             if checks:
                 self.fail_if(f"not ({' and '.join(checks)})")
-            if n.children == -1:
-                return []
+        if n.children == -1:  # the leaves, checked above
+            return []
         return [(e, vd[k]) for e, k in zip(dynamic, steps(n))]
 
 
