@@ -464,9 +464,19 @@ def one_level(v: Any) -> tuple[list, Any]:
     return jtu.tree_flatten(v, is_leaf=functools.partial(operator.is_not, v))
 
 
+_ITSELF: Final = Sentinel("<a value inside itself>")
+
+
 def cycle_in(root: Any) -> str | None:
     """The path to the first value found inside itself (`[i]`, `['k']`, `.field`
     segments from `root`), or None."""
+    return path_to(root, _ITSELF)
+
+
+def path_to(root: Any, target: object) -> str | None:
+    """The path (`[i]`, `['k']`, `.field` segments) of `target` inside `root`, each
+    value looked into once (a cycle's way back is not taken); or None. With
+    `_ITSELF`, of the first value found inside itself."""
     on_path: set[int] = set()
     done: set[int] = set()
     stack: list[tuple[Any, str, bool]] = [(root, "", False)]
@@ -475,9 +485,9 @@ def cycle_in(root: Any) -> str | None:
         if leaving:
             on_path.discard(id(v))
             done.add(id(v))
-        elif id(v) in on_path:
+        elif v is target or (target is _ITSELF and id(v) in on_path):
             return path
-        elif id(v) not in done and (inside := children(v)):
+        elif id(v) not in done and id(v) not in on_path and (inside := children(v)):
             on_path.add(id(v))
             stack.append((v, path, True))
             stack += [(c, f"{path}{seg}", False) for seg, c in reversed(inside)]
@@ -507,17 +517,3 @@ def children(v: Any) -> list[tuple[str, Any]]:
     if len(flat) == 1 and flat[0] is v:  # a leaf
         return []
     return [(f"[{i}]", x) for i, x in enumerate(flat)]
-
-
-def path_to(values: tuple, target: object) -> str | None:
-    """The path (`[i]`, `['k']`, `.field` segments) of `target` among `values`."""
-    stack: list[tuple[Any, str]] = [(v, f"[{i}]") for i, v in enumerate(values)][::-1]
-    seen: set[int] = set()
-    while stack:
-        v, path = stack.pop()
-        if v is target:
-            return path
-        if id(v) not in seen:
-            seen.add(id(v))
-            stack += [(c, f"{path}{seg}") for seg, c in reversed(children(v))]
-    return None

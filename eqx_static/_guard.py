@@ -14,7 +14,6 @@ import itertools
 import linecache
 import logging
 import operator
-import sys
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Final
@@ -32,7 +31,7 @@ from ._fields import (
     value_of,
 )
 from ._jax import GENERATED
-from ._key import ARRAYS, DICT, end_of, Key, LEAF, NAMED, node_at, SEQ, walk
+from ._key import ARRAYS, DICT, end_of, Key, LEAF, NAMED, node_at, SEQ, steps, walk
 
 
 logger: Final = logging.getLogger("eqx_static.guards")
@@ -82,12 +81,11 @@ class _Writer:
             "STR": _STR,
             "MISS": MISS,
         }
-        self.count = 0
+        self.count = itertools.count(1)
 
     def name(self) -> str:
         """A new name in the guard's code, for a local variable or a constant."""
-        self.count += 1
-        return f"_{self.count}"
+        return f"_{next(self.count)}"
 
     def const(self, value: Any) -> str:
         name = self.name()
@@ -137,9 +135,9 @@ class _Writer:
             self.i = n.next
             t = self.const(tok[1])
             self.fail_if(f"type({expr}) is not {t} or len({expr}) != {tok[2]}")
-            return self.items(expr, enumerate(value))
+            return self.items(expr, value, steps(n))
         elif n.kind == DICT.name and all(type(k) is str for k in tok[1]):
-            return self.str_dict(expr, value, tok[1])
+            return self.str_dict(expr, value, steps(n))
         else:  # other dicts, other pytrees, odd modules: compared whole
             self.i = end_of(key, i)
             sub, whole = self.name(), self.const(key[i : self.i])
@@ -163,7 +161,7 @@ class _Writer:
             return f"({expr} is {self.const(value)} or {same})"
         return same
 
-    def str_dict(self, expr: str, value: Any, keys: tuple) -> list[tuple[str, Any]]:
+    def str_dict(self, expr: str, value: Any, keys: list) -> list[tuple[str, Any]]:
         """A dict of string keys, key by key: its key types before its keys (a
         key of another type may hash or compare as it likes), its values in the
         sorted order of the key."""
@@ -181,15 +179,15 @@ class _Writer:
             self.leaves.append(f"*{items}")
             self.i = i + len(keys)
             return []
-        return self.items(expr, [(k, value[k]) for k in keys])
+        return self.items(expr, value, keys)
 
-    def items(self, expr: str, pairs: Any) -> list[tuple[str, Any]]:
-        """The item `expr[k]` of each `(k, value)`, a node each, to check next."""
+    def items(self, expr: str, value: Any, steps: list) -> list[tuple[str, Any]]:
+        """The item `expr[k]` of each of `steps`, a node each, to check next."""
         out = []
-        for k, item in pairs:
+        for k in steps:
             local = self.name()
             self.lines.append(f"{local} = {expr}[{k!r}]")
-            out.append((local, item))
+            out.append((local, value[k]))
         return out
 
     def module(self, expr: str, value: Any, n: Any) -> list[tuple[str, Any]]:
@@ -216,11 +214,8 @@ class _Writer:
                 self.fail_if(f"not AT.issuperset(map(type, {ds}))")
                 self.leaves.append(f"*{ds}")
                 return []
-            dynamic = []
-            for k in range(len(info.dynamic_names)):
-                local = self.name()
-                self.lines.append(f"{local} = {ds}[{k}]")
-                dynamic.append(local)
+            dynamic = [self.name() for _ in info.dynamic_names]
+            self.lines += [f"{e} = {ds}[{k}]" for k, e in enumerate(dynamic)]
         else:
             statics = [self.name() for _ in info.static_names]
             dynamic = [self.name() for _ in info.dynamic_names]
@@ -243,9 +238,9 @@ class _Writer:
                 self.leaves += dynamic
             if checks:
                 self.fail_if(f"not ({' and '.join(checks)})")
-            if n.children == -1:
-                return []
-        return [(e, vd[k]) for e, k in zip(dynamic, info.dynamic_names)]
+        if n.children == -1:  # the leaves, checked above
+            return []
+        return [(e, vd[k]) for e, k in zip(dynamic, steps(n))]
 
 
 def _frozen(key: Key, i: int, j: int) -> bool:
@@ -315,36 +310,25 @@ return MISS""".splitlines()
 _numbers: Final = itertools.count(1)
 
 
-def checks(key: Key, values: tuple, params: Sequence[str]) -> _Writer:
-    """The checks of `key` on values named `params` (those of the call it was made
-    from: `values`)."""
-    w = _Writer(key)
-    w.write(list(zip(params, values)))
-    return w
-
-
-def checker(key: Key, values: tuple, params: Sequence[str]) -> Callable:
-    """The checks alone, as a function that returns the call's traced leaves, or
-    `MISS` (what a hit's guard runs before it dispatches, to compare with the key)."""
-    w = checks(key, values, params)
-    return _compiled(
-        "check", params, [*w.lines, f"return [{', '.join(w.leaves)}]"], w.ns, ""
-    )
-
-
 def guard(
     key: Key,
     values: tuple,
     params: Sequence[str],
     name: str,
-    dispatch: Callable[[list[str]], list[str]],
-    ns: dict[str, Any],
+    dispatch: Callable[[list[str]], list[str]] | None = None,
+    ns: dict[str, Any] | None = None,
 ) -> Callable:
-    """The guard of `key`: its checks, then the lines `dispatch(leaves)` writes
-    (that call the key's dispatcher with the leaves' expressions), with the names
-    in `ns`."""
-    w = checks(key, values, params)
-    w.ns.update(ns)
+    """The guard of `key` on values named `params` (those of the call it was made
+    from: `values`): its checks, then the lines `dispatch(leaves)` writes (that call
+    the key's dispatcher with the leaves' expressions), with the names in `ns`.
+    Without `dispatch`, the checks alone: a function that returns the call's traced
+    leaves, or `MISS`."""
+    w = _Writer(key)
+    w.write(list(zip(params, values)))
+    w.ns.update(ns or {})
+    if dispatch is None:
+        lines = [*w.lines, f"return [{', '.join(w.leaves)}]"]
+        return _compiled("check", params, lines, w.ns, name)
     made = _compiled("guard", params, [*w.lines, *dispatch(w.leaves)], w.ns, name)
     made.es_dispatch_at = len(w.lines) + 2  # pyright: ignore
     return made
@@ -367,33 +351,20 @@ def _compiled(
     return fn
 
 
-class _Passed(Exception):  # noqa: N818  (stops a guard's run, never shown)
-    pass
-
-
 def first_failure(guard: Callable, values: tuple) -> str | None:
     """The check of `guard` that turns `values` away: its line, as the guard's
     source numbers it, and the line itself; None if it passes. (For the DEBUG log
-    only: it traces the guard's run, and stops it before it would dispatch.)"""
-    code, seen = guard.__code__, [0]
+    only: the guard's checks are run again, as a function in which each check
+    returns its line number and nothing is dispatched.)"""
+    filename = guard.__code__.co_filename
+    lines = linecache.getlines(filename)
     dispatch_at = guard.es_dispatch_at  # pyright: ignore[reportFunctionMemberAccess]
-
-    def trace(frame: Any, event: str, arg: Any) -> Any:
-        if frame.f_code is not code:
-            return None
-        if event == "line":
-            if frame.f_lineno >= dispatch_at:
-                raise _Passed
-            seen[0] = frame.f_lineno
-        return trace
-
-    previous = sys.gettrace()
-    sys.settrace(trace)
-    try:
-        guard(*values)
-    except _Passed:
-        return None
-    finally:
-        sys.settrace(previous)
-    text = linecache.getline(code.co_filename, seen[0]).strip()
-    return f"{code.co_filename}:{seen[0]}: {text}"
+    checks = [  # each check ends its line with `return MISS`
+        line.removesuffix("MISS\n") + f"{n}\n" if line.endswith(" MISS\n") else line
+        for n, line in enumerate(lines[1 : dispatch_at - 1], 2)
+    ]
+    source = "".join([lines[0], *checks, "    return None\n"])
+    ns = dict(guard.__globals__)
+    exec(compile(source, filename, "exec"), ns)
+    n = ns["guard"](*values)
+    return None if n is None else f"{filename}:{n}: {lines[n - 1].strip()}"

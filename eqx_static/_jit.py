@@ -402,7 +402,7 @@ class _Jit(functools.partial, Generic[_P, _R]):
         f.guard_sets.add(self._slots)
         self.hot.__globals__["_es_pick"] = self._slots.pick
         if f.fn_key is not None:
-            self._fn_check = _guard.checker(f.fn_key, (self.fn,), ["fn"])
+            self._fn_check = _guard.guard(f.fn_key, (self.fn,), ["fn"], "")
 
     def _fresh(self) -> None:
         """`es.jit(obj)` sees `obj` as it is at the call, as its eager call does: its

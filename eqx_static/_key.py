@@ -1,7 +1,9 @@
-"""The compile key, and the guard that checks a call against one.
+"""The compile key: how a call's values become one (`walk`, `Layout`), and how it
+is read back, node by node (`node_at`, `steps`, `visits`).
 
-A key is one flat tuple: the call's layout, then the tokens of its arguments in
-preorder. Leaves for which `eqx.is_array` holds are traced (listed apart, in the
+A key is one flat tuple: the tokens of a call's values (the function's parameters
+in order: `Layout`, which the key does not hold: each function has its own cache),
+in preorder. Leaves for which `eqx.is_array` holds are traced (listed apart, in the
 same order); every other leaf is a static token (`_fields.token`: by type and
 value). A node is self-delimiting:
 
@@ -14,7 +16,9 @@ value). A node is self-delimiting:
   `(NAMED, type, n)`, `(DICT, key tokens, n)` and `(TREE, treedef, aux token)`,
   followed by their children.
 
-Flat, the key hashes and compares without recursion, however deep the nesting."""
+Flat, the key hashes and compares without recursion, however deep the nesting.
+`walk` writes this grammar; `node_at`, `end_of` and `steps` read it back, for the
+explanations' paths (`visits`) and the guards' checks (`_guard`) alike."""
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Final, NamedTuple
@@ -104,7 +108,8 @@ def walk(values: Iterable[Any], tokens: list, leaves: list) -> None:
         else:
             _other(v, tokens, stack)
         if len(tokens) > limit:  # so a finite walk checks at most twice its length
-            _raise_if_cyclic(values)
+            if (path := cycle_in(list(values))) is not None:
+                raise CyclicValue(path)
             limit = 2 * len(tokens)
 
 
@@ -113,12 +118,6 @@ def all_arrays(values: Any) -> bool:
     return array_types.issuperset(map(type, values)) or all(
         is_array_type(type(x)) for x in values
     )
-
-
-def _raise_if_cyclic(values: Iterable[Any]) -> None:
-    path = cycle_in(list(values))
-    if path is not None:
-        raise CyclicValue(path)
 
 
 def _module(v: Any, info: FieldInfo, tokens: list, leaves: list, stack: list) -> None:
@@ -299,17 +298,27 @@ def visits(key: Key, names: Sequence[str]) -> Iterator[Visit]:
             slots += [(p, c, f, path) for p, c, f in reversed(below)]
 
 
+def steps(node: Node) -> list:
+    """How the value of `node` is read for each node below it, in the key's order:
+    a module's dynamic fields by name, a dict's values by key, any other container's
+    items (an `ARRAYS`' traced leaves among them) by index."""
+    if node.kind == "module":
+        return list(module_info(node.head).dynamic_names)
+    if node.kind == DICT.name:
+        return [value_of(k) for k in node.head[1]]
+    return list(range(node.leaves if node.kind == ARRAYS.name else node.children))
+
+
 def _labels(path: str, node: Node, cls: Any, field: Any) -> list[tuple]:
+    """The path, module class and field of each node below `node`."""
+    below = steps(node)
     if node.kind == "module":
         info = module_info(node.head)
-        return [(f"{path}.{k}", info.cls, k) for k in info.dynamic_names]
-    if node.kind == DICT.name:
-        return [(f"{path}[{value_of(k)!r}]", cls, field) for k in node.head[1]]
+        return [(f"{path}.{k}", info.cls, k) for k in below]
     names = getattr(node.head[1], "_fields", ()) if node.kind == NAMED.name else ()
-    if names and len(names) == node.children:  # by name, as JAX's paths name them
+    if names and len(names) == len(below):  # by name, as JAX's paths name them
         return [(f"{path}.{k}", cls, field) for k in names]
-    count = node.leaves if node.kind == ARRAYS.name else node.children
-    return [(f"{path}[{j}]", cls, field) for j in range(count)]
+    return [(f"{path}[{k!r}]", cls, field) for k in below]
 
 
 def leaf_visits(key: Key, argnames: Sequence[str]) -> list[Visit]:
@@ -319,17 +328,13 @@ def leaf_visits(key: Key, argnames: Sequence[str]) -> list[Visit]:
 
 def first_class(key: Key) -> type | None:
     """The class of the first value of the call, if it is a module."""
-    if not key:
-        return None
-    n = node_at(key, 0)
-    return module_info(n.head).cls if n.kind == "module" else None
+    n = node_at(key, 0) if key else None
+    return module_info(n.head).cls if n and n.kind == "module" else None
 
 
 def leaves_of_first(key: Key) -> int:
     """The number of traced leaves of the first value of the call."""
-    if not key:
-        return 0
-    i, end, count = 0, end_of(key, 0), 0
+    i, end, count = 0, end_of(key, 0) if key else 0, 0
     while i < end:
         n = node_at(key, i)
         count += n.leaves

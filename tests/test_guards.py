@@ -1,18 +1,19 @@
 """Guards against the general path. A cache hit runs the guards of the keys of the
 call's first argument's class: code made from a key that checks a new call against
-it and dispatches its traced leaves, without building or hashing a key. Here a
-guard's checks alone (`_guard.checker`, the same code up to the dispatch) must
-agree with the general path: Here, for fresh instances of every model of the benchmarks and random changes
-to them (an attribute added to an instance, a field retyped, a static flipped, a
-leaf made a non-array, a submodule swapped for a subclass), the guard must agree
-with the general path: it passes exactly when the key is the same, and then
-returns the same leaves, in the same order."""
+it and dispatches its traced leaves, without building or hashing a key. Here the
+guard a real `es.jit` call installs (its dispatcher swapped for one that returns
+the leaves it is given) is tried on fresh instances of every model of the
+benchmarks and random changes to them (an attribute added to an instance, a field
+retyped, a static flipped, a leaf made a non-array, a submodule swapped for a
+subclass): it must agree with the general path, passing exactly when the key is
+the same, and then giving the same leaves, in the same order."""
 
 import collections
 import dataclasses
 import inspect
 import random
 import sys
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from eqx_static._guard import checker, MISS
+from eqx_static._guard import MISS
 from eqx_static._key import key_and_leaves
 
 
@@ -81,16 +82,31 @@ def _general(args: tuple) -> tuple[Any, list] | None:
         return None
 
 
-def make_guard(key: Any, args: tuple) -> Callable:
-    """The checks of `key`'s guard, as a function that returns the leaves, or None."""
-    check = checker(key, args, [f"p{i}" for i in range(len(args))])
+def installed(args: tuple) -> Callable:
+    """The guard `es.jit` installs for a call with these positional arguments (at
+    the key's second call), its parameters named `p_p0`, `p_p1`, ..."""
+    ns: dict[str, Any] = {}
+    exec(f"def f({', '.join(f'p{i}' for i in range(len(args)))}): return 0", ns)
+    jf = es.jit(ns["f"])
+    jf(*args), jf(*args)
+    (guard,) = jf._slots[type(args[0])]
+    assert guard.es_entry.key == key_and_leaves(args)[0]
+    return guard
+
+
+def make_guard(args: tuple) -> Callable:
+    """The installed guard, its dispatcher a function that returns the leaves it is
+    given: the leaves of a call it passes, or None."""
+    guard = installed(args)
+    entry = types.SimpleNamespace(call=lambda *leaves: list(leaves))
+    check = types.FunctionType(guard.__code__, {**guard.__globals__, "ENTRY": entry})
     return lambda *a: None if (got := check(*a)) is MISS else got
 
 
 def _guard_of(args: tuple) -> tuple[Any, Callable]:
     """The key of a call with these positional arguments, and its guard."""
     key, _ = key_and_leaves(args)
-    return key, make_guard(key, args)
+    return key, make_guard(args)
 
 
 def _agree(guard: Callable, key: Any, args: tuple) -> bool:
@@ -517,8 +533,8 @@ def test_a_tuple_of_values_that_cannot_change_is_passed_by_identity(static):
     x = jnp.ones(3)
     t = (static, static)
     key, guard = _guard_of((t, x))
-    source = inspect.getsource(checker(key, (t, x), ["p0", "p1"]))
-    whole = "p0 is not " in source and "SUB(p0)" in source
+    source = inspect.getsource(installed((t, x)))
+    whole = "p_p0 is not " in source and "SUB(p_p0)" in source
     assert whole == (type(static) is not _Options), source
     assert _agree(guard, key, (t, x)) and _agree(guard, key, ((static, static), x))
     assert _agree(guard, key, ((static, 8), x))
@@ -529,7 +545,7 @@ def test_a_wide_module_s_statics_are_passed_by_identity_when_they_cannot_change(
     cannot change, the guard checks them by identity before comparing."""
     m, x = models.statics(30)[0], models.x_input()
     key, guard = _guard_of((m, x))
-    source = inspect.getsource(checker(key, (m, x), ["p0", "p1"]))
+    source = inspect.getsource(installed((m, x)))
     assert "map(is_," in source, source
     assert _agree(guard, key, (m, x)) and _agree(
         guard, key, (jax.tree.map(lambda a: a, m), x)
@@ -544,8 +560,8 @@ def test_a_dict_of_arrays_read_at_once_then_more_arguments():
     args = ({"a": x, "b": x}, x, "p")
     key, guard = _guard_of(args)
     assert guard(*args) is not None
-    source = inspect.getsource(checker(key, args, ["p0", "p1", "p2"]))
-    assert "p0['a']" not in source and "AT.issuperset" in source, source  # at once
+    source = inspect.getsource(installed(args))
+    assert "p_p0['a']" not in source and "AT.issuperset" in source, source  # at once
     assert _agree(guard, key, args) and _agree(guard, key, ({"a": x, "b": x}, x, "q"))
     assert _agree(guard, key, ({"a": x, "b": x}, jnp.ones(4), "p"))
 
@@ -560,7 +576,7 @@ def test_short_statics_are_literals_in_the_guard_and_long_ones_constants():
     for statics in (short, long):
         args = (*statics, x)
         key, guard = _guard_of(args)
-        source = inspect.getsource(checker(key, args, ["p0", "p1", "p2", "p3"]))
+        source = inspect.getsource(installed(args))
         literals = [f"== {v!r}" in source for v in statics]
         assert literals == [statics is short] * 3, source
         assert guard(*args) is not None and _agree(guard, key, args)
