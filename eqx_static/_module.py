@@ -379,20 +379,6 @@ def _named_sizes(ann: Any, value: Any) -> dict[str, int]:
 
 # ----------------------------------------------------------------------------------
 
-# `es.edit`'s copies of `es.Module`s, by id, each with what to call before a read of
-# one of its fields (copy on write): `watch_reads` and `unwatch`, from `es.edit`.
-_editing: Final[dict[int, Callable[[Any, str], None]]] = {}
-
-
-def watch_reads(module: Any, before_read: Callable[[Any, str], None]) -> None:
-    """Call `before_read(module, name)` before each read of an attribute."""
-    _editing[id(module)] = before_read
-
-
-def unwatch(module: Any) -> None:
-    _editing.pop(id(module), None)
-
-
 _Self = TypeVar("_Self", bound="Module")
 
 
@@ -487,14 +473,12 @@ class Module(eqx.Module):
     if not TYPE_CHECKING:
 
         def __getattribute__(self, name: str, /) -> Any:
-            # Equinox's own, plus: a failed `es.edit`'s copy refuses every read, an
-            # `es.edit` copy copies on write, and bound methods skip Equinox's walk
-            # (an `es.jit` one is a `BoundJit`).
+            # Equinox's own, plus: an `es.edit` copy copies on write, a failed
+            # one's refuses every read, and bound methods skip Equinox's walk (an
+            # `es.jit` one is a `BoundJit`).
             d = instance_dict(self)
-            if type(d) is not dict:  # a failed edit's copy: raises, saying why
-                d.on_read(name)
-            if _editing and id(self) in _editing:
-                _editing[id(self)](self, name)
+            if type(d) is not dict:  # an `es.edit` copy's: its `on_read` says
+                d = d.on_read(self, name)  # which dict to read (or raises)
             if name == "__dict__":  # Equinox's flatten, on every `jax.tree.map`
                 return d
             out = object.__getattribute__(self, name)

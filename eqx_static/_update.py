@@ -1,7 +1,6 @@
 """`es.edit`: mutable-looking edits, copied on write, ending in the checks of
 `_module.convert_and_check` and `run_check_inits`."""
 
-import functools
 import operator
 import types
 from typing import Any, cast, Final, Generic, NoReturn, TypeVar
@@ -11,13 +10,7 @@ import jax.tree_util as jtu
 
 from ._fields import field_info, instance_dict, is_module, is_module_type
 from ._jax import allow_assignments, forbid_assignments
-from ._module import (
-    CONTAINERS,
-    convert_and_check,
-    run_check_inits,
-    unwatch,
-    watch_reads,
-)
+from ._module import CONTAINERS, convert_and_check, run_check_inits
 
 
 _M = TypeVar("_M", bound=eqx.Module)
@@ -28,11 +21,35 @@ _Copy = tuple[Any, Any, dict[str, Any]]
 
 # Copy on write, so that an edit costs what its path holds, not what the module
 # holds. A copy of an `es.Module` shares the original's values until a field is
-# first read (`es.Module.__getattribute__` calls the hook `watch_reads` sets), then
-# copies the modules and mutable containers that field holds; a copy of another
-# module, whose reads cannot be seen, copies them at once. A tuple or list of
-# modules or containers copies an item when it is first read. The copies are
-# listed in the order they are made: a copy comes after the one it was read from.
+# first read, then copies the modules and mutable containers that field holds (its
+# `__dict__` is an `_Unread` until then); a copy of another module, whose reads
+# cannot be seen, copies them at once. A tuple or list of modules or containers
+# copies an item when it is first read. The copies are listed in the order they
+# are made: a copy comes after the one it was read from. `es.Module.__getattribute__`
+# asks a `__dict__` that is not a plain dict (an `_Unread`, a `Defunct`) for the
+# dict to read, before each read.
+
+
+class _Unread(dict):
+    """The `__dict__` of an `es.edit` copy of an `es.Module` while some of its
+    fields (`pending`) still hold the original's values."""
+
+    __slots__ = ("copies", "pending", "start")
+    copies: list[_Copy]
+    pending: set[str]
+    start: dict[str, Any]
+
+    def on_read(self, module: Any, name: str) -> dict:
+        """Copy what the field `name` (every field, for `__dict__`) holds; once none
+        is pending, give `module` a plain dict."""
+        for k in list(self.pending) if name == "__dict__" else [name]:
+            if k in self.pending:
+                self.pending.discard(k)
+                self[k] = self.start[k] = _fresh(self[k], self.copies)
+        if self.pending:
+            return self
+        _DICT.__set__(module, d := dict(self))
+        return d
 
 
 class Defunct(dict):
@@ -116,42 +133,27 @@ class edit(Generic[_M]):  # noqa: N801  (used like a function: `with es.edit(m)`
         finally:
             for _, copy, _ in self._copies:
                 forbid_assignments(copy)
-                unwatch(copy)
                 if not ok:  # nothing is produced: make any use of the copy fail
                     _DICT.__set__(copy, Defunct(type(copy).__qualname__))
 
 
 def _copy_module(obj: Any, copies: list[_Copy]) -> Any:
     """An editable copy of the module `obj` (see above), listed in `copies`."""
-    copy = object.__new__(type(obj))
-    d, start = instance_dict(copy), {}
+    copy, start = object.__new__(type(obj)), {}
     copies.append((obj, copy, start))
+    d = instance_dict(copy)
     d.update(instance_dict(obj))
-    if field_info(type(obj)).stores_arrays:  # an `es.Module`: copied on read
-        pending = {
-            k for k, v in d.items() if type(v) in CONTAINERS or is_module_type(type(v))
-        }
-        if pending:
-            watch_reads(copy, functools.partial(_before_read, pending, start, copies))
-    else:
+    if not field_info(type(obj)).stores_arrays:  # not an `es.Module`: copied now
         d.update({k: _fresh(v, copies) for k, v in d.items()})
+    elif pending := {
+        k for k, v in d.items() if type(v) in CONTAINERS or is_module_type(type(v))
+    }:
+        d = _Unread(d)
+        d.copies, d.pending, d.start = copies, pending, start
+        _DICT.__set__(copy, d)
     start.update(d)
     allow_assignments(copy)
     return copy
-
-
-def _before_read(
-    pending: set[str], start: dict, copies: list[_Copy], copy: Any, name: str
-) -> None:
-    """Copy what the field `name` (every field, for `__dict__`) holds, before it is
-    read; `pending` are the fields that still hold the original's value."""
-    d = instance_dict(copy)
-    for k in list(pending) if name == "__dict__" else [name]:
-        if k in pending:
-            pending.discard(k)
-            d[k] = start[k] = _fresh(d[k], copies)
-    if not pending:
-        unwatch(copy)
 
 
 def _fresh(value: Any, copies: list[_Copy]) -> Any:
@@ -243,6 +245,8 @@ def _freeze(copies: list[_Copy]) -> None:
     unchanged: dict[int, Any] = {}  # the id of an unchanged copy -> its original
     for original, copy, start in reversed(copies):
         d, before = instance_dict(copy), instance_dict(original)
+        if type(d) is _Unread:  # fields never read: no copy is made of them now
+            _DICT.__set__(copy, d := dict(d))
         assigned = {k for k, v in d.items() if k not in start or v is not start[k]}
         for k in start.keys() - assigned:
             d[k] = _restore(start[k], unchanged, before.get(k))
