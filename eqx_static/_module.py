@@ -491,10 +491,9 @@ class Module(eqx.Module):
                 # cost); other methods become Equinox's `BoundMethod`.
                 plain = name.startswith("__") and name.endswith("__")
                 if not plain and out.__func__ not in _UPDATES:
-                    if name != "_abc_impl" and BoundMethod is not None:
-                        return _bound_method(out.__func__, self)
-                    if name != "_abc_impl":  # pragma: no cover  (Equinox's own)
+                    if BoundMethod is None:  # pragma: no cover  (Equinox's own)
                         return eqx.Module.__getattribute__(self, name)
+                    return _bound_method(out.__func__, self)
             return out
 
         def __setattr__(self, name: str, value: Any) -> None:

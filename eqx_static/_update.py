@@ -271,14 +271,11 @@ def _restore(value: Any, unchanged: dict[int, Any], original: Any) -> Any:
     if is_module(value):
         return unchanged.get(id(value), value)
     if type(value) is _EditTuple:  # only the items read can differ
-        source = value.source
-        new = {j: _restore(x, unchanged, source[j]) for j, x in value.made.items()}
-        if all(new[j] is source[j] for j in new):
-            return source
-        items = list(source)  # in C: a tuple of 1,000 modules, one of them read
-        for j, x in new.items():
-            items[j] = x
-        return tuple(items)
+        items = list(value.source)  # in C: a tuple of 1,000 modules, one of them read
+        for j, x in value.made.items():
+            items[j] = _restore(x, unchanged, items[j])
+        same = all(items[j] is value.source[j] for j in value.made)
+        return value.source if same else tuple(items)
     if type(value) is _EditList:
         value = list(list.__iter__(value))
     t = type(value)
