@@ -2,7 +2,6 @@
 `_module.convert_and_check` and `run_check_inits`."""
 
 import operator
-import types
 from typing import Any, cast, Final, Generic, NoReturn, TypeVar
 
 import equinox as eqx
@@ -119,15 +118,10 @@ class edit(Generic[_M]):  # noqa: N801  (used like a function: `with es.edit(m)`
             raise RuntimeError("An `es.edit` context cannot be entered twice.")
         return cast(_M, _copy_module(self._module, self._copies))
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: types.TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         ok = False
         try:
-            if exc_type is None:
+            if exc_info[0] is None:  # the block raised nothing
                 _freeze(self._copies)
                 ok = True
         finally:
@@ -293,5 +287,6 @@ def _restore(value: Any, unchanged: dict[int, Any], original: Any) -> Any:
     return dict(zip(keys, restored)) if t is dict else t(restored)
 
 
-# The C-level `__dict__` descriptor, to give a discarded copy a `Defunct` one.
+# The C-level `__dict__` descriptor, to give a copy an `_Unread`, a `Defunct` or a
+# plain dict.
 _DICT: Final = eqx.Module.__dict__["__dict__"]
