@@ -8,16 +8,16 @@ import tomllib
 from ._compile import CacheInfo as CacheInfo, CompileInfo as CompileInfo
 from ._diverge import DivergenceError as DivergenceError
 from ._jit import Compiled as Compiled, jit as jit, Lowered as Lowered
-from ._module import Module as Module
+from ._module import (
+    Module as Module,
+    with_dynamic as with_dynamic,
+    with_static as with_static,
+)
 from ._report import (
     RecompileError as RecompileError,
     TracedFieldError as TracedFieldError,
 )
-from ._update import (
-    edit as edit,
-    with_dynamic as with_dynamic,
-    with_static as with_static,
-)
+from ._update import edit as edit
 
 
 __all__ = [

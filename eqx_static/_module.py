@@ -1,11 +1,11 @@
-"""`es.Module`, and the checks every new field value goes through: at construction
+"""`es.Module`, its updates `with_static` / `with_dynamic` (one line, touching only
+what changes), and the checks every new field value goes through: at construction
 (when `__init__` has finished), on updates, on leaving `es.edit`. Type checks of
 the fields run in one jaxtyping scope, so that named dimensions bind across
 fields."""
 
 import dataclasses
 import difflib
-import functools
 import inspect
 import logging
 import operator
@@ -14,7 +14,7 @@ import types
 import typing
 import weakref
 from collections.abc import Callable, Collection, Mapping
-from typing import Any, Final, TYPE_CHECKING, TypeVar
+from typing import Any, Final, Literal, NamedTuple, TYPE_CHECKING, TypeVar
 
 import equinox as eqx
 import jax
@@ -36,6 +36,7 @@ from ._fields import (
     hashable_instead,
     instance_dict,
     is_array_annotation,
+    is_module,
     token,
     UnhashableError,
     UNIONS,
@@ -378,20 +379,6 @@ def _named_sizes(ann: Any, value: Any) -> dict[str, int]:
 
 # ----------------------------------------------------------------------------------
 
-# `es.edit`'s copies of `es.Module`s, by id, each with what to call before a read of
-# one of its fields (copy on write): `watch_reads` and `unwatch`, from `es.edit`.
-_editing: Final[dict[int, Callable[[Any, str], None]]] = {}
-
-
-def watch_reads(module: Any, before_read: Callable[[Any, str], None]) -> None:
-    """Call `before_read(module, name)` before each read of an attribute."""
-    _editing[id(module)] = before_read
-
-
-def unwatch(module: Any) -> None:
-    _editing.pop(id(module), None)
-
-
 _Self = TypeVar("_Self", bound="Module")
 
 
@@ -486,14 +473,12 @@ class Module(eqx.Module):
     if not TYPE_CHECKING:
 
         def __getattribute__(self, name: str, /) -> Any:
-            # Equinox's own, plus: a failed `es.edit`'s copy refuses every read, an
-            # `es.edit` copy copies on write, and bound methods skip Equinox's walk
-            # (an `es.jit` one is a `BoundJit`).
+            # Equinox's own, plus: an `es.edit` copy copies on write, a failed
+            # one's refuses every read, and bound methods skip Equinox's walk (an
+            # `es.jit` one is a `BoundJit`).
             d = instance_dict(self)
-            if type(d) is not dict:  # a failed edit's copy: raises, saying why
-                d.on_read(name)
-            if _editing and id(self) in _editing:
-                _editing[id(self)](self, name)
+            if type(d) is not dict:  # an `es.edit` copy's: its `on_read` says
+                d = d.on_read(self, name)  # which dict to read (or raises)
             if name == "__dict__":  # Equinox's flatten, on every `jax.tree.map`
                 return d
             out = object.__getattribute__(self, name)
@@ -501,11 +486,14 @@ class Module(eqx.Module):
                 bind = getattr(out.__func__, "es_bind", None)  # an `es.jit` method's
                 if bind is not None:
                     return bind(self)
-                if not (name.startswith("__") and name.endswith("__")):
-                    if name != "_abc_impl" and BoundMethod is not None:
-                        return _bound_method(out.__func__, self)
-                    if name != "_abc_impl":  # pragma: no cover  (Equinox's own)
+                # Dunders and the updates stay plain bound methods: an update needs
+                # no pytree, and a `BoundMethod` took `m.with_dynamic(w=...)` from
+                # 2.6 to 4.3 µs. Other methods become Equinox's `BoundMethod`.
+                plain = name.startswith("__") and name.endswith("__")
+                if not plain and out.__func__ not in _UPDATES:
+                    if BoundMethod is None:  # pragma: no cover  (Equinox's own)
                         return eqx.Module.__getattribute__(self, name)
+                    return _bound_method(out.__func__, self)
             return out
 
         def __setattr__(self, name: str, value: Any) -> None:
@@ -518,34 +506,16 @@ class Module(eqx.Module):
                 "in `__init__` or inside `es.edit`."
             )
 
-    else:
+    def with_static(self: _Self, /, **changes: Any) -> _Self:
+        """Return a copy with static fields replaced; see `es.with_static`."""
+        return _update(self, changes, "static")
 
-        def with_static(self: _Self, **changes: Any) -> _Self:
-            """Return a copy with static fields replaced; see `es.with_static`."""
-            ...
-
-        def with_dynamic(self: _Self, **changes: Any) -> _Self:
-            """Return a copy with dynamic fields replaced; see `es.with_dynamic`."""
-            ...
+    def with_dynamic(self: _Self, /, **changes: Any) -> _Self:
+        """Return a copy with dynamic fields replaced; see `es.with_dynamic`."""
+        return _update(self, changes, "dynamic")
 
 
-class _Method:
-    """`module.with_static`: the update function bound with `functools.partial`,
-    where a plain method read off an `eqx.Module` would become an Equinox
-    `BoundMethod`, made by walking every leaf of the module."""
-
-    def __init__(self, fn: Any):
-        self.fn = fn
-        functools.update_wrapper(self, fn)  # pyright: ignore[reportArgumentType]
-
-    def __get__(self, obj: object, owner: type | None = None) -> Any:
-        return self.fn if obj is None else functools.partial(self.fn, obj)
-
-
-def provide_updates(with_static: Callable, with_dynamic: Callable) -> None:
-    """Give `es.Module` its update methods (the functions of `_update`)."""
-    Module.with_static = _Method(with_static)  # pyright: ignore
-    Module.with_dynamic = _Method(with_dynamic)  # pyright: ignore
+_UPDATES: Final = frozenset({Module.with_static, Module.with_dynamic})
 
 
 def _bound_method(func: Any, obj: Any) -> Any:
@@ -560,3 +530,258 @@ def _bound_method(func: Any, obj: Any) -> Any:
         except AttributeError:
             pass
     return method
+
+
+# ----------------------------------------------------------------------------------
+# Updates: `with_static` / `with_dynamic`, touching only what changes.
+
+_M = TypeVar("_M", bound=eqx.Module)
+Kind = Literal["static", "dynamic", "any"]
+_OTHER: Final = {"static": "with_dynamic", "dynamic": "with_static"}
+
+
+class _Set(NamedTuple):
+    """A leaf of a trie of dotted paths (dicts of segments): one path's new value."""
+
+    value: Any
+
+
+def with_static(module: _M, /, **changes: Any) -> _M:
+    """Return a copy of `module` with some static fields replaced.
+
+    Static fields, declared `eqx.field(static=True)`, key the compile cache of
+    [`eqx_static.jit`][]: the next call compiles once per new combination of values.
+
+    **Arguments:**
+
+    - `module`: any `eqx.Module`.
+    - `**changes`: field names, or dotted paths into nested modules and sequences
+        (`**{"encoder.act": "tanh"}`), mapped to their new values.
+
+    **Returns:**
+
+    A new instance of the same class, sharing every field not named with `module`,
+    which is unchanged. Converters run on the new values, static values must be
+    hashable, and the class's `__check_init__` runs on the result.
+
+    !!! example
+
+        ```python
+        import equinox as eqx
+        import eqx_static as es
+
+        class Model(es.Module):
+            scale: float
+            square: bool = eqx.field(static=True)
+
+        m = Model(scale=2.0, square=False)
+        m2 = es.with_static(m, square=True)
+        assert m2.square and not m.square and m2.scale is m.scale
+        ```
+    """
+    return _update(module, changes, "static")
+
+
+def with_dynamic(module: _M, /, **changes: Any) -> _M:
+    """Return a copy of `module` with some dynamic (traced) fields replaced.
+
+    [`eqx_static.jit`][] traces dynamic fields: changing them never recompiles while
+    shapes and dtypes stay the same. Arguments, result and checks are those of
+    [`eqx_static.with_static`][]; in addition, a value for a field annotated with a
+    jaxtyping array type (such as `Float[Array, "3"]`) must match it.
+
+    !!! example
+
+        ```python
+        import equinox as eqx
+        import eqx_static as es
+
+        class Model(es.Module):
+            scale: float
+            square: bool = eqx.field(static=True)
+
+        m = Model(scale=2.0, square=False)
+        assert es.with_dynamic(m, scale=3.0).scale == 3.0
+        ```
+    """
+    return _update(module, changes, "dynamic")
+
+
+def _update(module: _M, changes: Mapping[str, Any], kind: Kind) -> _M:
+    if not is_module(module):
+        raise TypeError(
+            f"`with_{kind}` takes an `eqx.Module`, got {type(module).__name__}."
+        )
+    if any("." in k for k in changes):
+        return apply_trie(module, _trie(changes), kind, (), kind)
+    info = field_info(type(module))  # the common case: fields of `module` itself
+    d = instance_dict(module)
+    for name, value in changes.items():
+        _check_field(info, d, name, kind, (), value)
+    return rebuild(module, info, changes, changes)
+
+
+def _trie(changes: Mapping[str, Any]) -> dict[str, Any]:
+    root: dict[str, Any] = {}
+    for path, value in changes.items():
+        *parents, last = path.split(".")
+        node = root
+        for i, seg in enumerate(parents):
+            node = node.setdefault(seg, {})
+            if isinstance(node, _Set):
+                raise _conflict(".".join(parents[: i + 1]), path)
+        if last in node:  # a dict (the paths are distinct): name a path inside it
+            raise _conflict(path, next(p for p in changes if p.startswith(f"{path}.")))
+        node[last] = _Set(value)
+    return root
+
+
+def _conflict(prefix: str, path: str) -> ValueError:
+    return ValueError(
+        f"Conflicting updates: {path!r} changes inside {prefix!r}, which is also "
+        "replaced as a whole. Name either the whole value or the parts inside it."
+    )
+
+
+def apply_trie(obj: Any, trie: dict, kind: Kind, path: tuple, outer: str) -> Any:
+    """Rebuild `obj` with the changes in `trie`, copying only the nodes on the paths.
+    `kind` is what the caller may change; `outer`, the kind of the module field that
+    holds `obj`, is the kind of anything inside a list, tuple or dict."""
+    if is_module(obj):
+        info, d = field_info(type(obj)), instance_dict(obj)
+        values, direct = {}, set()
+        for seg, sub in trie.items():
+            if isinstance(sub, _Set):
+                _check_field(info, d, seg, kind, path, sub.value)
+                values[seg] = sub.value
+                direct.add(seg)
+            else:
+                _check_field(info, d, seg, "any", path, None)
+                field_kind = "static" if seg in info.static else "dynamic"
+                values[seg] = apply_trie(d[seg], sub, kind, (*path, seg), field_kind)
+        return rebuild(obj, info, values, direct)
+    if not isinstance(obj, list | tuple | dict):
+        shape = getattr(obj, "shape", None)
+        what = (
+            f"a {obj.dtype}{list(shape)} array"
+            if shape is not None and hasattr(obj, "dtype")
+            else f"a {type(obj).__name__}"
+        )
+        raise TypeError(
+            f"Cannot follow path segment {next(iter(trie))!r} at {'.'.join(path)!r}: "
+            f"the value there is {what}, not a module, list, tuple or dict."
+        )
+    items: Any = dict(obj) if isinstance(obj, dict) else list(obj)
+    segs: dict[Any, str] = {}
+    for seg, sub in trie.items():
+        key = _container_key(obj, seg, path)
+        if key in segs:  # such as "layers.0" and "layers.-2" into a 2-list
+            raise ValueError(
+                f"Conflicting updates: segments {segs[key]!r} and {seg!r} both name "
+                f"the same item of {'.'.join(path)!r}. Name each item once."
+            )
+        segs[key] = seg
+        if not isinstance(sub, _Set):
+            items[key] = apply_trie(items[key], sub, kind, (*path, seg), outer)
+        elif kind == outer or (
+            kind == "static" and _leaf(items[key]) and _leaf(sub.value)
+        ):
+            items[key] = sub.value
+        else:
+            raise TypeError(
+                f"`with_{kind}` got {'.'.join((*path, seg))!r}, which lies inside a "
+                f"{outer} field. Use `{_OTHER[kind]}` for it instead (or `es.edit`, "
+                "which takes both kinds)."
+            )
+    t: Any = type(obj)
+    if isinstance(obj, tuple) and hasattr(obj, "_make"):  # a named tuple
+        return t._make(items)
+    return items if t is dict or t is list else t(items)
+
+
+def _container_key(obj: Any, seg: str, path: tuple) -> Any:
+    where = ".".join((*path, seg))
+    if isinstance(obj, dict):
+        found = [seg] if seg in obj else [k for k in obj if str(k) == seg]
+        if len(found) == 1:  # `"by_id.0"` finds the key `0`
+            return found[0]
+        raise KeyError(
+            f"No key {seg!r} at {where!r}; the keys are {list(obj)!r}."
+            if not found
+            else f"Path segment {seg!r} at {where!r} names several keys: {found!r}."
+        )
+    if hasattr(obj, "_fields") and seg in obj._fields:
+        return obj._fields.index(seg)
+    try:
+        index = int(seg)
+    except ValueError:
+        index = len(obj)  # out of range
+    if not -len(obj) <= index < len(obj):
+        raise IndexError(
+            f"Path segment {seg!r} at {where!r} is not a valid index into a "
+            f"{type(obj).__name__} of length {len(obj)}."
+        )
+    return index % len(obj)
+
+
+def rebuild(
+    obj: eqx.Module, info: FieldInfo, values: Mapping[str, Any], direct: Collection[str]
+) -> Any:
+    """A copy of `obj` with `values` set, converted if `direct`, and checked."""
+    old = instance_dict(obj)
+    values = convert_and_check(info, values, direct, old)
+    new = object.__new__(info.cls)
+    instance_dict(new).update(old, **values)
+    run_check_inits(info, new)
+    return new
+
+
+def _check_field(
+    info: FieldInfo, d: dict, name: str, kind: Kind, path: tuple, value: Any
+) -> None:
+    """Raise unless `with_<kind>` takes the field `name`: `with_static` a static
+    field, or a dynamic one holding a leaf that `es.jit` keys statically (a Python
+    bool, a string, a function) for another such; `with_dynamic` a dynamic field."""
+    if name not in info.static and name not in info.dynamic:
+        takes = [n for n in info.names if _takes(info, d, n, kind)]
+        helper = None if kind == "any" else f"with_{kind}"
+        raise unknown_field_error(info.cls, name, takes, helper)
+    if _takes(info, d, name, kind):
+        if not (kind == "static" and name in info.dynamic and not _leaf(value)):
+            return
+        raise TypeError(
+            f"`with_static` got {'.'.join((*path, name))!r}: the dynamic field "
+            f"{name!r} of `{info.cls.__qualname__}` holds a Python "
+            f"{type(d[name]).__name__}, which `es.jit` keys statically, and "
+            "`with_static` replaces it with another such value; got "
+            f"{_kind_of(value)}. To store data there, use `with_dynamic`."
+        )
+    cls, full = info.cls.__qualname__, ".".join((*path, name))
+    call = f"**{{{full!r}: ...}}" if path else f"{full}=..."
+    if name in info.static:
+        what = "static field", "declared `eqx.field(static=True)`"
+    else:
+        what = "dynamic field", f"holding {_kind_of(d.get(name))}, traced by `es.jit`"
+    raise TypeError(
+        f"`with_{kind}` got {full!r}, but {name!r} is a {what[0]} of `{cls}` "
+        f"({what[1]}). Use `{_OTHER[kind]}({call})` instead (or `es.edit`, which "
+        "takes both kinds)."
+    )
+
+
+def _takes(info: FieldInfo, d: dict, name: str, kind: Kind) -> bool:
+    if kind == "dynamic":
+        return name in info.dynamic
+    return kind == "any" or name in info.static or _leaf(d.get(name))
+
+
+def _leaf(v: Any) -> bool:
+    """A value `es.jit` keys statically: not an array, module or container."""
+    return not (isinstance(v, list | tuple | dict) or is_module(v) or eqx.is_array(v))
+
+
+def _kind_of(v: Any) -> str:
+    """The kind of `v`, with its article: "an array", "a module", "a float"."""
+    if eqx.is_array(v):
+        return "an array"
+    return "a module" if is_module(v) else f"a {type(v).__name__}"

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from eqx_static import _jax
 from helpers import Bomb
 from jaxtyping import Array, Float
 
@@ -349,6 +350,42 @@ def test_validation_failure_on_exit(assign, exc, match):
     assert h.items[0].n == 2
     with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field"):
         h2.checked = h.checked  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def test_a_check_init_that_reads_an_unread_field_leaves_it_shared():
+    """Leaving the block checks the copy; a `__check_init__` that reads a field the
+    block never read gets the original's value, not a copy of it."""
+
+    class Outer(es.Module):
+        inner: Encoder
+        n: int = eqx.field(static=True)
+
+        def __check_init__(self):
+            assert self.inner.act == "relu"
+
+    o = Outer(Encoder(1.0, "relu"), 1)
+    with es.edit(o) as o2:
+        o2.n = 2
+    assert o2.n == 2 and o2.inner is o.inner
+
+
+def test_without_equinox_s_set_of_initialising_modules_an_edit_cannot_assign(
+    monkeypatch,
+):
+    """What degrades without `equinox._module._module._currently_initialising`, as
+    docs/guarantees.md says: an `es.edit` block raises Equinox's
+    `FrozenInstanceError` at its first assignment and leaves the original
+    untouched; `with_static` and `with_dynamic` still work."""
+    monkeypatch.setattr(_jax, "_initialising", None)
+    c = _model()
+    before = _snapshot(c)
+    with pytest.raises(
+        dataclasses.FrozenInstanceError, match="cannot assign to field 'dp'"
+    ):
+        with es.edit(c) as c2:
+            c2.dp = 3.0
+    _assert_untouched(c, before)
+    assert float(c.with_dynamic(dp=3.0).dp) == 3.0 and c.with_static(sp=True).sp
 
 
 def test_outer_check_init_sees_nested_change():

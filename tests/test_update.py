@@ -934,3 +934,15 @@ def test_a_container_that_contains_itself_is_refused_at_once_naming_the_field():
         "naming_the_field.<locals>.M` got a value that contains itself: w[1] is the "
         "value again. A module's fields are a tree; break the cycle before storing it."
     )
+
+
+def test_the_updates_are_methods_of_es_module_read_as_plain_bound_methods():
+    """`with_static`/`with_dynamic` are defined on `es.Module`; read off an instance
+    they are plain bound methods, not Equinox `BoundMethod`s (pytrees of the
+    module's leaves, which would double the cost of `m.with_dynamic(...)`)."""
+    assert {"with_static", "with_dynamic"} <= vars(es.Module).keys()
+    m = _holder()
+    for method in (m.with_static, m.with_dynamic):
+        assert method.__self__ is m and method.__func__ in vars(es.Module).values()
+        leaves = jax.tree.leaves(method)
+        assert len(leaves) == 1 and leaves[0] is method

@@ -160,7 +160,7 @@ def write_problems() -> list[str]:
 
 # Code lines each module may have: set at its count, so that a change that adds
 # lines raises the budget in the same diff and says what they buy. (The bar filed
-# for the package is 3,100 in at most 12 modules; it stands at 4,358 as formatted,
+# for the package is 3,100 in at most 12 modules; it stands at 4,309 as formatted,
 # the features filed beside it included.)
 BUDGET: dict[str, int] = {
     "__init__.py": 40,
@@ -171,10 +171,10 @@ BUDGET: dict[str, int] = {
     "_jax.py": 416,
     "_jit.py": 640,
     "_key.py": 228,
-    "_module.py": 366,
+    "_module.py": 510,
     "_report.py": 495,
     "_sharing.py": 181,
-    "_update.py": 362,
+    "_update.py": 169,
 }
 MAX_MODULES = 12
 
