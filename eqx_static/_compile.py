@@ -961,14 +961,9 @@ def _check_sharing(miss: _Miss, program: Program) -> None:
     own = _jax.executable_of(_jax.lowering_of(miss.lowered))
     if same_compiled(own, program.executable):
         return
-    f = miss.f
-    changes = _report.diff(program.key, miss.entry.key, f.argnames)
-    raise RuntimeError(
-        f"{f.name(miss.entry.key)}: EQX_STATIC_CHECK_SHARING: this call's program "
-        f"({_report.phrase(changes)}, from the key of compile {program.number}) "
-        f"compiles to other code than compile {program.number}, whose executable "
-        f"it would have run. Please report this with your JAX version "
-        f"({jax.__version__})."
+    f, key = miss.f, miss.entry.key
+    raise _report.sharing_error(
+        f.name(key), program.key, key, f.argnames, program.number
     )
 
 

@@ -445,6 +445,20 @@ class Compile(NamedTuple):
     differ: Differ | None
 
 
+def sharing_error(
+    name: str, old: Key, new: Key, argnames: Sequence[str], number: int
+) -> RuntimeError:
+    """What `EQX_STATIC_CHECK_SHARING` raises: a key's program, taken for compile
+    `number`'s (of key `old`), compiles to other code."""
+    return RuntimeError(
+        f"{name}: EQX_STATIC_CHECK_SHARING: this call's program "
+        f"({phrase(diff(old, new, argnames))}, from the key of compile {number}) "
+        f"compiles to other code than compile {number}, whose executable "
+        f"it would have run. Please report this with your JAX version "
+        f"({jax.__version__})."
+    )
+
+
 def budget_error(
     qualname: str,
     limit: int,

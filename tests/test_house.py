@@ -88,6 +88,30 @@ def test_the_layer_and_write_checks_can_fail(tmp_path, monkeypatch):
     ]
 
 
+def test_the_core_reaches_the_diagnostics_only_through_their_hooks():
+    assert _house().hook_problems() == []
+
+
+def test_the_hook_check_can_fail(tmp_path, monkeypatch):
+    """A core module's name of the diagnostics not in `HOOKS`, by attribute or by
+    import; the diagnostics themselves and `__init__` may use any."""
+    house = _house()
+    (tmp_path / "_compile.py").write_text(
+        "from . import _report\nfrom ._diverge import check, Miss, _value\n\n"
+        "_report.log()\n_report.diff()\n"
+    )
+    (tmp_path / "_report.py").write_text("from . import _diverge\n_diverge._value\n")
+    (tmp_path / "__init__.py").write_text("from ._report import diff\n")
+    monkeypatch.setattr(house, "PACKAGE", tmp_path)
+    said = "is not a hook of the diagnostics: call them through tools/house.py's"
+    got = house.hook_problems()
+    assert [p.split(" is not")[0] for p in got] == [
+        "_compile.py:2: _diverge._value",
+        "_compile.py:5: _report.diff",
+    ]
+    assert all(said in p for p in got)
+
+
 def test_every_module_keeps_to_its_line_budget():
     house = _house()
     assert house.budget_problems(house.table()) == []
