@@ -44,7 +44,8 @@ class _Unread(dict):
         for k in list(self.pending) if name == "__dict__" else [name]:
             if k in self.pending:
                 self.pending.discard(k)
-                self[k] = self.start[k] = _fresh(self[k], self.copies)
+                if self[k] is self.start[k]:  # not assigned since: still shared
+                    self[k] = self.start[k] = _fresh(self[k], self.copies)
         if self.pending:
             return self
         _DICT.__set__(module, d := dict(self))

@@ -713,3 +713,30 @@ def test_a_failed_edit_leaves_no_usable_module():
     with pytest.raises(RuntimeError, match=defunct):
         c3.k  # noqa: B018
     assert c.k == 1 and c.f(x) == 1.0
+
+
+# --- what the edit hands out: the assigned value, the copies, plain containers -----
+
+
+class _Converted(es.Module):
+    items: tuple = eqx.field(converter=tuple)
+    inner: Encoder
+
+
+def test_a_field_assigned_before_it_is_read_reads_back_as_assigned_and_converted():
+    m = _Converted([Encoder(1.0, "a")], Encoder(2.0, "b"))
+    items, inner = [Encoder(3.0, "c")], Encoder(4.0, "d")
+    with es.edit(m) as m2:
+        m2.items, m2.inner = items, inner  # neither read yet
+        assert m2.items is items and m2.inner is inner  # a mutable object's rules
+    expected = dataclasses.replace(m, items=items, inner=inner)
+    assert type(m2.items) is tuple and m2.items == expected.items
+    assert m2.inner is inner and _same(m2, expected)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """The same pytree: same structure, equal leaves (a number stored as an array
+    equals the number)."""
+    leaves = zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    same_leaves = all(np.array_equal(x, y) for x, y in leaves)
+    return jax.tree.structure(a) == jax.tree.structure(b) and same_leaves
