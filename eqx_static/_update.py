@@ -243,8 +243,8 @@ def _freeze(copies: list[_Copy]) -> None:
         if type(d) is _Unread:  # fields never read: no copy is made of them now
             _DICT.__set__(copy, d := dict(d))
         assigned = {k for k, v in d.items() if k not in start or v is not start[k]}
-        for k in start.keys() - assigned:
-            d[k] = _restore(start[k], unchanged, before.get(k))
+        for k in d:  # an assigned value may hold copies too: `m2.a = m2.layers`
+            d[k] = _restore(d[k], unchanged, before.get(k))
         info = field_info(type(copy))
         # Assigned fields, and containers changed in place (their numbers are stored
         # as arrays and checked too; converters run on assigned values only).

@@ -740,3 +740,24 @@ def _same(a: Any, b: Any) -> bool:
     leaves = zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
     same_leaves = all(np.array_equal(x, y) for x, y in leaves)
     return jax.tree.structure(a) == jax.tree.structure(b) and same_leaves
+
+
+class _Two(es.Module):
+    a: Any
+    b: Any
+
+
+def _two() -> _Two:
+    return _Two((_Leaf(1.0, 1), _Leaf(2.0, 2)), [_Leaf(3.0, 3), [_Leaf(4.0, 4)]])
+
+
+def test_a_copied_tuple_or_list_assigned_to_another_field_comes_out_plain():
+    m = _two()
+    with es.edit(m) as m2:
+        m2.a[1].w = 5.0
+        m2.a, m2.b = m2.b, {"t": m2.a}
+    expected = eqx.tree_at(lambda t: t.a[1].w, m, 5.0)
+    expected = dataclasses.replace(expected, a=m.b, b={"t": expected.a})
+    assert type(m2.a) is list and type(m2.a[1]) is list
+    assert type(m2.b["t"]) is tuple and _same(m2, expected)
+    assert m2.a[0] is m.b[0] and m2.b["t"][0] is m.a[0]  # unchanged: shared
