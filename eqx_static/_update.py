@@ -176,7 +176,24 @@ def _holds_mutable(value: Any) -> bool:
     return tuple in kinds and any(_holds_mutable(x) for x in value if type(x) is tuple)
 
 
-class _EditTuple(tuple):
+class _Lazy:
+    """What a lazily copied tuple or list hands out: the copies, each made when first
+    read (`__getitem__`), whichever way it is read."""
+
+    def __iter__(self: Any) -> Any:
+        return map(self.__getitem__, range(len(self)))
+
+    def __reversed__(self: Any) -> Any:
+        return map(self.__getitem__, range(len(self) - 1, -1, -1))
+
+    def __radd__(self: Any, other: Any) -> Any:  # `[x] + m2.layers`
+        return other + self[:]
+
+    def __reduce_ex__(self: Any, protocol: Any) -> Any:  # copy, deepcopy, pickle
+        return type(self[:]), (self[:],)
+
+
+class _EditTuple(_Lazy, tuple):
     """A tuple of modules or containers inside an edit: item `i` is copied when
     first read, and the same copy is handed out after that."""
 
@@ -198,11 +215,8 @@ class _EditTuple(tuple):
             self.made[j] = _fresh(tuple.__getitem__(self, i), self.copies)
         return self.made[j]
 
-    def __iter__(self) -> Any:
-        return map(self.__getitem__, range(len(self)))
 
-
-class _EditList(list):
+class _EditList(_Lazy, list):
     """A list of modules or containers inside an edit: an item of the original is
     replaced by its copy when first read."""
 
@@ -219,13 +233,33 @@ class _EditList(list):
             list.__setitem__(self, i, item)
         return item
 
-    def __iter__(self) -> Any:
-        return map(self.__getitem__, range(len(self)))
-
     def pop(self, i: Any = -1) -> Any:  # pyright: ignore
         item = self[i]
         list.__delitem__(self, i)
         return item
+
+
+def _on_copies(f: Any) -> Any:
+    """`f`, a C method of `tuple` or `list`, which reads the items as stored, run on
+    the copies. A tuple stores the originals; a list stores an item's copy once read,
+    and until then the original, equal to its copy: a list's comparisons, `in`,
+    `index`, `count` and `repr` need no copies (and `sort` only moves items)."""
+
+    def method(self: Any, *args: Any) -> Any:
+        # a list's copies are stored in it as well
+        copies, args = self[:], [a[:] if isinstance(a, _Lazy) else a for a in args]
+        return f(copies if type(self) is _EditTuple else self, *args)
+
+    return method
+
+
+for _cls, _names in [
+    (_EditList, "__add__ __mul__ __rmul__ __imul__ copy"),
+    (_EditTuple, "__add__ __mul__ __rmul__ __contains__ count index __repr__ __hash__"),
+    (_EditTuple, "__eq__ __ne__ __lt__ __le__ __gt__ __ge__"),
+]:
+    for _name in _names.split():
+        setattr(_cls, _name, _on_copies(getattr(_cls.__base__, _name)))
 
 
 # Inside the block, JAX sees them as the tuple and list they stand for.

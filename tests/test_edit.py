@@ -2,6 +2,7 @@
 write; a failed block leaves the original untouched and its copy unusable."""
 
 import abc
+import copy
 import dataclasses
 from typing import Any
 
@@ -761,3 +762,60 @@ def test_a_copied_tuple_or_list_assigned_to_another_field_comes_out_plain():
     assert type(m2.a) is list and type(m2.a[1]) is list
     assert type(m2.b["t"]) is tuple and _same(m2, expected)
     assert m2.a[0] is m.b[0] and m2.b["t"][0] is m.a[0]  # unchanged: shared
+
+
+# Every way a list or tuple hands out its items, each giving the items in order.
+_READS = {
+    "iter": lambda xs: list(iter(xs)),
+    "reversed": lambda xs: list(reversed(xs))[::-1],
+    "slice": lambda xs: xs[::-1][::-1],
+    "enumerate": lambda xs: [x for _, x in enumerate(xs)],
+    "list": list,
+    "tuple": tuple,
+    "sorted": lambda xs: sorted(xs, key=lambda x: getattr(x, "k", 9)),
+    "unpack": lambda xs: [*xs],
+    "unpack-assign": lambda xs: (lambda a, b: [a, b])(*xs),
+    "add": lambda xs: xs + (() if isinstance(xs, tuple) else []),
+    "radd": lambda xs: (() if isinstance(xs, tuple) else []) + xs,
+    "mul": lambda xs: xs * 1,
+    "rmul": lambda xs: 1 * xs,
+    "copy": lambda xs: xs.copy() if isinstance(xs, list) else xs[:],
+    "index": lambda xs: [xs[i] for i in range(-len(xs), 0)],
+}
+
+
+@pytest.mark.parametrize("field", ["a", "b"])
+@pytest.mark.parametrize("read", _READS.values(), ids=_READS.keys())
+def test_every_read_of_a_copied_tuple_or_list_hands_out_the_copies(field, read):
+    m = _two()
+    with es.edit(m) as m2:
+        items = read(getattr(m2, field))
+        assert len(items) == 2
+        leaf = items[0]
+        leaf.w = 7.0  # a copy: assignable, and the edit's
+    expected = eqx.tree_at(lambda t: getattr(t, field)[0].w, m, 7.0)
+    assert _same(m2, expected) and float(getattr(m, field)[0].w) != 7.0
+
+
+@pytest.mark.parametrize("field", ["a", "b"])
+def test_comparisons_of_a_copied_tuple_or_list_see_the_copies(field):
+    m = _two()
+    with es.edit(m) as m2:
+        xs = getattr(m2, field)
+        xs[0].w = 7.0
+        assert xs[0] in xs and xs.index(xs[1]) == 1 and xs.count(xs[0]) == 1
+        assert xs != getattr(m, field) and not xs == getattr(m, field)
+        same = tuple(xs) if isinstance(xs, tuple) else list(xs)
+        assert xs == same and not xs != same
+        assert "7.0" in repr(xs)
+
+
+@pytest.mark.parametrize("field", ["a", "b"])
+def test_copying_a_copied_tuple_or_list_copies_the_copies(field):
+    m = _two()
+    with es.edit(m) as m2:
+        xs = getattr(m2, field)
+        xs[0].w = 7.0
+        shallow, deep = copy.copy(xs), copy.deepcopy(xs)
+        assert shallow == xs and shallow[0] is xs[0] and type(shallow) in (tuple, list)
+        assert float(deep[0].w) == 7.0 and deep[0] is not xs[0]

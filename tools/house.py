@@ -174,7 +174,7 @@ BUDGET: dict[str, int] = {
     "_module.py": 510,
     "_report.py": 495,
     "_sharing.py": 181,
-    "_update.py": 170,
+    "_update.py": 187,
 }
 MAX_MODULES = 12
 
