@@ -44,7 +44,8 @@ class _Unread(dict):
         for k in list(self.pending) if name == "__dict__" else [name]:
             if k in self.pending:
                 self.pending.discard(k)
-                self[k] = self.start[k] = _fresh(self[k], self.copies)
+                if self[k] is self.start[k]:  # not assigned since: still shared
+                    self[k] = self.start[k] = _fresh(self[k], self.copies)
         if self.pending:
             return self
         _DICT.__set__(module, d := dict(self))
@@ -175,7 +176,24 @@ def _holds_mutable(value: Any) -> bool:
     return tuple in kinds and any(_holds_mutable(x) for x in value if type(x) is tuple)
 
 
-class _EditTuple(tuple):
+class _Lazy:
+    """What a lazily copied tuple or list hands out: the copies, each made when first
+    read (`__getitem__`), whichever way it is read."""
+
+    def __iter__(self: Any) -> Any:
+        return map(self.__getitem__, range(len(self)))
+
+    def __reversed__(self: Any) -> Any:
+        return map(self.__getitem__, range(len(self) - 1, -1, -1))
+
+    def __radd__(self: Any, other: Any) -> Any:  # `[x] + m2.layers`
+        return other + self[:]
+
+    def __reduce_ex__(self: Any, protocol: Any) -> Any:  # copy, deepcopy, pickle
+        return type(self[:]), (self[:],)
+
+
+class _EditTuple(_Lazy, tuple):
     """A tuple of modules or containers inside an edit: item `i` is copied when
     first read, and the same copy is handed out after that."""
 
@@ -197,11 +215,8 @@ class _EditTuple(tuple):
             self.made[j] = _fresh(tuple.__getitem__(self, i), self.copies)
         return self.made[j]
 
-    def __iter__(self) -> Any:
-        return map(self.__getitem__, range(len(self)))
 
-
-class _EditList(list):
+class _EditList(_Lazy, list):
     """A list of modules or containers inside an edit: an item of the original is
     replaced by its copy when first read."""
 
@@ -218,13 +233,33 @@ class _EditList(list):
             list.__setitem__(self, i, item)
         return item
 
-    def __iter__(self) -> Any:
-        return map(self.__getitem__, range(len(self)))
-
     def pop(self, i: Any = -1) -> Any:  # pyright: ignore
         item = self[i]
         list.__delitem__(self, i)
         return item
+
+
+def _on_copies(f: Any) -> Any:
+    """`f`, a C method of `tuple` or `list`, which reads the items as stored, run on
+    the copies. A tuple stores the originals; a list stores an item's copy once read,
+    and until then the original, equal to its copy: a list's comparisons, `in`,
+    `index`, `count` and `repr` need no copies (and `sort` only moves items)."""
+
+    def method(self: Any, *args: Any) -> Any:
+        # a list's copies are stored in it as well
+        copies, args = self[:], [a[:] if isinstance(a, _Lazy) else a for a in args]
+        return f(copies if type(self) is _EditTuple else self, *args)
+
+    return method
+
+
+for _cls, _names in [
+    (_EditList, "__add__ __mul__ __rmul__ __imul__ copy"),
+    (_EditTuple, "__add__ __mul__ __rmul__ __contains__ count index __repr__ __hash__"),
+    (_EditTuple, "__eq__ __ne__ __lt__ __le__ __gt__ __ge__"),
+]:
+    for _name in _names.split():
+        setattr(_cls, _name, _on_copies(getattr(_cls.__base__, _name)))
 
 
 # Inside the block, JAX sees them as the tuple and list they stand for.
@@ -242,8 +277,8 @@ def _freeze(copies: list[_Copy]) -> None:
         if type(d) is _Unread:  # fields never read: no copy is made of them now
             _DICT.__set__(copy, d := dict(d))
         assigned = {k for k, v in d.items() if k not in start or v is not start[k]}
-        for k in start.keys() - assigned:
-            d[k] = _restore(start[k], unchanged, before.get(k))
+        for k in d:  # an assigned value may hold copies too: `m2.a = m2.layers`
+            d[k] = _restore(d[k], unchanged, before.get(k))
         info = field_info(type(copy))
         # Assigned fields, and containers changed in place (their numbers are stored
         # as arrays and checked too; converters run on assigned values only).

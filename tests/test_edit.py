@@ -2,6 +2,7 @@
 write; a failed block leaves the original untouched and its copy unusable."""
 
 import abc
+import copy
 import dataclasses
 from typing import Any
 
@@ -713,3 +714,108 @@ def test_a_failed_edit_leaves_no_usable_module():
     with pytest.raises(RuntimeError, match=defunct):
         c3.k  # noqa: B018
     assert c.k == 1 and c.f(x) == 1.0
+
+
+# --- what the edit hands out: the assigned value, the copies, plain containers -----
+
+
+class _Converted(es.Module):
+    items: tuple = eqx.field(converter=tuple)
+    inner: Encoder
+
+
+def test_a_field_assigned_before_it_is_read_reads_back_as_assigned_and_converted():
+    m = _Converted([Encoder(1.0, "a")], Encoder(2.0, "b"))
+    items, inner = [Encoder(3.0, "c")], Encoder(4.0, "d")
+    with es.edit(m) as m2:
+        m2.items, m2.inner = items, inner  # neither read yet
+        assert m2.items is items and m2.inner is inner  # a mutable object's rules
+    expected = dataclasses.replace(m, items=items, inner=inner)
+    assert type(m2.items) is tuple and m2.items == expected.items
+    assert m2.inner is inner and _same(m2, expected)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """The same pytree: same structure, equal leaves (a number stored as an array
+    equals the number)."""
+    leaves = zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    same_leaves = all(np.array_equal(x, y) for x, y in leaves)
+    return jax.tree.structure(a) == jax.tree.structure(b) and same_leaves
+
+
+class _Two(es.Module):
+    a: Any
+    b: Any
+
+
+def _two() -> _Two:
+    return _Two((_Leaf(1.0, 1), _Leaf(2.0, 2)), [_Leaf(3.0, 3), [_Leaf(4.0, 4)]])
+
+
+def test_a_copied_tuple_or_list_assigned_to_another_field_comes_out_plain():
+    m = _two()
+    with es.edit(m) as m2:
+        m2.a[1].w = 5.0
+        m2.a, m2.b = m2.b, {"t": m2.a}
+    expected = eqx.tree_at(lambda t: t.a[1].w, m, 5.0)
+    expected = dataclasses.replace(expected, a=m.b, b={"t": expected.a})
+    assert type(m2.a) is list and type(m2.a[1]) is list
+    assert type(m2.b["t"]) is tuple and _same(m2, expected)
+    assert m2.a[0] is m.b[0] and m2.b["t"][0] is m.a[0]  # unchanged: shared
+
+
+# Every way a list or tuple hands out its items, each giving the items in order.
+_READS = {
+    "iter": lambda xs: list(iter(xs)),
+    "reversed": lambda xs: list(reversed(xs))[::-1],
+    "slice": lambda xs: xs[::-1][::-1],
+    "enumerate": lambda xs: [x for _, x in enumerate(xs)],
+    "list": list,
+    "tuple": tuple,
+    "sorted": lambda xs: sorted(xs, key=lambda x: getattr(x, "k", 9)),
+    "unpack": lambda xs: [*xs],
+    "unpack-assign": lambda xs: (lambda a, b: [a, b])(*xs),
+    "add": lambda xs: xs + (() if isinstance(xs, tuple) else []),
+    "radd": lambda xs: (() if isinstance(xs, tuple) else []) + xs,
+    "mul": lambda xs: xs * 1,
+    "rmul": lambda xs: 1 * xs,
+    "copy": lambda xs: xs.copy() if isinstance(xs, list) else xs[:],
+    "index": lambda xs: [xs[i] for i in range(-len(xs), 0)],
+}
+
+
+@pytest.mark.parametrize("field", ["a", "b"])
+@pytest.mark.parametrize("read", _READS.values(), ids=_READS.keys())
+def test_every_read_of_a_copied_tuple_or_list_hands_out_the_copies(field, read):
+    m = _two()
+    with es.edit(m) as m2:
+        items = read(getattr(m2, field))
+        assert len(items) == 2
+        leaf = items[0]
+        leaf.w = 7.0  # a copy: assignable, and the edit's
+    expected = eqx.tree_at(lambda t: getattr(t, field)[0].w, m, 7.0)
+    assert _same(m2, expected) and float(getattr(m, field)[0].w) != 7.0
+
+
+@pytest.mark.parametrize("field", ["a", "b"])
+def test_comparisons_of_a_copied_tuple_or_list_see_the_copies(field):
+    m = _two()
+    with es.edit(m) as m2:
+        xs = getattr(m2, field)
+        xs[0].w = 7.0
+        assert xs[0] in xs and xs.index(xs[1]) == 1 and xs.count(xs[0]) == 1
+        assert xs != getattr(m, field) and not xs == getattr(m, field)
+        same = tuple(xs) if isinstance(xs, tuple) else list(xs)
+        assert xs == same and not xs != same
+        assert "7.0" in repr(xs)
+
+
+@pytest.mark.parametrize("field", ["a", "b"])
+def test_copying_a_copied_tuple_or_list_copies_the_copies(field):
+    m = _two()
+    with es.edit(m) as m2:
+        xs = getattr(m2, field)
+        xs[0].w = 7.0
+        shallow, deep = copy.copy(xs), copy.deepcopy(xs)
+        assert shallow == xs and shallow[0] is xs[0] and type(shallow) in (tuple, list)
+        assert float(deep[0].w) == 7.0 and deep[0] is not xs[0]
