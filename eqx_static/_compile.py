@@ -163,10 +163,6 @@ def _unset(*leaves: Any) -> Any:
     raise AssertionError("an entry is called before it is made")
 
 
-def _read(counter: "itertools.count[int]") -> int:
-    return int(repr(counter)[6:-1])  # its next value, without advancing it
-
-
 class Function:
     """One `es.jit` function: what its miss path knows, its keys, programs and
     books. Shared by every wrapper of the same function with the same options; the
@@ -179,15 +175,13 @@ class Function:
         fn_key: Key | None,
         n_fn: int,
         layout: Layout,
-        donate: str,
-        maxsize: int | None,
-        max_compiles: int | None,
-        warn_after: int | None,
+        options: tuple,
     ):
+        """`options`: `es.jit`'s `donate`, `maxsize`, `max_compiles`, `warn_after`."""
         self.layout, self.argnames = layout, layout.names
         self.fn_key, self.n_fn = fn_key, n_fn
-        self.donate, self.maxsize, self.max_compiles = donate, maxsize, max_compiles
-        self.warn_after, self.quiet = warn_after, donate in ("all", "all-except-first")
+        self.donate, self.maxsize, self.max_compiles, self.warn_after = options
+        self.quiet = self.donate in ("all", "all-except-first")
         self.qualname: str = qualname(fn)
         self.short: str = getattr(fn, "__name__", None) or self.qualname
         self.method = layout.names[:1] == ("self",)
@@ -200,7 +194,9 @@ class Function:
         self.lock = threading.Lock()
         self.entries: dict[Key, Entry] = {}
         self.guard_sets = weakref.WeakSet[Guards]()  # each wrapper's guards
-        self.calls = itertools.count()  # counted in C at the end of every call
+        # Counted in C at the end of every call; read by taking a number from it,
+        # which `at_clear` takes off again with the calls before `clear`.
+        self.calls = itertools.count()
         self.clock = itertools.count(1)  # for `Entry.used`
         self.misses = self.at_clear = self.size = self.general = 0  # size: signatures
         self.programs: dict[bytes, list[Program]] = {}  # shareable, by digest
@@ -214,7 +210,8 @@ class Function:
 
     def info(self) -> CacheInfo:
         with self.lock:
-            calls = _read(self.calls) - self.at_clear
+            calls = next(self.calls) - self.at_clear
+            self.at_clear += 1  # the number just taken was no call
             return CacheInfo(calls - self.misses, self.misses, self.maxsize, self.size)
 
     def compile_info(self) -> CompileInfo:
@@ -229,7 +226,7 @@ class Function:
             kept = (self.entries, self.programs, self.held, self.shared, self.history)
             for d in (*kept, self.recent, *self.guard_sets):
                 d.clear()
-            self.at_clear, self.misses, self.size = _read(self.calls), 0, 0
+            self.at_clear, self.misses, self.size = next(self.calls) + 1, 0, 0
             self.general, self.warned = 0, False
 
     def name(self, key: Key) -> str:

@@ -348,14 +348,8 @@ class _Jit(functools.partial, Generic[_P, _R]):
     _owner: type | None
     _name: str | None
 
-    def __new__(
-        cls,
-        fn: Any,
-        donate: Donate,
-        maxsize: int | None,
-        max_compiles: int | None,
-        warn_after: int | None,
-    ) -> "_Jit":
+    def __new__(cls, fn: Any, options: tuple) -> "_Jit":
+        """`options`: `es.jit`'s `donate`, `maxsize`, `max_compiles`, `warn_after`."""
         if isinstance(fn, classmethod):
             raise TypeError(_MSG_CLASSMETHOD)
         is_static = isinstance(fn, staticmethod)
@@ -365,11 +359,11 @@ class _Jit(functools.partial, Generic[_P, _R]):
             raise TypeError(
                 f"`es.jit` takes a function or method, got {type(fn).__name__}."
             )
-        _check_options(donate, maxsize, max_compiles, warn_after)
+        _check_options(*options)
         layout, params = _layout(fn)
-        options, owns = (donate, maxsize, max_compiles, warn_after), {}
+        owns: dict[str, tuple[Any, Own]] = {}
         f, fn_leaves = _function(fn, layout, options)
-        binder = _binder(fn, params, params, donate != "none", owns)
+        binder = _binder(fn, params, params, f.donate != "none", owns)
         hot, bind = _hot(f, layout, binder, {})
         self = super().__new__(cls, hot)
         functools.update_wrapper(self, fn)  # pyright: ignore[reportArgumentType]
@@ -439,7 +433,7 @@ class _Jit(functools.partial, Generic[_P, _R]):
         owner, where = self._owner, getattr(self.fn, "__module__", None)
         if "<locals>" not in self.qualname and where != "__main__":
             return (getattr, (owner, self._name)) if owner else self.qualname
-        return (_Jit, (self.fn, *self._options))
+        return (_Jit, (self.fn, self._options))
 
     def __copy__(self) -> "_Jit[_P, _R]":
         return self
@@ -699,15 +693,13 @@ def _function(fn: Callable, layout: Layout, options: tuple) -> tuple[Function, l
         try:
             fn_key, fn_leaves = key_and_leaves((fn,))
         except (UnhashableError, CyclicValue):  # its own, unshared
-            return Function(fn, None, 0, layout, *options), []
+            return Function(fn, None, 0, layout, options), []
     with _functions_lock:
         caches = _by_key if fn_key is not None else _by_function.setdefault(fn, {})
         identity = options if fn_key is None else (fn_key, options)
         f = caches.get(identity)
         if f is None:
-            f = caches[identity] = Function(
-                fn, fn_key, len(fn_leaves), layout, *options
-            )
+            f = caches[identity] = Function(fn, fn_key, len(fn_leaves), layout, options)
     return f, fn_leaves
 
 
@@ -976,7 +968,7 @@ def jit(
             max_compiles=max_compiles,
             warn_after=warn_after,
         )
-    return _Jit(fn, donate, maxsize, max_compiles, warn_after)
+    return _Jit(fn, (donate, maxsize, max_compiles, warn_after))
 
 
 def _unknown_message(unknown: dict[str, Any]) -> str:
