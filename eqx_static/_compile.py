@@ -112,21 +112,16 @@ class CompileInfo(NamedTuple):
     seconds: float
 
 
+@dataclasses.dataclass(eq=False, slots=True)  # compared, and held, by identity
 class Program:
     """One XLA compile: the executable of every key whose program is the same."""
 
-    __slots__ = "executable fingerprint key number outline users".split()
-
-    def __init__(
-        self,
-        key: Key,
-        fp: Fingerprint | None,
-        executable: Any,
-        outline: "Outline",
-        number: int,
-    ):
-        self.key, self.fingerprint, self.executable = key, fp, executable
-        self.outline, self.number, self.users = outline, number, 0
+    key: Key
+    fingerprint: Fingerprint | None
+    executable: Any
+    outline: "Outline"
+    number: int
+    users: int = 0
 
 
 class Outline(NamedTuple):
@@ -675,10 +670,13 @@ def _quiet(f: Function) -> Iterator[None]:
         yield
 
 
-def _helper(f: Function, entry: Entry, leaves: Sequence) -> Any:
-    """A `jax.jit` of the key's traced function, for the miss path only."""
+def _helper(
+    f: Function, entry: Entry, leaves: Sequence, name: str | None = None
+) -> Any:
+    """A `jax.jit` of the key's traced function, for the miss path (or, named as
+    the function is, for `lower_call`)."""
     donated = _donated(f, entry.key, leaves)
-    return _jax.jax_jit(_traced(f, entry), donate_argnums=donated)
+    return _jax.jax_jit(_traced(f, entry, name=name), donate_argnums=donated)
 
 
 # ----------------------------------------------------------------------------------
@@ -870,7 +868,8 @@ class _Miss:
 
     @functools.cached_property
     def sig(self) -> tuple:
-        return _signature(self.leaves)
+        """What a key runs a program for: its leaves' avals, and JAX's context."""
+        return tuple(map(_aval, self.leaves)), _jax.trace_context()
 
     @property
     def traced(self) -> bool:
@@ -1078,11 +1077,6 @@ def _run(helper: Any, leaves: tuple, wait: bool) -> tuple:
     return _report.reporting_errors(run, wait=lambda: wait)(*leaves)
 
 
-def _signature(leaves: tuple) -> tuple:
-    """What a key runs a program for: its leaves' avals, and JAX's context."""
-    return tuple(map(_aval, leaves)), _jax.trace_context()
-
-
 def _aval(x: Any) -> tuple:
     """A leaf's shape, dtype, weak type and (if placed explicitly) sharding."""
     a = jax.typeof(x)
@@ -1097,9 +1091,7 @@ def lower_call(f: Function, call: Call) -> Any:
     previous, _local.call = _local.call, call
     try:
         with _quiet(f):
-            traced = _traced(f, call.entry, name=f.short)
-            donated = _donated(f, call.entry.key, call.leaves)
-            jitted = _jax.jax_jit(traced, donate_argnums=donated)
+            jitted = _helper(f, call.entry, call.leaves, name=f.short)
             return jitted.trace(*call.leaves).lower()
     finally:
         _local.call = previous

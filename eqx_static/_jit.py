@@ -642,7 +642,12 @@ def _key_and_leaves(f: Function, values: tuple) -> tuple[Key, list]:
         where = _where(f, path_to(values, e.value))
         raise TypeError(unhashable_message(f.qualname, where, e.value)) from None
     except CyclicValue as e:
-        raise _cyclic_error(f, _where(f, e.path)) from None
+        raise ValueError(
+            f"`{f.qualname}` got an argument that contains itself: "
+            f"{_where(f, e.path)} is the argument again. `es.jit` keys a call by the "
+            "structure of its arguments, as `eqx.filter_jit` does, so that structure "
+            "must be finite: break the cycle before the call."
+        ) from None
 
 
 def _where(f: Function, path: str | None) -> str:
@@ -652,15 +657,6 @@ def _where(f: Function, path: str | None) -> str:
         return "an argument"
     head, _, rest = path[1:].partition("]")
     return f"{f.argnames[int(head)]}{rest}"
-
-
-def _cyclic_error(f: Function, where: str) -> ValueError:
-    return ValueError(
-        f"`{f.qualname}` got an argument that contains itself: {where} is the "
-        "argument again. `es.jit` keys a call by the structure of its arguments, as "
-        "`eqx.filter_jit` does, so that structure must be finite: break the cycle "
-        "before the call."
-    )
 
 
 def _check_options(donate: Any, *counts: Any) -> None:
@@ -959,7 +955,11 @@ def jit(
         ```
     """
     if unknown:
-        raise TypeError(_unknown_message(unknown))
+        raise TypeError(
+            f"`es.jit` got unexpected keyword arguments "
+            f"{', '.join(map(repr, sorted(unknown)))}; it takes `donate`, `maxsize`, "
+            "`max_compiles` and `warn_after`."
+        )
     if fn is None:
         return functools.partial(
             jit,
@@ -969,11 +969,3 @@ def jit(
             warn_after=warn_after,
         )
     return _Jit(fn, (donate, maxsize, max_compiles, warn_after))
-
-
-def _unknown_message(unknown: dict[str, Any]) -> str:
-    names = ", ".join(map(repr, sorted(unknown)))
-    return (
-        f"`es.jit` got unexpected keyword arguments {names}; it takes `donate`, "
-        "`maxsize`, `max_compiles` and `warn_after`."
-    )
