@@ -636,10 +636,7 @@ def _traced(
             found = _needs_concrete(f, call, False) if tracer and not eager_now else ()
             if nested and not found:
                 raise
-            visits = leaf_visits(entry.key, f.argnames)
-            error = _report.traced_field_error(
-                f.name(entry.key), e, visits, f.n_fn, f.where, found
-            )
+            error = _field_error(f, entry.key, e, found)
             if error is None:
                 raise
             raise error.with_traceback(e.__traceback__) from None
@@ -647,6 +644,14 @@ def _traced(
     traced.__name__ = name or f.program_name
     traced.__qualname__ = f.qualname
     return traced
+
+
+def _field_error(
+    f: Function, key: Key, e: Exception, found: Sequence[int]
+) -> "_report.TracedFieldError | None":
+    """`_report.traced_field_error` for a trace of `key` that raised `e`."""
+    visits = leaf_visits(key, f.argnames)
+    return _report.traced_field_error(f.name(key), e, visits, f.n_fn, f.where, found)
 
 
 def _donated(f: Function, key: Key, leaves: Sequence) -> tuple[int, ...]:
@@ -774,10 +779,7 @@ def _check_reverse_mode(miss: "_Miss", helper: Any) -> None:
     if e is None or "Reverse-mode differentiation does not work" not in str(e):
         entry.reversible += (miss.sig,)
         return
-    visits = leaf_visits(entry.key, f.argnames)
-    error = _report.traced_field_error(
-        f.name(entry.key), e, visits, f.n_fn, f.where, _needs_concrete(f, call, True)
-    )
+    error = _field_error(f, entry.key, e, _needs_concrete(f, call, True))
     if error is not None:
         raise error from None
 
@@ -917,10 +919,14 @@ def _trace_and_lower(miss: _Miss) -> None:
     miss.helper = entry.helper or _helper(f, entry, miss.leaves)
     traced = miss.helper.trace(*miss.leaves)
     miss.lowered, miss.jaxpr = traced.lower(), traced.jaxpr
+    miss.why = _why(f, known, entry.key, miss.sig, staged)
+
+
+def _why(f: Function, known: list, key: Key, sig: tuple, staged: bool) -> _report.Why:
+    """Why `key` missed for `sig`, against the `known` signatures; `staged`: its
+    first call outside a transformation, after calls under one."""
     otherwise = [_UNTRANSFORMED] if staged else []
-    miss.why = _report.Why(
-        known, entry.key, miss.sig, f.argnames, f.n_fn, otherwise=otherwise
-    )
+    return _report.Why(known, key, sig, f.argnames, f.n_fn, otherwise=otherwise)
 
 
 def _decide(miss: _Miss) -> Program:
@@ -1065,7 +1071,7 @@ def _booked(miss: _Miss, run: Callable, jitted: Any) -> Any:
                 f.add_run(entry, miss.sig, program)
             f.storm(entry.key)
         if miss.traced and miss.public is None:
-            why = _report.Why(list(f.recent), entry.key, miss.sig, f.argnames, f.n_fn)
+            why = _why(f, list(f.recent), entry.key, miss.sig, False)
             _report.log(f.name(entry.key), "traced under a transformation", f.size, why)
 
 
@@ -1154,10 +1160,7 @@ def _explain_public(miss: _Miss, public: _Public) -> None:
     if sig in entry.runs:  # compiled before for the same signature: JAX's own
         miss.why, miss.planned = _report.Why.said([_PGLE]), True
         return f.check_budget(miss.why.changes, None)
-    otherwise = [_UNTRANSFORMED] if public.staged and not entry.runs else []
-    miss.why = _report.Why(
-        list(f.recent), entry.key, sig, f.argnames, f.n_fn, otherwise=otherwise
-    )
+    miss.why = _why(f, list(f.recent), entry.key, sig, public.staged and not entry.runs)
     traced = public.jitted.trace(*miss.leaves)
     lowered = traced.lower()
     module = lowered.compiler_ir("stablehlo")
