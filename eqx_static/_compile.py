@@ -581,15 +581,13 @@ def _deoptimized(f: Function, entry: Entry, *leaves: Any) -> Any:
 
 def rerun(f: Function, call: Call, error: Rerun) -> Any:
     """`jax.jit`'s rerun after its check (which has said so) found an invalid value:
-    the eager run's error, or one saying that the eager run found none."""
+    the eager run's error, or one saying that the eager run found none. (The eager
+    run needs no call in hand: only a miss of `call.entry` reads it.)"""
     __tracebackhide__ = True
-    previous, _local.call = _local.call, call
     try:
-        _deoptimized(f, call.entry)
+        f.layout.call(call.fn, call.values)
     except (FloatingPointError, ZeroDivisionError) as e:
         raise e from None
-    finally:
-        _local.call = previous
     _jax.no_invalid_value_when_deoptimized(error.__context__)
 
 
@@ -1234,7 +1232,7 @@ def _on_compile_end(event: str, duration_secs: float, **kwargs: Any) -> None:
 # function sees it. Counted while the first compiles of new wraps of one code, of
 # one program, follow each other with no other compile of this package between
 # (a test suite's fresh wraps each compile more, or something else, and reset it).
-_rewraps: Final[dict[Any, int]] = {}  # code -> wraps of it that compiled
+_rewraps: Final[set[Any]] = set()  # the codes of which a wrap compiled
 _in_a_row: list[Any] = [None, b"", 0]  # the last code, its program, wraps in a row
 
 
@@ -1242,7 +1240,7 @@ def _rewrapped(f: Function, digest: bytes | None) -> None:
     if digest is None or f.code is None:
         _in_a_row[:] = [None, b"", 0]
         return
-    _rewraps[f.code] = _rewraps.get(f.code, 0) + 1
+    _rewraps.add(f.code)
     same = _in_a_row[0] is f.code and _in_a_row[1] == digest
     _in_a_row[:] = [f.code, digest, _in_a_row[2] + 1 if same else 1]
     n = _in_a_row[2]
