@@ -231,13 +231,12 @@ def _text(op: Any) -> bytes:
         return op.get_asm(**_ASM, assume_verified=True)
     large = _jax.large_constants(op, _LIMIT)
     h = hashlib.sha256()
-    try:
-        if len(large) != text.count(_ELIDED) or any(c is None for c in large):
-            raise ValueError("an elided constant the walk does not find")
-        for constant in large:
-            data = memoryview(constant)
-            h.update(data.nbytes.to_bytes(8, "little") + data.cast("B"))
-    except (ValueError, TypeError, BufferError):  # one with no plain buffer
+    try:  # each one's size, then its bytes; None, or a type with no buffer, raises
+        for data in [memoryview(c).cast("B") for c in large]:
+            h.update(len(data).to_bytes(8, "little") + data)
+    except (ValueError, TypeError, BufferError):
+        return op.get_asm(**_ASM, assume_verified=True)
+    if len(large) != text.count(_ELIDED):  # one the walk does not find
         return op.get_asm(**_ASM, assume_verified=True)
     return text + b"\n// constants " + h.hexdigest().encode()
 
