@@ -15,6 +15,7 @@ exactly as many as the lowering holds. Anything else (`jax.debug.print`, checkif
 an ordered effect, a primitive this module does not know) makes a program
 unshareable, and may be Equinox's error check: such a program is waited for."""
 
+import functools
 import hashlib
 import re
 from typing import Any, Final, NamedTuple
@@ -224,21 +225,21 @@ _READABLE: Final = re.compile(rb"u?i\d+|bf16|f\d+(?:E\w+)?|index")
 def _text(op: Any) -> bytes:
     """A function's text, its large constants elided and their bytes' digest added;
     in full where the walk does not find one constant for each elided."""
-    text = op.get_asm(**_ASM | {"large_elements_limit": _LIMIT}, assume_verified=True)
+    asm = functools.partial(op.get_asm, **_ASM, assume_verified=True)
+    text = asm(large_elements_limit=_LIMIT)
     if _ELIDED not in text:
         return text
     if not all(map(_READABLE.fullmatch, set(_ELEMENT_TYPE.findall(text)))):
-        return op.get_asm(**_ASM, assume_verified=True)
+        return asm()
     large = _jax.large_constants(op, _LIMIT)
     h = hashlib.sha256()
-    try:
-        if len(large) != text.count(_ELIDED) or any(c is None for c in large):
-            raise ValueError("an elided constant the walk does not find")
-        for constant in large:
-            data = memoryview(constant)
-            h.update(data.nbytes.to_bytes(8, "little") + data.cast("B"))
-    except (ValueError, TypeError, BufferError):  # one with no plain buffer
-        return op.get_asm(**_ASM, assume_verified=True)
+    try:  # each one's size, then its bytes; None, or a type with no buffer, raises
+        for data in [memoryview(c).cast("B") for c in large]:
+            h.update(len(data).to_bytes(8, "little") + data)
+    except (ValueError, TypeError, BufferError):
+        return asm()
+    if len(large) != text.count(_ELIDED):  # one the walk does not find
+        return asm()
     return text + b"\n// constants " + h.hexdigest().encode()
 
 
