@@ -5,6 +5,7 @@ Implicit dtype promotion (`float32 + int32`) and implicit rank promotion
 accident of promotion; `pyproject.toml` turns every warning into an error.
 """
 
+import gc
 import os
 
 import jax
@@ -49,6 +50,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if item.get_closest_marker("slow") is None]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Once every test module is imported (JAX, Equinox and the rest), their
+    objects are moved out of the cycle collector's reach: they live until the run
+    ends anyway, and each full collection of the run no longer walks them (a
+    fifth of a second each, 50-odd times a run). Objects the tests make are
+    collected as before."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

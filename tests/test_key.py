@@ -769,14 +769,19 @@ def test_a_named_tuple_with_its_own_indexing_is_read_as_jax_reads_it(cls):
     reason="CPython 3.12 caps C recursion at 1,500 frames: JAX's own flatten raises "
     "SystemError at this depth there, under jax.jit and eqx.filter_jit alike",
 )
-def test_deeply_nested_pytrees_other_than_plain_containers_key_fine():
-    """Named tuples 1,500 deep: the key walk and the guard do not recurse. (The
-    trace flattens the call with JAX's flatten, as `eqx.filter_jit` does, which
-    recurses under Python's limit: raised here for it, as JAX needs it raised.)"""
+# 1,100 deep in the fast tier (past Python's default limit of 1,000 frames, which
+# the hit runs under), 1,500 in the slow one: the key's walk under the runtime
+# type checks grows with the square of the depth.
+@pytest.mark.parametrize("depth", [1_100, pytest.param(1_500, marks=pytest.mark.slow)])
+def test_deeply_nested_pytrees_other_than_plain_containers_key_fine(depth):
+    """Named tuples 1,100 (or 1,500) deep: the key walk and the guard do not
+    recurse. (The trace flattens the call with JAX's flatten, as `eqx.filter_jit`
+    does, which recurses under Python's limit: raised here for it, as JAX needs it
+    raised.)"""
 
     Box = collections.namedtuple("Box", "inner")
     v = jnp.ones(())
-    for _ in range(1500):
+    for _ in range(depth):
         v = Box(v)
 
     def innermost(t):
@@ -898,7 +903,12 @@ PLAIN_PAIRS = {
 
 
 @pytest.mark.filterwarnings("ignore:A JAX array is being set as static")
-@pytest.mark.parametrize("where", ["dispatcher", "public"])
+# The key is made before the path is chosen: the public path's 40 runs are in the
+# slow tier; the fast one reaches that path for unhashable statics through
+# test_an_unhashable_static_changed_in_place_is_a_new_key[...-public].
+@pytest.mark.parametrize(
+    "where", ["dispatcher", pytest.param("public", marks=pytest.mark.slow)]
+)
 @pytest.mark.parametrize("warm", [1, 3])  # the second value on the general path, or
 @pytest.mark.parametrize("pair", sorted(PLAIN_PAIRS))  # past the first one's guard
 def test_an_unhashable_static_in_a_plain_module_is_keyed_by_type_and_value(
