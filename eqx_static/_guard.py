@@ -10,6 +10,7 @@ A guard's source is kept: registered with `linecache` (so tracebacks and
 the logger `"eqx_static.guards"` when made, with the check that failed when a call
 fell through every guard of its class."""
 
+import functools
 import itertools
 import linecache
 import logging
@@ -31,7 +32,7 @@ from ._fields import (
     value_of,
 )
 from ._jax import GENERATED
-from ._key import ARRAYS, DICT, end_of, Key, LEAF, NAMED, node_at, SEQ, steps, walk
+from ._key import ARRAYS, DICT, ends, Key, LEAF, NAMED, node_at, SEQ, steps, walk
 
 
 logger: Final = logging.getLogger("eqx_static.guards")
@@ -83,6 +84,10 @@ class _Writer:
         }
         self.count = itertools.count(1)
 
+    @functools.cached_property
+    def ends(self) -> dict[int, int]:
+        return ends(self.key)
+
     def name(self) -> str:
         """A new name in the guard's code, for a local variable or a constant."""
         return f"_{next(self.count)}"
@@ -125,7 +130,7 @@ class _Writer:
             )
             self.leaves.append(f"*{expr}")
         elif n.kind == SEQ.name or n.kind == NAMED.name:  # item by item
-            self.i = j = end_of(key, i)
+            self.i = j = self.ends[i]
             if tok[1] is tuple and _frozen(key, i, j):  # the same tuple: the same key
                 whole = self.const(key[i:j])
                 self.fail_if(
@@ -139,7 +144,7 @@ class _Writer:
         elif n.kind == DICT.name and all(type(k) is str for k in tok[1]):
             return self.str_dict(expr, value, steps(n))
         else:  # other dicts, other pytrees, odd modules: compared whole
-            self.i = end_of(key, i)
+            self.i = self.ends[i]
             sub, whole = self.name(), self.const(key[i : self.i])
             self.lines.append(f"{sub} = SUB({expr})")
             self.fail_if(f"{sub}[0] != {whole}")
@@ -280,10 +285,10 @@ def chooser(key: Key, params: Sequence[str], name: str) -> tuple[Callable, Calla
     looks the call's guards up by it, in a dict `TABLE` of tuples of guards, and
     tries them in turn: those under `OTHERS` for a value that cannot be looked up.
     The lookup only chooses which guards to try; each still checks everything."""
-    parts, i = [], 0
+    parts, i, at = [], 0, ends(key)
     ns: dict[str, Any] = {"DICT": instance_dict, "MISS": MISS, "OTHERS": OTHERS}
     for p in params:
-        n, end = node_at(key, i), end_of(key, i)
+        n, end = node_at(key, i), at[i]
         if n.kind == "static" or (n.kind == SEQ.name and _frozen(key, i, end)):
             parts.append(p)  # (types aside: a guard checks them)
         elif n.kind == "module" and type(n.head) is FieldInfo and n.statics:

@@ -269,6 +269,23 @@ def end_of(key: Key, i: int) -> int:
     return i
 
 
+def ends(key: Key) -> dict[int, int]:
+    """`end_of(key, i)` for every node of `key`, by `i`, in one pass (a writer that
+    asked `end_of` at each node of a chain would read it all once per node)."""
+    out: dict[int, int] = {}
+    open_nodes: list[list[int]] = []  # [where it starts, children still to come]
+    i = 0
+    while i < len(key):
+        n = node_at(key, i)
+        open_nodes.append([i, max(n.children, 0)])
+        i = n.next
+        while open_nodes and open_nodes[-1][1] == 0:
+            out[open_nodes.pop()[0]] = i
+            if open_nodes:
+                open_nodes[-1][1] -= 1
+    return out
+
+
 class Visit(NamedTuple):
     """A node of a key, where it is, and the module field it belongs to."""
 

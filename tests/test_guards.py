@@ -596,3 +596,26 @@ def test_a_tuple_holding_a_list_is_not_passed_by_identity():
     assert guard(t, x) is not None
     inner.append(4)
     assert guard(t, x) is None and _agree(guard, key, (t, x))
+
+
+def test_the_ends_of_a_key_s_nodes_in_one_pass_are_end_of_s():
+    """`ends` (what the writer reads, so that a chain 1,000 deep is written in
+    linear time) agrees with `end_of` at every node, and has no other entry."""
+    from eqx_static._key import end_of, ends, node_at
+
+    Box = collections.namedtuple("Box", "inner")
+    chain: Any = jnp.ones(2)
+    for _ in range(30):
+        chain = Box(chain)
+    values = [
+        (chain, ((1, (2, jnp.ones(1))), [3, {"a": None, "b": (jnp.ones(1),)}])),
+        (models.Layer(jnp.ones(3), 2), {"x": [models.Layer(jnp.ones(1), 1)], "y": "s"}),
+        (_wide_mixed(7), (), [], {}, None, [jnp.ones(1), jnp.ones(2)]),
+    ]
+    for args in values:
+        key, _ = key_and_leaves(args)
+        starts, i = [], 0
+        while i < len(key):
+            starts.append(i)
+            i = node_at(key, i).next
+        assert ends(key) == {i: end_of(key, i) for i in starts}
