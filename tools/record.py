@@ -196,8 +196,8 @@ def _git() -> str | None:
         return None
 
 
-SUMMED = ("passed", "failed", "errors", "skipped", "failures", "skips", "seconds")
-SUMMED += ("groups", "trees")  # the trees its groups ran: records of several
+COUNTS = ("passed", "failed", "errors", "skipped", "failures", "skips", "seconds")
+SUMMED = (*COUNTS, "groups", "trees")  # each run keeps its groups and trees
 
 
 def _add(a: dict, b: dict) -> dict:
@@ -206,7 +206,7 @@ def _add(a: dict, b: dict) -> dict:
     if set(a["groups"]) & set(b["groups"]):
         raise SystemExit(f"--merge: group(s) {a['groups']} and {b['groups']} overlap")
     runs = [*a.get("runs", [a]), *b.get("runs", [b])]
-    runs = [{k: v for k, v in r.items() if k not in SUMMED[:-2]} for r in runs]
+    runs = [{k: v for k, v in r.items() if k not in COUNTS} for r in runs]
     both = [(k, a.get(k), b.get(k)) for k in SUMMED]  # a group that ran over: none
     summed = {k: y if x is None else x if y is None else x + y for k, x, y in both}
     if summed["trees"]:
