@@ -120,6 +120,29 @@ def test_a_merge_adds_a_part_s_groups(tmp_path):
     paths[1].write_text(json.dumps({**base, "pytest": over}))
     got = record.merge(paths)["pytest"]["fast"]
     assert got["passed"] == 3 and got["failed"] == 1 and got["timed_out"]
+    again = (
+        tmp_path / "again.json"
+    )  # group 3/3 run again takes the place of its overrun
+    again.write_text(
+        json.dumps({**base, "pytest": {"fast": {**part, "groups": ["3/3"]}}})
+    )
+    got = record.merge([*paths, again])["pytest"]["fast"]
+    assert got["passed"] == 6 and not got["timed_out"]
+    assert [r["groups"] for r in got["runs"]] == [["1/2"], ["3/3"]]
+    assert got["groups"] == ["1/2", "3/3"]
+
+
+def test_a_group_is_run_again_with_the_files_a_record_holds(tmp_path):
+    record = _record()
+    files = "tests/test_a.py tests/canary/test_b.py"
+    ran = {"command": f"-m pytest -q -m slow {files}", "groups": ["5/6"]}
+    old = {"slow": {"groups": ["5/6"], "runs": [ran]}, "fast": {"groups": ["1/4"]}}
+    path = tmp_path / "tpu.json"
+    path.write_text(json.dumps({"pytest": old}))
+    assert record.group_files(f"5/6@{path}", "slow") == files.split()
+    for part, group in (("slow", "4/6"), ("fast", "5/6"), ("slow-unchecked", "5/6")):
+        with pytest.raises(SystemExit, match=f"no run of {part} {group}"):
+            record.group_files(f"{group}@{path}", part)
 
 
 def test_the_sgd_peers_train_alike():

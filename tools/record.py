@@ -116,9 +116,18 @@ def counts(junit: Path) -> dict[str, object]:
     }
 
 
-def group_files(group: str) -> list[str]:
+def group_files(group: str, part: str = "fast") -> list[str]:
     """The test files of group `I/N`: each file in the group that is lightest
-    so far, the heaviest files placed first (size stands in for time)."""
+    so far, the heaviest files placed first (size stands in for time). Sizes
+    change with the tests, so `I/N@RECORD` is the files that `part`'s group I/N
+    ran in RECORD (a group that went over its time, run again)."""
+    group, _, old = group.partition("@")
+    if old:
+        part_of = json.loads(Path(old).read_text())["pytest"].get(part, {})
+        ran = [r for r in part_of.get("runs", [part_of]) if r.get("groups") == [group]]
+        if not ran:
+            raise SystemExit(f"--group {group}@{old}: no run of {part} {group} there")
+        return [w for w in ran[0]["command"].split() if w.endswith(".py")]
     i, n = (int(x) for x in group.split("/"))
     if not 1 <= i <= n:
         raise SystemExit(f"--group {group}: I/N with 1 <= I <= N")
@@ -134,12 +143,12 @@ def pytest_part(
 ) -> dict:
     junit = tmp / f"{name}.xml"
     files = QUICK_TESTS[name.split("-")[0]] if quick else []
-    files = group_files(group) if group else files
+    files = group_files(group, name) if group else files
     command = [sys.executable, "-m", "pytest", "-q", *PYTEST[name], *files]
     rc, seconds = _run([*command, f"--junitxml={junit}"], timeout)
     got: dict = {"command": " ".join(command[1:]), "exit_code": rc, "seconds": seconds}
     if group:
-        got["groups"] = [group]
+        got["groups"] = [group.partition("@")[0]]
     if rc is None:
         got["timed_out"] = True
     if junit.exists():
@@ -202,7 +211,12 @@ SUMMED = (*COUNTS, "groups", "trees")  # each run keeps its groups and trees
 
 def _add(a: dict, b: dict) -> dict:
     """One part run in two groups of files: the counts added, each group's
-    command and exit code kept."""
+    command and exit code kept. A group that went over its time counted nothing,
+    and a later run of it takes its place."""
+    runs = a.get("runs", [a])
+    if again := [r for r in runs if r.get("timed_out") and r["groups"] == b["groups"]]:
+        kept = [g for g in a["groups"] if g not in b["groups"]]
+        a = {**a, "groups": kept, "runs": [r for r in runs if r not in again]}
     if set(a["groups"]) & set(b["groups"]):
         raise SystemExit(f"--merge: group(s) {a['groups']} and {b['groups']} overlap")
     runs = [*a.get("runs", [a]), *b.get("runs", [b])]
