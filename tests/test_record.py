@@ -140,6 +140,11 @@ def test_a_group_is_run_again_with_the_files_a_record_holds(tmp_path):
     path = tmp_path / "tpu.json"
     path.write_text(json.dumps({"pytest": old}))
     assert record.group_files(f"5/6@{path}", "slow") == files.split()
+    every = record.group_files("1/1")
+    old["slow"]["runs"].append({"command": f"-m pytest -q -m slow {every[0]}"})
+    path.write_text(json.dumps({"pytest": old}))
+    assert record.group_files(f"rest@{path}", "slow") == every[1:]  # none ran those
+    assert record.group_files(f"rest@{path}", "slow-unchecked") == every
     for part, group in (("slow", "4/6"), ("fast", "5/6"), ("slow-unchecked", "5/6")):
         with pytest.raises(SystemExit, match=f"no run of {part} {group}"):
             record.group_files(f"{group}@{path}", part)

@@ -31,6 +31,9 @@ A part that does not fit in one command's time runs in the next
 `--merge` makes one record of the two. A tier too long for one command runs in
 groups of its test files (`--group 1/2`, then `--group 2/2`, each file in one
 group, the groups balanced by file size), and `--merge` adds the groups' counts.
+Sizes change with the tests: `--group I/N@RECORD` runs the files RECORD's group
+I/N held (its run again, in place of one that went over its time), and
+`--group rest@RECORD` the files that no run in RECORD holds.
 
 """
 
@@ -120,11 +123,16 @@ def group_files(group: str, part: str = "fast") -> list[str]:
     """The test files of group `I/N`: each file in the group that is lightest
     so far, the heaviest files placed first (size stands in for time). Sizes
     change with the tests, so `I/N@RECORD` is the files that `part`'s group I/N
-    ran in RECORD (a group that went over its time, run again)."""
+    ran in RECORD (a group that went over its time, run again), and `rest@RECORD`
+    the test files that no run of `part` in RECORD held."""
     group, _, old = group.partition("@")
     if old:
         part_of = json.loads(Path(old).read_text())["pytest"].get(part, {})
-        ran = [r for r in part_of.get("runs", [part_of]) if r.get("groups") == [group]]
+        runs = part_of.get("runs", [part_of])
+        if group == "rest":
+            held = {w for r in runs for w in r.get("command", "").split()}
+            return [f for f in group_files("1/1") if f not in held]
+        ran = [r for r in runs if r.get("groups") == [group]]
         if not ran:
             raise SystemExit(f"--group {group}@{old}: no run of {part} {group} there")
         return [w for w in ran[0]["command"].split() if w.endswith(".py")]
