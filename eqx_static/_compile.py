@@ -37,19 +37,10 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax.core import Tracer
 
-from . import _diverge, _jax, _report
+from . import _diverge, _jax, _report, _sharing
 from ._fields import ARRAY_TYPES, is_array_type, Sentinel
 from ._key import first_class, Key, Layout, leaf_visits, leaves_of_first
 from ._report import Change, Compile, Seen
-from ._sharing import (
-    digest,
-    Fingerprint,
-    fingerprint,
-    host_callbacks,
-    same_compiled,
-    same_program,
-    structure,
-)
 
 
 _jax.hide_frames(__file__)
@@ -117,7 +108,7 @@ class Program:
     """One XLA compile: the executable of every key whose program is the same."""
 
     key: Key
-    fingerprint: Fingerprint | None
+    fingerprint: _sharing.Fingerprint | None
     executable: Any
     outline: "Outline"
     number: int
@@ -181,10 +172,9 @@ class Function:
         self.short: str = getattr(fn, "__name__", None) or self.qualname
         self.method = layout.names[:1] == ("self",)
         self.where = _where(fn)
-        code = getattr(fn, "__code__", None)
         # A plain function made again and again (a lambda in a loop): its code, and
         # the user's line that wraps it, once it has been wrapped before.
-        self.code = code if type(fn) is types.FunctionType else None
+        self.code = fn.__code__ if type(fn) is types.FunctionType else None
         self.wrapped_at = _jax.user_line() if self.code in _rewraps else ""
         self.lock = threading.Lock()
         self.entries: dict[Key, Entry] = {}
@@ -266,14 +256,14 @@ class Function:
         if limit is not None and len(history) >= limit:
             raise _report.budget_error(self.qualname, limit, history, changes, differ)
 
-    def find(self, fp: Fingerprint, mark: list) -> Program | None:
+    def find(self, fp: _sharing.Fingerprint, mark: list) -> Program | None:
         """A program provably the same as `fp`; else `fp` is marked as compiling
         (in `mark`, before the mark is set) until `unmark`, and a `find` of the same
         module waits for it."""
         while True:
             with self.lock:
                 for p in self.programs.get(fp.digest, ()):
-                    if same_program(p.fingerprint, fp):  # pyright: ignore
+                    if _sharing.same_program(p.fingerprint, fp):  # pyright: ignore
                         return p
                 event = self.compiling.get(fp.digest)
                 if event is None:
@@ -303,17 +293,15 @@ class Function:
         with self.lock:
             if self.entries.setdefault(entry.key, entry) is not entry:
                 return  # evicted meanwhile, and made again: that entry holds it
-            old = entry.runs.get(sig)
-            if old is not None:
+            if (old := entry.runs.get(sig)) is not None:
                 self._release(old)
             self.size += old is None
             entry.runs[sig] = program
             program.users += 1
             if program.users == 1:
                 self.held[id(program)] = program
-                if program.fingerprint is not None:
-                    digest = program.fingerprint.digest
-                    self.programs.setdefault(digest, []).append(program)
+                if (fp := program.fingerprint) is not None:
+                    self.programs.setdefault(fp.digest, []).append(program)
             self.recent.append(Seen(entry.key, *sig, program.outline))
             while self.maxsize is not None and self.size > self.maxsize:
                 others = [e for e in self.entries.values() if e is not entry]
@@ -328,13 +316,17 @@ class Function:
                 self.size -= 1
                 self._release(program)
 
-    def make_room(self, entry: Entry, sig: tuple) -> None:
+    def make_room(self, miss: "_Miss") -> None:
         """Empty a key that alone holds `maxsize` signatures, for a signature it does
         not hold: JAX's caches too, through the dispatcher (which, emptied during the
         call, drops what the call hands it: the next such call comes back here
         once). A public `jax.jit` cannot drop a signature: the call is made on a
-        new one (`_Public.renew`), and the old one goes with JAX's caches of it."""
-        if self.maxsize is None or len(entry.runs) < self.maxsize or sig in entry.runs:
+        new one (`_Public.renew`), and the old one goes with JAX's caches of it.
+        The miss's signature is read last: a call that needs no room reads no avals."""
+        entry = miss.entry
+        if self.maxsize is None or len(entry.runs) < self.maxsize:
+            return
+        if miss.sig in entry.runs:
             return
         with self.lock:
             self._empty(entry)
@@ -426,9 +418,7 @@ def _claim_name(f: Function, fn: Callable) -> str:
 
 def _named(fun_name: Any) -> Function | None:
     """The function whose program JAX names `jit(<name>)`, maybe transformed."""
-    name = str(fun_name)
-    inner = name[name.rfind("(") + 1 :]
-    return _by_name.get(inner[: inner.find(")")] if ")" in inner else inner)
+    return _by_name.get(str(fun_name).rsplit("(", 1)[-1].split(")")[0])
 
 
 # ----------------------------------------------------------------------------------
@@ -557,7 +547,7 @@ def new_entry(f: Function, key: Key, leaves: Sequence) -> Entry:
         except Exception as e:  # a JAX whose dispatcher is built otherwise
             _jax.no_dispatcher(f"{type(e).__name__}: {e}")
     entry.call = (
-        _calling(f, entry, False) if _jax.DISPATCH else _public(f, entry, donated)
+        _calling(f, entry, False) if _jax.DISPATCH else _Public(f, entry, donated)
     )
     with f.lock:
         return f.entries.setdefault(key, entry)
@@ -609,16 +599,16 @@ def _traced(
         if call is None:  # only a dispatcher runs it so, eagerly: it asks again
             return NEED_CALL
         eager_now = eager or _jax.jit_disabled()  # it runs, as under `eqx.filter_jit`
-        if not eager_now and not any(isinstance(x, Tracer) for x in _es_leaves):
-            if _es_leaves:  # no trace: `jax.jit`'s rerun, after its NaN check
-                return _deoptimized(f, entry)
         if eager_now:
             f.book_miss()
+            fn, values = call.fn, call.values
+        elif _es_leaves and not any(isinstance(x, Tracer) for x in _es_leaves):
+            return _deoptimized(
+                f, entry
+            )  # no trace: `jax.jit`'s rerun, after its check
         else:
             _local.traces += 1
-        fn, values = (
-            (call.fn, call.values) if eager_now else _with_leaves(call, _es_leaves)
-        )
+            fn, values = _with_leaves(call, _es_leaves)
         try:
             return split(f.layout.call(fn, values))
         except Exception as e:
@@ -709,11 +699,9 @@ def _needs_concrete(f: Function, call: Call, reverse: bool) -> list[int]:
     (a `grad` left with nothing to differentiate), where an int was the cause."""
     numbers = _numbers(call)
     numbers.sort(key=lambda i: not jnp.issubdtype(call.leaves[i].dtype, jnp.inexact))
-    if not numbers or len(numbers) > _MAX_DIAGNOSED:
-        return []
     concrete = set(numbers)
-    if _replay(f, call, concrete, reverse) is not None:
-        return []
+    if not 0 < len(numbers) <= _MAX_DIAGNOSED or _replay(f, call, concrete, reverse):
+        return []  # none to find, too many, or the call fails with all of them
     for i in numbers:
         if _replay(f, call, concrete - {i}, reverse) is None:
             concrete.discard(i)
@@ -748,11 +736,7 @@ def _backward(g: Callable) -> Callable:
     """`g`, then its reverse-mode derivative with respect to its inexact inputs."""
 
     def backward(*xs: Any) -> Any:
-        def of_inexact(*inexact: Any) -> Any:
-            it = iter(inexact)
-            return g(*[next(it) if eqx.is_inexact_array(x) else x for x in xs])
-
-        out, pullback = eqx.filter_vjp(of_inexact, *filter(eqx.is_inexact_array, xs))
+        out, pullback = eqx.filter_vjp(g, *xs)
         zeros = jtu.tree_map(
             lambda x: jnp.zeros_like(x) if eqx.is_inexact_array(x) else None, out
         )
@@ -802,17 +786,15 @@ def _transposes_a_loop(jaxpr: Any, wrt: Sequence[bool]) -> bool:
         if not any(ins):
             continue
         varied.update(eqn.outvars)
-        if name in _OWN_RULE:
-            continue
         if name == "while":  # a derivative of its condition's inputs is dropped
             flows = list(zip(ins, eqn.invars))[eqn.params["cond_nconsts"] :]
             if any(d and jnp.issubdtype(v.aval.dtype, jnp.inexact) for d, v in flows):
                 return True
-            continue
-        for sub in _jax.nested_jaxprs(eqn.params):
-            n = len(_jax.open_jaxpr(sub).invars)
-            if _transposes_a_loop(sub, ins[-n:] if name in _CALLS else [True] * n):
-                return True
+        elif name not in _OWN_RULE:
+            for sub in _jax.nested_jaxprs(eqn.params):
+                n = len(_jax.open_jaxpr(sub).invars)
+                if _transposes_a_loop(sub, ins[-n:] if name in _CALLS else [True] * n):
+                    return True
     return False
 
 
@@ -848,10 +830,10 @@ class _Miss:
     def __init__(self, f: Function, entry: Entry, leaves: tuple, unplanned: Change):
         self.f, self.entry, self.leaves, self.unplanned = f, entry, leaves, unplanned
         self.traces = _local.traces
-        self.planned = False  # the compile about to start was asked for
-        self.due = False  # a compile was asked for: planned when JAX starts it
-        self.refused = False  # `max_compiles` refused a compile
-        self.installed = False  # an executable was installed: no compile is due
+        # `planned`: the compile about to start was asked for; `due`: a compile was
+        # asked for (planned when JAX starts it); `refused`: `max_compiles` refused a
+        # compile; `installed`: an executable was installed (no compile is due).
+        self.planned = self.due = self.refused = self.installed = False
         self.why = _report.Why.said(())  # these three: the compile's record
         self.outline = Outline(None, None)  # its program
         self.differ: Any = None
@@ -899,8 +881,7 @@ def _top_level(f: Function, entry: Entry, leaves: tuple) -> tuple:
                 # JAX compiles with its profile; what it runs is not read here
                 return _run(entry.helper, leaves, wait=True)
             _trace_and_lower(miss)
-            program = _decide(miss)
-            return _install_and_run(miss, program)
+            return _install_and_run(miss, _decide(miss))
     finally:
         f.unmark(miss.mark)  # on every path: an interrupted miss leaves no mark
         if miss.missed:
@@ -913,7 +894,7 @@ def _trace_and_lower(miss: _Miss) -> None:
     staged = entry.helper is not None and not entry.runs  # first used transformed
     miss.known = f.size
     known = list(f.recent)  # what the call is explained against: before room is made
-    f.make_room(entry, miss.sig)
+    f.make_room(miss)
     miss.helper = entry.helper or _helper(f, entry, miss.leaves)
     traced = miss.helper.trace(*miss.leaves)
     miss.lowered, miss.jaxpr = traced.lower(), traced.jaxpr
@@ -931,8 +912,8 @@ def _decide(miss: _Miss) -> Program:
     """A compiled program provably the same, or a new compile."""
     f = miss.f
     lowering = _jax.lowering_of(miss.lowered)
-    callbacks, miss.checks = host_callbacks(lowering, miss.jaxpr)
-    fp = None if _jax.pgle_enabled() else fingerprint(lowering, callbacks)
+    callbacks, miss.checks = _sharing.host_callbacks(lowering, miss.jaxpr)
+    fp = None if _jax.pgle_enabled() else _sharing.fingerprint(lowering, callbacks)
     # JAX's lowering cache may give a lowering compiled already (a new sharding
     # that compares equal to one this key ran: `P()`, `P(None)`).
     program = f.running(lowering)
@@ -959,7 +940,7 @@ def _check_sharing(miss: _Miss, program: Program) -> None:
     miss.planned = True
     miss.lowered.compile()
     own = _jax.executable_of(_jax.lowering_of(miss.lowered))
-    if same_compiled(own, program.executable):
+    if _sharing.same_compiled(own, program.executable):
         return
     f, key = miss.f, miss.entry.key
     raise _report.sharing_error(
@@ -967,7 +948,7 @@ def _check_sharing(miss: _Miss, program: Program) -> None:
     )
 
 
-def _compile(miss: _Miss, lowering: Any, fp: Fingerprint | None) -> Program:
+def _compile(miss: _Miss, lowering: Any, fp: _sharing.Fingerprint | None) -> Program:
     """Compile; an unshareable program is compiled by the call that follows (JAX's
     own miss), still inside the miss that books it. The budget and the log see the
     compile as it starts: JAX's own cache of executables may serve this lowering
@@ -989,7 +970,7 @@ def _record(miss: _Miss, module: Any, jaxpr: Any) -> None:
     """Before a compile: record the new program (its operations only if something
     will read them: `Function.explaining`) and where it differs."""
     ops = tuple(_report.ops_of(jaxpr)) if miss.f.explaining() else None
-    miss.outline = Outline(ops, None if module is None else structure(module))
+    miss.outline = Outline(ops, None if module is None else _sharing.structure(module))
     miss.differ = _report.differ_of(miss.why.closest, miss.why.changes, miss.outline)
 
 
@@ -1029,12 +1010,12 @@ def _install_and_run(miss: _Miss, program: Program) -> tuple:
 
 
 # What changed for a compile no value of the call explains.
-_UNTRANSFORMED: Final = Change(
-    "first call outside a transformation", "a transformed program", "transformed"
-)
-_TRANSFORMED: Final = Change(
-    "JAX compiled a transformed program", "a transformed program", "transformed"
-)
+def _transformed_program(phrase: str) -> Change:
+    return Change(phrase, "a transformed program", "transformed")
+
+
+_UNTRANSFORMED: Final = _transformed_program("first call outside a transformation")
+_TRANSFORMED: Final = _transformed_program("JAX compiled a transformed program")
 _PGLE: Final = Change(
     "JAX compiled it again (profile-guided)", "JAX's own compile", "jax"
 )
@@ -1108,12 +1089,15 @@ def lower_call(f: Function, call: Call) -> Any:
 
 
 class _Public:
-    """A key on a public `jax.jit`, and what is learnt of its programs."""
+    """A key on a public `jax.jit`, and what is learnt of its programs. Called,
+    what a hit calls: its `jax.jit` (its dispatcher), in a miss that books and
+    explains what JAX compiles."""
 
     def __init__(self, f: Function, entry: Entry, donated: tuple):
         self.f, self.entry, self.donated = f, entry, donated
-        self.reports = False  # a program may hold `eqx.error_if`: wait for it
-        self.staged = False  # it was called under a transformation
+        # `reports`: a program may hold `eqx.error_if` (wait for it); `staged`: it
+        # was called under a transformation
+        self.reports = self.staged = False
         entry.dispatch = self
         self.renew()
 
@@ -1124,29 +1108,20 @@ class _Public:
         self.jitted = jitted
         self.run = _report.reporting_errors(jitted, wait=lambda: self.reports)
 
-
-def _public(f: Function, entry: Entry, donated: tuple) -> Callable:
-    """What a hit calls: the key's own public `jax.jit` (its dispatcher), in a
-    miss that books and explains what JAX compiles."""
-    public = _Public(f, entry, donated)
-
-    def call(*leaves: Any) -> Any:
+    def __call__(self, *leaves: Any) -> Any:
         __tracebackhide__ = True
+        f, entry = self.f, self.entry
         if _in_hand(entry) is None:  # a trace here would need it: ask for it
             return NEED_CALL
         __equinox_jit_id__ = os.urandom(16)  # as in `cache_miss`
         top = not _transformed(leaves)
         miss = _Miss(f, entry, leaves, _PGLE if top else _TRANSFORMED)
-        miss.public, public.staged = (public if top else None), public.staged or not top
-        full = f.maxsize is not None and len(entry.runs) >= f.maxsize
-        if top and full and miss.sig not in entry.runs:  # `make_room`'s own test,
-            # made here first so that a call that needs no room reads no avals
-            f.make_room(entry, miss.sig)  # the books, and a new `jax.jit` of the key
-        run, jitted = public.run, public.jitted
+        miss.public, self.staged = (self if top else None), self.staged or not top
+        if top:
+            f.make_room(miss)  # the books, and a new `jax.jit` of the key
+        run, jitted = self.run, self.jitted
         with _quiet(f), _report.marked(__equinox_jit_id__):
             return _booked(miss, lambda: run(*leaves), jitted)
-
-    return call
 
 
 def _explain_public(miss: _Miss, public: _Public) -> None:
@@ -1162,12 +1137,14 @@ def _explain_public(miss: _Miss, public: _Public) -> None:
     traced = public.jitted.trace(*miss.leaves)
     lowered = traced.lower()
     module = lowered.compiler_ir("stablehlo")
-    miss.digest = digest(module)
+    miss.digest = _sharing.digest(module)
     _diverge.check(_for_diverge(miss), _jax.lowering_of(lowered), None, None)
     _record(miss, module, traced.jaxpr)
     _plan(miss)
-    public.reports |= host_callbacks(_jax.lowering_of(lowered), traced.jaxpr)[1]
-    f.make_room(entry, sig)
+    public.reports |= _sharing.host_callbacks(_jax.lowering_of(lowered), traced.jaxpr)[
+        1
+    ]
+    f.make_room(miss)
 
 
 # ----------------------------------------------------------------------------------
@@ -1184,9 +1161,7 @@ def _miss_of(f: Function) -> _Miss | None:
 # A compile of a function's program while none of its calls runs in this thread:
 # JAX compiling a call staged earlier (an eager `jax.checkpoint`, the backward
 # program of an eager `jax.grad`).
-_OUT_OF_SIGHT: Final = Change(
-    "JAX compiled a call it had staged", "a transformed program", "transformed"
-)
+_OUT_OF_SIGHT: Final = _transformed_program("JAX compiled a call it had staged")
 
 
 def _what_changed(f: Function, m: _Miss | None) -> tuple[Change, ...]:
@@ -1194,9 +1169,8 @@ def _what_changed(f: Function, m: _Miss | None) -> tuple[Change, ...]:
     for a compile it did not ask for after the first, why JAX compiled on its own."""
     if m is None:
         return (_OUT_OF_SIGHT,) if f.history else ()
-    if m.planned or not f.history:
-        return tuple(m.why.changes)
-    return tuple(m.why.changes) or (m.unplanned,)
+    changes = tuple(m.why.changes)
+    return changes if m.planned or not f.history else changes or (m.unplanned,)
 
 
 def _on_compile_start(event: str, value: float, **kwargs: Any) -> None:
