@@ -24,7 +24,6 @@ import logging
 import os
 import re
 import threading
-import types
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -174,7 +173,7 @@ class Function:
         self.where = _where(fn)
         # A plain function made again and again (a lambda in a loop): its code, and
         # the user's line that wraps it, once it has been wrapped before.
-        self.code = fn.__code__ if type(fn) is types.FunctionType else None
+        self.code = fn.__code__ if inspect.isfunction(fn) else None
         self.wrapped_at = _jax.user_line() if self.code in _rewraps else ""
         self.lock = threading.Lock()
         self.entries: dict[Key, Entry] = {}
@@ -295,7 +294,7 @@ class Function:
                 return  # evicted meanwhile, and made again: that entry holds it
             if (old := entry.runs.get(sig)) is not None:
                 self._release(old)
-            self.size += old is None
+            self.size += 1
             entry.runs[sig] = program
             program.users += 1
             if program.users == 1:
@@ -313,7 +312,6 @@ class Function:
         """Forget that `entry` runs a program for `sig` (its compile was refused)."""
         with self.lock:
             if (program := entry.runs.pop(sig, None)) is not None:
-                self.size -= 1
                 self._release(program)
 
     def make_room(self, miss: "_Miss") -> None:
@@ -324,13 +322,11 @@ class Function:
         new one (`_Public.renew`), and the old one goes with JAX's caches of it.
         The miss's signature is read last: a call that needs no room reads no avals."""
         entry = miss.entry
-        if self.maxsize is None or len(entry.runs) < self.maxsize:
-            return
-        if miss.sig in entry.runs:
-            return
-        with self.lock:
-            self._empty(entry)
-        _let_go(entry)
+        full = self.maxsize is not None and len(entry.runs) >= self.maxsize
+        if full and miss.sig not in entry.runs:
+            with self.lock:
+                self._empty(entry)
+            _let_go(entry)
 
     def _evict(self, entry: Entry) -> None:
         del self.entries[entry.key]
@@ -345,10 +341,11 @@ class Function:
     def _empty(self, entry: Entry) -> None:
         for p in entry.runs.values():
             self._release(p)
-        self.size -= len(entry.runs)
         entry.runs.clear()
 
     def _release(self, p: Program) -> None:
+        """A signature lets go of the program it ran."""
+        self.size -= 1
         p.users -= 1
         if p.users:
             return
@@ -588,9 +585,7 @@ def _calling(f: Function, entry: Entry, reports: bool) -> Callable:
     return _quiet(f)(call) if f.quiet else call
 
 
-def _traced(
-    f: Function, entry: Entry, eager: bool = False, name: str | None = None
-) -> Callable:
+def _traced(f: Function, entry: Entry, eager: bool = False, name: str = "") -> Callable:
     """What `jax.jit` traces for `entry`'s key (and runs under `jax.disable_jit()`):
     the call in hand, with the traced leaves in place of its arrays."""
 
@@ -663,9 +658,7 @@ def _quiet(f: Function) -> Iterator[None]:
         yield
 
 
-def _helper(
-    f: Function, entry: Entry, leaves: Sequence, name: str | None = None
-) -> Any:
+def _helper(f: Function, entry: Entry, leaves: Sequence, name: str = "") -> Any:
     """A `jax.jit` of the key's traced function, for the miss path (or, named as
     the function is, for `lower_call`)."""
     donated = _donated(f, entry.key, leaves)
