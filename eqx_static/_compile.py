@@ -155,17 +155,12 @@ class Function:
     the call's hand."""
 
     def __init__(
-        self,
-        fn: Callable,
-        fn_key: Key | None,
-        n_fn: int,
-        layout: Layout,
-        options: tuple,
+        self, fn: Callable, fn_key: Key | None, n_fn: int, layout: Layout, opts: tuple
     ):
-        """`options`: `es.jit`'s `donate`, `maxsize`, `max_compiles`, `warn_after`."""
+        """`opts`: `es.jit`'s `donate`, `maxsize`, `max_compiles`, `warn_after`."""
         self.layout, self.argnames = layout, layout.names
         self.fn_key, self.n_fn = fn_key, n_fn
-        self.donate, self.maxsize, self.max_compiles, self.warn_after = options
+        self.donate, self.maxsize, self.max_compiles, self.warn_after = opts
         self.quiet = self.donate in ("all", "all-except-first")
         self.qualname: str = qualname(fn)
         self.short: str = getattr(fn, "__name__", None) or self.qualname
@@ -543,9 +538,8 @@ def new_entry(f: Function, key: Key, leaves: Sequence) -> Entry:
             )
         except Exception as e:  # a JAX whose dispatcher is built otherwise
             _jax.no_dispatcher(f"{type(e).__name__}: {e}")
-    entry.call = (
-        _calling(f, entry, False) if _jax.DISPATCH else _Public(f, entry, donated)
-    )
+    call = _calling(f, entry, False) if _jax.DISPATCH else _Public(f, entry, donated)
+    entry.call = call
     with f.lock:
         return f.entries.setdefault(key, entry)
 
@@ -598,9 +592,8 @@ def _traced(f: Function, entry: Entry, eager: bool = False, name: str = "") -> C
             f.book_miss()
             fn, values = call.fn, call.values
         elif _es_leaves and not any(isinstance(x, Tracer) for x in _es_leaves):
-            return _deoptimized(
-                f, entry
-            )  # no trace: `jax.jit`'s rerun, after its check
+            # no trace: `jax.jit`'s rerun, after its check for invalid values
+            return _deoptimized(f, entry)
         else:
             _local.traces += 1
             fn, values = _with_leaves(call, _es_leaves)
@@ -692,9 +685,11 @@ def _needs_concrete(f: Function, call: Call, reverse: bool) -> list[int]:
     (a `grad` left with nothing to differentiate), where an int was the cause."""
     numbers = _numbers(call)
     numbers.sort(key=lambda i: not jnp.issubdtype(call.leaves[i].dtype, jnp.inexact))
+    if not 0 < len(numbers) <= _MAX_DIAGNOSED:
+        return []
     concrete = set(numbers)
-    if not 0 < len(numbers) <= _MAX_DIAGNOSED or _replay(f, call, concrete, reverse):
-        return []  # none to find, too many, or the call fails with all of them
+    if _replay(f, call, concrete, reverse) is not None:
+        return []
     for i in numbers:
         if _replay(f, call, concrete - {i}, reverse) is None:
             concrete.discard(i)
