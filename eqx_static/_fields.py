@@ -89,11 +89,9 @@ _infos: Final = weakref.WeakKeyDictionary[type, FieldInfo]()
 
 def field_info(cls: type) -> FieldInfo:
     """The field facts of the `eqx.Module` subclass `cls`, made once."""
-    try:
-        return _infos[cls]
-    except KeyError:
+    if (info := _infos.get(cls)) is None:
         info = _infos[cls] = FieldInfo(cls)
-        return info
+    return info
 
 
 def _is_es_module(k: type) -> bool:
@@ -149,11 +147,9 @@ _module_types: Final[dict[type, bool]] = {}
 
 def is_module_type(t: type) -> bool:
     """`issubclass(t, eqx.Module)`, cached (slow with Equinox's metaclass)."""
-    try:
-        return _module_types[t]
-    except KeyError:
+    if (found := _module_types.get(t)) is None:
         found = _module_types[t] = issubclass(t, eqx.Module)
-        return found
+    return found
 
 
 def is_module(x: object) -> bool:
@@ -313,10 +309,10 @@ def fixed_form(v: Any, mutable: bool = False) -> tuple[tuple, bool]:
         out.append(t)
         if t in SIMPLE or t is bool:
             out.append(x)
-        elif t is float:
-            out.append(_float_bits(x))
+        elif t is float:  # every bit: `-0.0` is not `0.0`, each nan payload its own
+            out.append(struct.pack("<d", x))
         elif t is complex:
-            out += (_float_bits(x.real), _float_bits(x.imag))
+            out += (struct.pack("<d", x.real), struct.pack("<d", x.imag))
         elif isinstance(x, np.generic):
             out += (x.dtype.str, x.tobytes())
         elif t is frozenset:  # unordered: each item's form, as a set
@@ -344,7 +340,9 @@ def fixed_form(v: Any, mutable: bool = False) -> tuple[tuple, bool]:
         else:
             hash(x)  # its own `==` and hash: `TypeError` if it has none
             out.append(x)
-            fixed = fixed and _by_identity(t)
+            # Fixed if `==` on a `t` is identity and its hash cannot change.
+            own_hash = t.__hash__ is object.__hash__ or issubclass(t, enum.Enum)
+            fixed = fixed and t.__eq__ is object.__eq__ and own_hash
     return tuple(out), fixed
 
 
@@ -384,17 +382,6 @@ def _mutable_form(x: Any, stack: list, met: dict[int, tuple[int, Any]]) -> tuple
 _BACKWARDS: Final = slice(None, None, -1)
 
 
-def _by_identity(t: type) -> bool:
-    """Whether `==` on a `t` is identity and its hash cannot change."""
-    own_hash = t.__hash__ is object.__hash__ or issubclass(t, enum.Enum)
-    return t.__eq__ is object.__eq__ and own_hash
-
-
-def _float_bits(x: float) -> bytes:
-    """Every bit: `-0.0` is not `0.0`, and each nan payload is its own value."""
-    return struct.pack("<d", x)
-
-
 def _treedef_form(t: Any) -> tuple:
     data = t.node_data()  # a dict's: its keys, in a list
     aux = None if data is None else tuple(data[1]) if type(data[1]) is list else data[1]
@@ -430,6 +417,8 @@ def is_array_type(t: type) -> bool:
 IS_ARRAY, IS_MODULE, IS_LIST, IS_DICT, IS_NONE, IS_NAMED, IS_OTHER = range(7)
 kinds: Final[dict[type, int]] = {}
 _BUILTIN: Final = {tuple: IS_LIST, list: IS_LIST, dict: IS_DICT, type(None): IS_NONE}
+# A tuple subclass is indexed as JAX's flatten reads it unless it has one of these.
+_READS: Final = ("__getitem__", "__iter__", "__len__", "__reversed__")
 
 
 def kind_of(t: type, v: Any) -> int:
@@ -438,25 +427,14 @@ def kind_of(t: type, v: Any) -> int:
         k = IS_MODULE
     elif is_array_type(t):
         k = IS_ARRAY
-    elif t in _BUILTIN:
-        k = _BUILTIN[t]
-    elif (
-        issubclass(t, tuple)
-        and _items_as_stored(t)
-        and one_level(v)[1].node_data() == (t, None)
-    ):
-        k = IS_NAMED  # a named tuple, which JAX flattens as its items
     else:
-        k = IS_OTHER
+        k = _BUILTIN.get(t, IS_OTHER)
+    if k == IS_OTHER and issubclass(t, tuple):
+        as_stored = all(getattr(t, r, None) is getattr(tuple, r, None) for r in _READS)
+        if as_stored and one_level(v)[1].node_data() == (t, None):
+            k = IS_NAMED  # a named tuple, which JAX flattens as its items
     kinds[t] = k
     return k
-
-
-def _items_as_stored(t: type) -> bool:
-    """Whether indexing a `t` reads its items as JAX's flatten does (not a class
-    of its own `__getitem__`, `__iter__`, `__len__` or `__reversed__`)."""
-    reads = ("__getitem__", "__iter__", "__len__", "__reversed__")
-    return all(getattr(t, r, None) is getattr(tuple, r, None) for r in reads)
 
 
 def one_level(v: Any) -> tuple[list, Any]:

@@ -126,27 +126,27 @@ def pgle_enabled() -> bool:
 # ----------------------------------------------------------------------------------
 # JAX's private names, each with what happens without it.
 
+# Without JAX's trace state, no call is under a transformation (tracer arguments
+# are still seen; closures over them are not) nor in reverse mode (a traced loop
+# bound is then named by JAX's own error).
 try:
     from jax._src import core as _core
 
     _trace_ctx, _EvalTrace = _core.trace_ctx, _core.EvalTrace
-
-    def under_transformation() -> bool:
-        """Whether a call here is bound into a trace (`grad`, `vmap`, an outer
-        `jit`), concrete arguments or not: it may close over that trace's values."""
-        return type(_trace_ctx.trace) is not _EvalTrace
-
-    def reverse_mode() -> bool:
-        """Whether a call here is being linearized for reverse mode (`jax.grad`)."""
-        return type(_trace_ctx.trace).__name__ == "LinearizeTrace"
-
 except (ImportError, AttributeError):  # pragma: no cover
+    _trace_ctx = _EvalTrace = None
 
-    def under_transformation() -> bool:
-        return False  # tracer arguments are still seen; closures over them are not
 
-    def reverse_mode() -> bool:
-        return False  # a traced loop bound is then named by JAX's own error
+def under_transformation() -> bool:
+    """Whether a call here is bound into a trace (`grad`, `vmap`, an outer `jit`),
+    concrete arguments or not: it may close over that trace's values."""
+    return _trace_ctx is not None and type(_trace_ctx.trace) is not _EvalTrace
+
+
+def reverse_mode() -> bool:
+    """Whether a call here is being linearized for reverse mode (`jax.grad`)."""
+    trace = None if _trace_ctx is None else _trace_ctx.trace
+    return type(trace).__name__ == "LinearizeTrace"
 
 
 try:
@@ -217,11 +217,8 @@ try:
     _CacheKeys, _cpp_cache = _pxla.JitGlobalCppCacheKeys, _pjit._get_cpp_global_cache
     _registry, _shard_arg = _tree_util.dispatch_registry, _pxla.cc_shard_arg
     _info = jax_jit(abs)._jit_info  # pyright: ignore[reportAttributeAccessIssue]
-    _missing = [
-        k
-        for k in (*_CPP_KEYS, "static_argnums", "static_argnames")
-        if not hasattr(_info, k)
-    ]
+    _needed = (*_CPP_KEYS, "static_argnums", "static_argnames")
+    _missing = [k for k in _needed if not hasattr(_info, k)]
     if _missing or not hasattr(jax_jit(abs), "_cache_miss"):
         raise AttributeError(f"`jax.jit(f)` lacks {_missing or ['_cache_miss']}")
     DISPATCH = True
@@ -239,17 +236,8 @@ def dispatcher(
     ji = jax_jit(fun, donate_argnums=donate)._jit_info  # pyright: ignore
     key = _CacheKeys(**{k: getattr(ji, k) for k in _CPP_KEYS})
     cache = _cpp_cache(key.contains_explicit_attributes)  # pyright: ignore
-    d = _make_pjit(
-        name,
-        fun,
-        cache_miss,
-        ji.static_argnums,
-        ji.static_argnames,
-        key,
-        _registry,
-        _shard_arg,
-        cache,
-    )
+    statics = (ji.static_argnums, ji.static_argnames)
+    d = _make_pjit(name, fun, cache_miss, *statics, key, _registry, _shard_arg, cache)
     d._fun = rerun
     return d
 
@@ -333,9 +321,7 @@ SHARING = DISPATCH
 def lowering_of(lowered: Any) -> Any:
     """The computation in a `jax.stages.Lowered` (None if not one we know)."""
     lowering = getattr(lowered, "_lowering", None)
-    if lowering is None or not all(hasattr(lowering, a) for a in _LOWERING):
-        return None
-    return lowering
+    return lowering if all(hasattr(lowering, a) for a in _LOWERING) else None
 
 
 def compile_arguments(lowering: Any) -> dict[str, Any]:
@@ -404,9 +390,12 @@ try:  # `hlo` in jax >= 0.9; in older ones, the extension itself
     from jax._src import lib as _lib
 
     _hlo: Any = getattr(_lib, "hlo", None) or _lib.xla_client._xla  # pyright: ignore
-    _hlo.HloPrintOptions.canonical().print_large_constants = True
+    # XLA's canonical printing (names numbered in order, no metadata), every
+    # constant in full (by default, a constant of over 10 elements is `{...}`).
+    _hlo_options: Any = _hlo.HloPrintOptions.canonical()
+    _hlo_options.print_large_constants = True
 except (ImportError, AttributeError):  # pragma: no cover
-    _hlo, _printers = None, False
+    _hlo_options, _printers = None, False
 
 _MODULE_NAME: Final = re.compile(r"^HloModule [^,\s]+", re.M)  # the function's name
 
@@ -415,14 +404,10 @@ def compiled_texts(executable: Any) -> list[str] | None:
     """The optimized HLO of an executable, one text per module: names numbered in
     order, no metadata, every constant in full. None where this JAX cannot print
     it so."""
-    if _hlo is None:  # pragma: no cover
+    if _hlo_options is None:  # pragma: no cover
         return None
-    # XLA's canonical printing (names numbered in order, no metadata), every
-    # constant in full (by default, a constant of over 10 elements is `{...}`).
-    options = _hlo.HloPrintOptions.canonical()
-    options.print_large_constants = True
     modules = xla_executable(executable).hlo_modules()
-    return [_MODULE_NAME.sub("HloModule", m.to_string(options)) for m in modules]
+    return [_MODULE_NAME.sub("HloModule", m.to_string(_hlo_options)) for m in modules]
 
 
 def stop_sharing(why: str) -> None:
@@ -447,11 +432,11 @@ def _warn(what: str) -> None:
 
 def env_switch(name: str, default: bool) -> bool:
     """An on/off environment variable: `1` on, `0` off; unset or empty, `default`."""
-    value = os.environ.get(name, "")
-    if value.strip() in ("", "0", "1"):
-        return value.strip() == "1" if value.strip() else default
+    value = os.environ.get(name, "").strip()
+    if value in ("", "0", "1"):
+        return value == "1" if value else default
     on = "on" if default else "off"
-    raise _bad_env(name, value, "a switch", "`1` (on) or `0` (off)", on)
+    raise _bad_env(name, "a switch", "`1` (on) or `0` (off)", on)
 
 
 def env_seconds(name: str, default: float) -> float:
@@ -462,12 +447,11 @@ def env_seconds(name: str, default: float) -> float:
     if re.fullmatch(r"\s*(\d+\.?\d*|\.\d+)\s*", value) and float(value) > 0:
         return float(value)
     accepted = "a number greater than 0 (`1200`, `2.5`)"
-    raise _bad_env(name, value, "a number of seconds", accepted, f"{default:g}")
+    raise _bad_env(name, "a number of seconds", accepted, f"{default:g}")
 
 
-def _bad_env(
-    name: str, value: str, what: str, accepted: str, default: str
-) -> Exception:
+def _bad_env(name: str, what: str, accepted: str, default: str) -> Exception:
+    value = os.environ[name]
     return ValueError(
         f"The environment variable {name}={value!r} is not {what} eqx_static reads: "
         f"set it to {accepted}, or unset it (then it is {default})."
@@ -484,12 +468,18 @@ elif not DISPATCH:  # pragma: no cover
 _probed = not DISPATCH
 
 
-def _at_top_level(probe: Callable[[], str | None]) -> str | None:
-    """`probe()` as on a fresh thread with JAX's defaults: the first key may come
-    inside a trace (`jax.jit`, `vmap`, `grad`), under `jax.disable_jit`, with
-    profile-guided compiles on or transfers guarded, none of which says anything
-    of the dispatcher (JAX's trace state and these contexts are per thread)."""
-    out: list[str | None] = ["the probe did not run"]
+def dispatching() -> bool:
+    """Whether each key gets a dispatcher of its own: JAX's is probed at the first
+    key, not at import (a probe call starts JAX's backend, after which
+    `jax.distributed.initialize` refuses to run)."""
+    global _probed
+    if _probed:
+        return DISPATCH
+    # The probe runs on a fresh thread with JAX's defaults: the first key may come
+    # inside a trace (`jax.jit`, `vmap`, `grad`), under `jax.disable_jit`, with
+    # profile-guided compiles on or transfers guarded, none of which says anything
+    # of the dispatcher (JAX's trace state and these contexts are per thread).
+    why: list[str | None] = ["the probe did not run"]
 
     def run() -> None:
         with contextlib.ExitStack() as stack:
@@ -497,24 +487,14 @@ def _at_top_level(probe: Callable[[], str | None]) -> str | None:
                 if (state := getattr(_config, name, None)) is not None:
                     stack.enter_context(state(False))
             stack.enter_context(jax.transfer_guard("allow"))
-            out[0] = probe()
+            why[0] = probe()
 
     thread = threading.Thread(target=run, name="eqx_static dispatcher probe")
-    thread.start()
+    thread.start()  # two threads may both probe: the same answer
     thread.join()
-    return out[0]
-
-
-def dispatching() -> bool:
-    """Whether each key gets a dispatcher of its own: JAX's is probed at the first
-    key, not at import (a probe call starts JAX's backend, after which
-    `jax.distributed.initialize` refuses to run)."""
-    global _probed
-    if not _probed:
-        why = _at_top_level(probe)  # two threads may both probe: the same answer
-        if why:  # pragma: no cover
-            no_dispatcher(why)
-        _probed = True
+    if why[0]:  # pragma: no cover
+        no_dispatcher(why[0])
+    _probed = True
     return DISPATCH
 
 
