@@ -2,6 +2,7 @@
 compile-key tokens: compared by type *and* value, so that `1`, `True` and `1.0` are
 three tokens, and so are `0.0` and `-0.0`."""
 
+import contextlib
 import copy
 import dataclasses
 import enum
@@ -40,9 +41,8 @@ TRUE: Final = Sentinel("True")  # the bools as tokens: `True == 1` in Python
 FALSE: Final = Sentinel("False")
 
 # The C-level `__dict__` getter (`module.__dict__` runs Equinox's Python code).
-instance_dict: Final[Callable[[object], dict[str, Any]]] = eqx.Module.__dict__[
-    "__dict__"
-].__get__
+_DICT: Final = eqx.Module.__dict__["__dict__"]
+instance_dict: Final[Callable[[object], dict[str, Any]]] = _DICT.__get__
 
 
 class FieldInfo:
@@ -122,10 +122,9 @@ def _annotations(cls: type, names: set[str]) -> dict[str, Any]:
         for k in reversed(cls.__mro__):
             ns = dict(getattr(sys.modules.get(k.__module__), "__dict__", {}))
             for name, ann in k.__dict__.get("__annotations__", {}).items():
-                try:
+                # Left out: one naming what is imported only under `TYPE_CHECKING`.
+                with contextlib.suppress(Exception):
                     hints[name] = eval(ann, ns, vars(k)) if type(ann) is str else ann
-                except Exception:  # a name imported only under `TYPE_CHECKING`
-                    pass
     return {k: v for k, v in hints.items() if k in names and type(v) is not str}
 
 
@@ -245,10 +244,8 @@ def field_token(v: Any, shown: bool = True) -> Any:
     may hold a list there) by its form too (`fixed_form(v, mutable=True)`), with a
     copy to show in reports if `shown` (the value itself may change later)."""
     if type(v).__hash__ is not None:
-        try:
+        with contextlib.suppress(UnhashableError):  # a tuple that holds a list
             return token(v)
-        except UnhashableError:  # a tuple that holds a list
-            pass
     try:
         form = fixed_form(v, mutable=True)[0]
     except TypeError:  # a part whose own `__hash__` raises: compared whole
@@ -270,8 +267,7 @@ def hashable_instead(value: object, name: str, verb: str) -> str:
     """What to do instead of keying the unhashable `value` (a field or argument
     `name`), as a sentence that starts with `verb` ("Store", "Pass") if it can."""
     if isinstance(value, np.ndarray | jax.Array) and value.ndim == 0:
-        number = type(value.item()).__name__
-        data = f"`{name}={number}({name})`"
+        data = f"`{name}={type(value.item()).__name__}({name})`"
         return f"{verb} the Python number (a 0-d array is data): {data}."
     if isinstance(value, np.ndarray | jax.Array):
         return (
@@ -300,8 +296,7 @@ def fixed_form(v: Any, mutable: bool = False) -> tuple[tuple, bool]:
     strings, tuples and frozensets of them, functions, enums). If `mutable`, parts
     Python cannot hash have forms too (`_mutable_form`), and none is fixed."""
     out: list[Any] = []
-    stack = [v]
-    fixed = True
+    stack, fixed = [v], True
     met: dict[int, tuple[int, Any]] = {}  # the mutable containers read, by `id`
     while stack:
         x = stack.pop()

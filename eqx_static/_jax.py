@@ -36,6 +36,14 @@ def _private(module: str, name: str, fallback: Any = None) -> Any:
         return fallback
 
 
+def _jax_module(name: str) -> Any:
+    """A private module of JAX's (`jax._src.<name>`), or None where it is gone."""
+    try:
+        return importlib.import_module(f"jax._src.{name}")
+    except ImportError:  # pragma: no cover
+        return None
+
+
 # `eqx.filter_jit` turns a failed `eqx.error_if` callback into an
 # `EquinoxRuntimeError` with this message, from what the callback left
 # (`equinox_error_info`), and hides JAX's log of the failure with this filter.
@@ -98,14 +106,9 @@ COMPILE_EVENT: Final = "/jax/core/compile/backend_compile_duration"
 CALLBACK_LOGGER: Final = "jax._src.callback"
 JaxRuntimeError: Final = jax.errors.JaxRuntimeError
 
-try:
-    from jax._src import api as _api
-
-    # `jax.jit` itself. Under `EQX_ON_ERROR=breakpoint` Equinox replaces the name
-    # `jax.jit` with a function (for JAX issue #16732) that has no `.trace`.
-    jax_jit: Callable[..., Any] = _api.jit
-except (ImportError, AttributeError):  # pragma: no cover
-    jax_jit = jax.jit
+# `jax.jit` itself. Under `EQX_ON_ERROR=breakpoint` Equinox replaces the name
+# `jax.jit` with a function (for JAX issue #16732) that has no `.trace`.
+jax_jit: Callable[..., Any] = getattr(_jax_module("api"), "jit", jax.jit)
 
 
 def jit_is_replaced() -> bool:
@@ -149,10 +152,7 @@ def reverse_mode() -> bool:
     return type(trace).__name__ == "LinearizeTrace"
 
 
-try:
-    from jax._src import traceback_util as _traceback_util
-except ImportError:  # pragma: no cover
-    _traceback_util = None
+_traceback_util = _jax_module("traceback_util")
 
 
 def hide_frames(file: str) -> None:
@@ -179,16 +179,13 @@ def api_boundary(f: _F) -> _F:
     return f if boundary is None else boundary(f)
 
 
-try:
-    from jax._src import config as _config
+def _trace_context() -> Any:  # pragma: no cover (where JAX's is gone)
+    config: Any = jax.config
+    return (config.jax_enable_x64, config.jax_default_device)
 
-    trace_context: Callable[[], Any] = _config.trace_context
-except (ImportError, AttributeError):  # pragma: no cover
-    _config = None
 
-    def trace_context() -> Any:
-        config: Any = jax.config
-        return (config.jax_enable_x64, config.jax_default_device)
+_config = _jax_module("config")
+trace_context: Callable[[], Any] = getattr(_config, "trace_context", _trace_context)
 
 
 # The C++ dispatcher of a `jax.jit` (`PjitFunction`), built as `pjit._cpp_pjit`
@@ -245,8 +242,7 @@ def dispatcher(
 def no_invalid_value_when_deoptimized(error: BaseException | None) -> NoReturn:
     """What `jax.jit` raises where its eager run found no invalid value that its
     `jax_debug_nans`/`jax_debug_infs` check found in a program's outputs."""
-    api_util = sys.modules.get("jax._src.api_util")
-    raise_it = getattr(api_util, "_raise_no_nan_in_deoptimized", None)
+    raise_it = getattr(_jax_module("api_util"), "_raise_no_nan_in_deoptimized", None)
     if raise_it is not None and error is not None:
         raise_it(error)
     raise FloatingPointError(f"{error}: the eager run found no invalid value") from None
@@ -345,8 +341,7 @@ def set_executable(lowering: Any, executable: Any) -> None:
     lowering._executable = executable
 
 
-_printers = True  # what the sharing check reads a program with
-try:
+try:  # the printers the sharing check reads a program with: MLIR's, then XLA's
     from jax._src.lib.mlir import ir as _ir
 
     def string_value(attribute: Any) -> str:
@@ -378,7 +373,7 @@ try:
 
 
 except (ImportError, AttributeError):  # pragma: no cover
-    _printers = False  # told below, once `stop_sharing` is defined
+    _ir = None  # told below, once `stop_sharing` is defined
 
 
 def xla_executable(executable: Any) -> Any:
@@ -395,7 +390,7 @@ try:  # `hlo` in jax >= 0.9; in older ones, the extension itself
     _hlo_options: Any = _hlo.HloPrintOptions.canonical()
     _hlo_options.print_large_constants = True
 except (ImportError, AttributeError):  # pragma: no cover
-    _hlo_options, _printers = None, False
+    _hlo_options = None
 
 _MODULE_NAME: Final = re.compile(r"^HloModule [^,\s]+", re.M)  # the function's name
 
@@ -507,7 +502,7 @@ if _lost:  # pragma: no cover
         RuntimeWarning,
         stacklevel=2,
     )
-if not _printers:  # pragma: no cover
+if _ir is None or _hlo_options is None:  # pragma: no cover
     stop_sharing("its MLIR or HLO printer cannot be imported")
 
 
@@ -519,12 +514,7 @@ _STORE: Final = (
     "key_value_set key_value_try_get key_value_dir_get key_value_delete "
     "blocking_key_value_get wait_at_barrier"
 ).split()
-try:
-    from jax._src import distributed as _distributed
-
-    _runtime: Any = _distributed.global_state
-except (ImportError, AttributeError):  # pragma: no cover
-    _runtime = None
+_runtime: Any = getattr(_jax_module("distributed"), "global_state", None)
 _store_lost: list[str] = []  # said once
 
 

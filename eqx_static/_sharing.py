@@ -32,22 +32,20 @@ class Fingerprint(NamedTuple):
     callbacks: tuple  # (function, `in_tree` token) per host callback, kept alive
 
 
-_SAME: Final = "same"  # compared with `==`
-_EMPTY: Final = "empty"  # shareable only when empty or None
-_IGNORED: Final = "ignored"  # debug information: not part of what runs
-# Every compile argument of JAX 0.8 - 0.12 (`tests/canary/test_jax_lowering.py`), by
-# rule (`spmd_lowering`: 0.8; `host_callbacks`: read from the jaxpr, compared one by
-# one).
-_RULES: Final = {
-    _SAME: "backend committed context_mesh global_in_avals global_out_avals "
-    "in_layouts out_layouts in_shardings out_shardings intermediate_shardings "
-    "kept_var_idx num_devices tuple_args unordered_effects donated_invars "
-    "compiler_options_kvs device_list platforms shape_poly_state auto_spmd_lowering "
-    "pmap_nreps spmd_lowering",
-    _EMPTY: "ordered_effects mut keepalive",
-    _IGNORED: "all_args_info pgle_profiler host_callbacks",
-}
-_ARGUMENTS: Final = {n: rule for rule, names in _RULES.items() for n in names.split()}
+# Every compile argument of JAX 0.8 - 0.12 (`tests/canary/test_jax_lowering.py`):
+# those compared with `==` (`spmd_lowering`: 0.8); those shareable only when empty
+# or None; and debug information, not part of what runs (`host_callbacks`: read
+# from the jaxpr, compared one by one).
+_SAME: Final = frozenset(
+    "backend committed context_mesh global_in_avals global_out_avals in_layouts "
+    "out_layouts in_shardings out_shardings intermediate_shardings kept_var_idx "
+    "num_devices tuple_args unordered_effects donated_invars compiler_options_kvs "
+    "device_list platforms shape_poly_state auto_spmd_lowering pmap_nreps "
+    "spmd_lowering".split()
+)
+_EMPTY: Final = frozenset("ordered_effects mut keepalive".split())
+_IGNORED: Final = frozenset("all_args_info pgle_profiler host_callbacks".split())
+_ARGUMENTS: Final = _SAME | _EMPTY | _IGNORED
 
 
 def host_callbacks(lowering: Any, jaxpr: Any) -> tuple[tuple | None, bool]:
@@ -75,8 +73,7 @@ def fingerprint(lowering: Any, callbacks: tuple | None) -> Fingerprint | None:
         return None
     arguments = _jax.compile_arguments(lowering)
     compared = []
-    for name in sorted(arguments):
-        rule, value = _ARGUMENTS.get(name), arguments[name]
+    for name, value in sorted(arguments.items()):  # by name: names are distinct
         if name == "shape_poly_state":  # compared by what it says (by identity in JAX)
             try:
                 value = (
@@ -86,9 +83,9 @@ def fingerprint(lowering: Any, callbacks: tuple | None) -> Fingerprint | None:
                 )
             except AttributeError:
                 value = None
-        if rule == _SAME and value is not None:
+        if name in _SAME and value is not None:
             compared.append((name, value))
-        elif rule != _IGNORED and (rule != _EMPTY or value):
+        elif name not in _IGNORED and (name not in _EMPTY or value):
             return None  # unknown, None, an ordered effect, a mutable array, ...
     program = digest(lowering.stablehlo())
     return None if program is None else Fingerprint(program, tuple(compared), callbacks)
@@ -101,12 +98,11 @@ def same_program(a: Fingerprint, b: Fingerprint) -> bool:
     if a.digest != b.digest or len(a.callbacks) != len(b.callbacks):
         return False
     try:
-        if a.arguments != b.arguments:
-            return False
+        same = a.arguments == b.arguments
     except Exception:  # a comparison that cannot be made: not the same
         return False
     pairs = zip(a.callbacks, b.callbacks)
-    return all(fa is fb and ta == tb for (fa, ta), (fb, tb) in pairs)
+    return same and all(fa is fb and ta == tb for (fa, ta), (fb, tb) in pairs)
 
 
 # ----------------------------------------------------------------------------------
@@ -202,8 +198,8 @@ def _text(op: Any) -> bytes:
         for data in [memoryview(c).cast("B") for c in large]:
             h.update(len(data).to_bytes(8, "little") + data)
     except (ValueError, TypeError, BufferError):
-        return asm()
-    if len(large) != text.count(_ELIDED):  # one the walk does not find
+        large = None
+    if large is None or len(large) != text.count(_ELIDED):  # or one not found
         return asm()
     return text + b"\n// constants " + h.hexdigest().encode()
 
@@ -219,17 +215,15 @@ def _renamed(text: bytes, rename: Any, sink: Any) -> None:
     """Feed `text` to `sink` with each `@symbol` outside a string literal replaced
     by `rename(symbol)` (kept if None). The printer escapes quotes in strings, and
     strings never span lines: an `@` is in one after an odd number of quotes."""
-    view, last, at = memoryview(text), 0, text.find(b"@")
-    while at != -1:
-        m = _SYMBOL.match(text, at)
-        if m is not None and not text.count(b'"', text.rfind(b"\n", 0, at) + 1, at) & 1:
-            ref = m.group(1)
-            new = rename(ref[1:-1] if ref[:1] == b'"' else ref)
+    view, last = memoryview(text), 0
+    for m in _SYMBOL.finditer(text):
+        at = m.start()
+        if not text.count(b'"', text.rfind(b"\n", 0, at) + 1, at) & 1:
+            new = rename(m.group(1).strip(b'"'))  # a quoted name has no quote inside
             if new is not None:
                 sink(view[last:at])
                 sink(new)
                 last = m.end()
-        at = text.find(b"@", at + 1 if m is None else m.end())
     sink(view[last:])
 
 
