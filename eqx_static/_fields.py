@@ -2,6 +2,7 @@
 compile-key tokens: compared by type *and* value, so that `1`, `True` and `1.0` are
 three tokens, and so are `0.0` and `-0.0`."""
 
+import contextlib
 import copy
 import dataclasses
 import enum
@@ -40,9 +41,8 @@ TRUE: Final = Sentinel("True")  # the bools as tokens: `True == 1` in Python
 FALSE: Final = Sentinel("False")
 
 # The C-level `__dict__` getter (`module.__dict__` runs Equinox's Python code).
-instance_dict: Final[Callable[[object], dict[str, Any]]] = eqx.Module.__dict__[
-    "__dict__"
-].__get__
+_DICT: Final = eqx.Module.__dict__["__dict__"]
+instance_dict: Final[Callable[[object], dict[str, Any]]] = _DICT.__get__
 
 
 class FieldInfo:
@@ -89,11 +89,9 @@ _infos: Final = weakref.WeakKeyDictionary[type, FieldInfo]()
 
 def field_info(cls: type) -> FieldInfo:
     """The field facts of the `eqx.Module` subclass `cls`, made once."""
-    try:
-        return _infos[cls]
-    except KeyError:
+    if (info := _infos.get(cls)) is None:
         info = _infos[cls] = FieldInfo(cls)
-        return info
+    return info
 
 
 def _is_es_module(k: type) -> bool:
@@ -124,10 +122,9 @@ def _annotations(cls: type, names: set[str]) -> dict[str, Any]:
         for k in reversed(cls.__mro__):
             ns = dict(getattr(sys.modules.get(k.__module__), "__dict__", {}))
             for name, ann in k.__dict__.get("__annotations__", {}).items():
-                try:
+                # Left out: one naming what is imported only under `TYPE_CHECKING`.
+                with contextlib.suppress(Exception):
                     hints[name] = eval(ann, ns, vars(k)) if type(ann) is str else ann
-                except Exception:  # a name imported only under `TYPE_CHECKING`
-                    pass
     return {k: v for k, v in hints.items() if k in names and type(v) is not str}
 
 
@@ -149,11 +146,9 @@ _module_types: Final[dict[type, bool]] = {}
 
 def is_module_type(t: type) -> bool:
     """`issubclass(t, eqx.Module)`, cached (slow with Equinox's metaclass)."""
-    try:
-        return _module_types[t]
-    except KeyError:
+    if (found := _module_types.get(t)) is None:
         found = _module_types[t] = issubclass(t, eqx.Module)
-        return found
+    return found
 
 
 def is_module(x: object) -> bool:
@@ -249,10 +244,8 @@ def field_token(v: Any, shown: bool = True) -> Any:
     may hold a list there) by its form too (`fixed_form(v, mutable=True)`), with a
     copy to show in reports if `shown` (the value itself may change later)."""
     if type(v).__hash__ is not None:
-        try:
+        with contextlib.suppress(UnhashableError):  # a tuple that holds a list
             return token(v)
-        except UnhashableError:  # a tuple that holds a list
-            pass
     try:
         form = fixed_form(v, mutable=True)[0]
     except TypeError:  # a part whose own `__hash__` raises: compared whole
@@ -274,8 +267,7 @@ def hashable_instead(value: object, name: str, verb: str) -> str:
     """What to do instead of keying the unhashable `value` (a field or argument
     `name`), as a sentence that starts with `verb` ("Store", "Pass") if it can."""
     if isinstance(value, np.ndarray | jax.Array) and value.ndim == 0:
-        number = type(value.item()).__name__
-        data = f"`{name}={number}({name})`"
+        data = f"`{name}={type(value.item()).__name__}({name})`"
         return f"{verb} the Python number (a 0-d array is data): {data}."
     if isinstance(value, np.ndarray | jax.Array):
         return (
@@ -304,8 +296,7 @@ def fixed_form(v: Any, mutable: bool = False) -> tuple[tuple, bool]:
     strings, tuples and frozensets of them, functions, enums). If `mutable`, parts
     Python cannot hash have forms too (`_mutable_form`), and none is fixed."""
     out: list[Any] = []
-    stack = [v]
-    fixed = True
+    stack, fixed = [v], True
     met: dict[int, tuple[int, Any]] = {}  # the mutable containers read, by `id`
     while stack:
         x = stack.pop()
@@ -313,10 +304,10 @@ def fixed_form(v: Any, mutable: bool = False) -> tuple[tuple, bool]:
         out.append(t)
         if t in SIMPLE or t is bool:
             out.append(x)
-        elif t is float:
-            out.append(_float_bits(x))
+        elif t is float:  # every bit: `-0.0` is not `0.0`, each nan payload its own
+            out.append(struct.pack("<d", x))
         elif t is complex:
-            out += (_float_bits(x.real), _float_bits(x.imag))
+            out += (struct.pack("<d", x.real), struct.pack("<d", x.imag))
         elif isinstance(x, np.generic):
             out += (x.dtype.str, x.tobytes())
         elif t is frozenset:  # unordered: each item's form, as a set
@@ -344,7 +335,9 @@ def fixed_form(v: Any, mutable: bool = False) -> tuple[tuple, bool]:
         else:
             hash(x)  # its own `==` and hash: `TypeError` if it has none
             out.append(x)
-            fixed = fixed and _by_identity(t)
+            # Fixed if `==` on a `t` is identity and its hash cannot change.
+            own_hash = t.__hash__ is object.__hash__ or issubclass(t, enum.Enum)
+            fixed = fixed and t.__eq__ is object.__eq__ and own_hash
     return tuple(out), fixed
 
 
@@ -384,17 +377,6 @@ def _mutable_form(x: Any, stack: list, met: dict[int, tuple[int, Any]]) -> tuple
 _BACKWARDS: Final = slice(None, None, -1)
 
 
-def _by_identity(t: type) -> bool:
-    """Whether `==` on a `t` is identity and its hash cannot change."""
-    own_hash = t.__hash__ is object.__hash__ or issubclass(t, enum.Enum)
-    return t.__eq__ is object.__eq__ and own_hash
-
-
-def _float_bits(x: float) -> bytes:
-    """Every bit: `-0.0` is not `0.0`, and each nan payload is its own value."""
-    return struct.pack("<d", x)
-
-
 def _treedef_form(t: Any) -> tuple:
     data = t.node_data()  # a dict's: its keys, in a list
     aux = None if data is None else tuple(data[1]) if type(data[1]) is list else data[1]
@@ -430,6 +412,8 @@ def is_array_type(t: type) -> bool:
 IS_ARRAY, IS_MODULE, IS_LIST, IS_DICT, IS_NONE, IS_NAMED, IS_OTHER = range(7)
 kinds: Final[dict[type, int]] = {}
 _BUILTIN: Final = {tuple: IS_LIST, list: IS_LIST, dict: IS_DICT, type(None): IS_NONE}
+# A tuple subclass is indexed as JAX's flatten reads it unless it has one of these.
+_READS: Final = ("__getitem__", "__iter__", "__len__", "__reversed__")
 
 
 def kind_of(t: type, v: Any) -> int:
@@ -438,25 +422,14 @@ def kind_of(t: type, v: Any) -> int:
         k = IS_MODULE
     elif is_array_type(t):
         k = IS_ARRAY
-    elif t in _BUILTIN:
-        k = _BUILTIN[t]
-    elif (
-        issubclass(t, tuple)
-        and _items_as_stored(t)
-        and one_level(v)[1].node_data() == (t, None)
-    ):
-        k = IS_NAMED  # a named tuple, which JAX flattens as its items
     else:
-        k = IS_OTHER
+        k = _BUILTIN.get(t, IS_OTHER)
+    if k == IS_OTHER and issubclass(t, tuple):
+        as_stored = all(getattr(t, r, None) is getattr(tuple, r, None) for r in _READS)
+        if as_stored and one_level(v)[1].node_data() == (t, None):
+            k = IS_NAMED  # a named tuple, which JAX flattens as its items
     kinds[t] = k
     return k
-
-
-def _items_as_stored(t: type) -> bool:
-    """Whether indexing a `t` reads its items as JAX's flatten does (not a class
-    of its own `__getitem__`, `__iter__`, `__len__` or `__reversed__`)."""
-    reads = ("__getitem__", "__iter__", "__len__", "__reversed__")
-    return all(getattr(t, r, None) is getattr(tuple, r, None) for r in reads)
 
 
 def one_level(v: Any) -> tuple[list, Any]:

@@ -36,6 +36,14 @@ def _private(module: str, name: str, fallback: Any = None) -> Any:
         return fallback
 
 
+def _jax_module(name: str) -> Any:
+    """A private module of JAX's (`jax._src.<name>`), or None where it is gone."""
+    try:
+        return importlib.import_module(f"jax._src.{name}")
+    except ImportError:  # pragma: no cover
+        return None
+
+
 # `eqx.filter_jit` turns a failed `eqx.error_if` callback into an
 # `EquinoxRuntimeError` with this message, from what the callback left
 # (`equinox_error_info`), and hides JAX's log of the failure with this filter.
@@ -98,14 +106,9 @@ COMPILE_EVENT: Final = "/jax/core/compile/backend_compile_duration"
 CALLBACK_LOGGER: Final = "jax._src.callback"
 JaxRuntimeError: Final = jax.errors.JaxRuntimeError
 
-try:
-    from jax._src import api as _api
-
-    # `jax.jit` itself. Under `EQX_ON_ERROR=breakpoint` Equinox replaces the name
-    # `jax.jit` with a function (for JAX issue #16732) that has no `.trace`.
-    jax_jit: Callable[..., Any] = _api.jit
-except (ImportError, AttributeError):  # pragma: no cover
-    jax_jit = jax.jit
+# `jax.jit` itself. Under `EQX_ON_ERROR=breakpoint` Equinox replaces the name
+# `jax.jit` with a function (for JAX issue #16732) that has no `.trace`.
+jax_jit: Callable[..., Any] = getattr(_jax_module("api"), "jit", jax.jit)
 
 
 def jit_is_replaced() -> bool:
@@ -126,33 +129,30 @@ def pgle_enabled() -> bool:
 # ----------------------------------------------------------------------------------
 # JAX's private names, each with what happens without it.
 
+# Without JAX's trace state, no call is under a transformation (tracer arguments
+# are still seen; closures over them are not) nor in reverse mode (a traced loop
+# bound is then named by JAX's own error).
 try:
     from jax._src import core as _core
 
     _trace_ctx, _EvalTrace = _core.trace_ctx, _core.EvalTrace
-
-    def under_transformation() -> bool:
-        """Whether a call here is bound into a trace (`grad`, `vmap`, an outer
-        `jit`), concrete arguments or not: it may close over that trace's values."""
-        return type(_trace_ctx.trace) is not _EvalTrace
-
-    def reverse_mode() -> bool:
-        """Whether a call here is being linearized for reverse mode (`jax.grad`)."""
-        return type(_trace_ctx.trace).__name__ == "LinearizeTrace"
-
 except (ImportError, AttributeError):  # pragma: no cover
-
-    def under_transformation() -> bool:
-        return False  # tracer arguments are still seen; closures over them are not
-
-    def reverse_mode() -> bool:
-        return False  # a traced loop bound is then named by JAX's own error
+    _trace_ctx = _EvalTrace = None
 
 
-try:
-    from jax._src import traceback_util as _traceback_util
-except ImportError:  # pragma: no cover
-    _traceback_util = None
+def under_transformation() -> bool:
+    """Whether a call here is bound into a trace (`grad`, `vmap`, an outer `jit`),
+    concrete arguments or not: it may close over that trace's values."""
+    return _trace_ctx is not None and type(_trace_ctx.trace) is not _EvalTrace
+
+
+def reverse_mode() -> bool:
+    """Whether a call here is being linearized for reverse mode (`jax.grad`)."""
+    trace = None if _trace_ctx is None else _trace_ctx.trace
+    return type(trace).__name__ == "LinearizeTrace"
+
+
+_traceback_util = _jax_module("traceback_util")
 
 
 def hide_frames(file: str) -> None:
@@ -179,16 +179,13 @@ def api_boundary(f: _F) -> _F:
     return f if boundary is None else boundary(f)
 
 
-try:
-    from jax._src import config as _config
+def _trace_context() -> Any:  # pragma: no cover (where JAX's is gone)
+    config: Any = jax.config
+    return (config.jax_enable_x64, config.jax_default_device)
 
-    trace_context: Callable[[], Any] = _config.trace_context
-except (ImportError, AttributeError):  # pragma: no cover
-    _config = None
 
-    def trace_context() -> Any:
-        config: Any = jax.config
-        return (config.jax_enable_x64, config.jax_default_device)
+_config = _jax_module("config")
+trace_context: Callable[[], Any] = getattr(_config, "trace_context", _trace_context)
 
 
 # The C++ dispatcher of a `jax.jit` (`PjitFunction`), built as `pjit._cpp_pjit`
@@ -217,11 +214,8 @@ try:
     _CacheKeys, _cpp_cache = _pxla.JitGlobalCppCacheKeys, _pjit._get_cpp_global_cache
     _registry, _shard_arg = _tree_util.dispatch_registry, _pxla.cc_shard_arg
     _info = jax_jit(abs)._jit_info  # pyright: ignore[reportAttributeAccessIssue]
-    _missing = [
-        k
-        for k in (*_CPP_KEYS, "static_argnums", "static_argnames")
-        if not hasattr(_info, k)
-    ]
+    _needed = (*_CPP_KEYS, "static_argnums", "static_argnames")
+    _missing = [k for k in _needed if not hasattr(_info, k)]
     if _missing or not hasattr(jax_jit(abs), "_cache_miss"):
         raise AttributeError(f"`jax.jit(f)` lacks {_missing or ['_cache_miss']}")
     DISPATCH = True
@@ -239,17 +233,8 @@ def dispatcher(
     ji = jax_jit(fun, donate_argnums=donate)._jit_info  # pyright: ignore
     key = _CacheKeys(**{k: getattr(ji, k) for k in _CPP_KEYS})
     cache = _cpp_cache(key.contains_explicit_attributes)  # pyright: ignore
-    d = _make_pjit(
-        name,
-        fun,
-        cache_miss,
-        ji.static_argnums,
-        ji.static_argnames,
-        key,
-        _registry,
-        _shard_arg,
-        cache,
-    )
+    statics = (ji.static_argnums, ji.static_argnames)
+    d = _make_pjit(name, fun, cache_miss, *statics, key, _registry, _shard_arg, cache)
     d._fun = rerun
     return d
 
@@ -257,8 +242,7 @@ def dispatcher(
 def no_invalid_value_when_deoptimized(error: BaseException | None) -> NoReturn:
     """What `jax.jit` raises where its eager run found no invalid value that its
     `jax_debug_nans`/`jax_debug_infs` check found in a program's outputs."""
-    api_util = sys.modules.get("jax._src.api_util")
-    raise_it = getattr(api_util, "_raise_no_nan_in_deoptimized", None)
+    raise_it = getattr(_jax_module("api_util"), "_raise_no_nan_in_deoptimized", None)
     if raise_it is not None and error is not None:
         raise_it(error)
     raise FloatingPointError(f"{error}: the eager run found no invalid value") from None
@@ -333,9 +317,7 @@ SHARING = DISPATCH
 def lowering_of(lowered: Any) -> Any:
     """The computation in a `jax.stages.Lowered` (None if not one we know)."""
     lowering = getattr(lowered, "_lowering", None)
-    if lowering is None or not all(hasattr(lowering, a) for a in _LOWERING):
-        return None
-    return lowering
+    return lowering if all(hasattr(lowering, a) for a in _LOWERING) else None
 
 
 def compile_arguments(lowering: Any) -> dict[str, Any]:
@@ -359,8 +341,7 @@ def set_executable(lowering: Any, executable: Any) -> None:
     lowering._executable = executable
 
 
-_printers = True  # what the sharing check reads a program with
-try:
+try:  # the printers the sharing check reads a program with: MLIR's, then XLA's
     from jax._src.lib.mlir import ir as _ir
 
     def string_value(attribute: Any) -> str:
@@ -392,7 +373,7 @@ try:
 
 
 except (ImportError, AttributeError):  # pragma: no cover
-    _printers = False  # told below, once `stop_sharing` is defined
+    _ir = None  # told below, once `stop_sharing` is defined
 
 
 def xla_executable(executable: Any) -> Any:
@@ -404,9 +385,12 @@ try:  # `hlo` in jax >= 0.9; in older ones, the extension itself
     from jax._src import lib as _lib
 
     _hlo: Any = getattr(_lib, "hlo", None) or _lib.xla_client._xla  # pyright: ignore
-    _hlo.HloPrintOptions.canonical().print_large_constants = True
+    # XLA's canonical printing (names numbered in order, no metadata), every
+    # constant in full (by default, a constant of over 10 elements is `{...}`).
+    _hlo_options: Any = _hlo.HloPrintOptions.canonical()
+    _hlo_options.print_large_constants = True
 except (ImportError, AttributeError):  # pragma: no cover
-    _hlo, _printers = None, False
+    _hlo_options = None
 
 _MODULE_NAME: Final = re.compile(r"^HloModule [^,\s]+", re.M)  # the function's name
 
@@ -415,14 +399,10 @@ def compiled_texts(executable: Any) -> list[str] | None:
     """The optimized HLO of an executable, one text per module: names numbered in
     order, no metadata, every constant in full. None where this JAX cannot print
     it so."""
-    if _hlo is None:  # pragma: no cover
+    if _hlo_options is None:  # pragma: no cover
         return None
-    # XLA's canonical printing (names numbered in order, no metadata), every
-    # constant in full (by default, a constant of over 10 elements is `{...}`).
-    options = _hlo.HloPrintOptions.canonical()
-    options.print_large_constants = True
     modules = xla_executable(executable).hlo_modules()
-    return [_MODULE_NAME.sub("HloModule", m.to_string(options)) for m in modules]
+    return [_MODULE_NAME.sub("HloModule", m.to_string(_hlo_options)) for m in modules]
 
 
 def stop_sharing(why: str) -> None:
@@ -447,11 +427,11 @@ def _warn(what: str) -> None:
 
 def env_switch(name: str, default: bool) -> bool:
     """An on/off environment variable: `1` on, `0` off; unset or empty, `default`."""
-    value = os.environ.get(name, "")
-    if value.strip() in ("", "0", "1"):
-        return value.strip() == "1" if value.strip() else default
+    value = os.environ.get(name, "").strip()
+    if value in ("", "0", "1"):
+        return value == "1" if value else default
     on = "on" if default else "off"
-    raise _bad_env(name, value, "a switch", "`1` (on) or `0` (off)", on)
+    raise _bad_env(name, "a switch", "`1` (on) or `0` (off)", on)
 
 
 def env_seconds(name: str, default: float) -> float:
@@ -462,12 +442,11 @@ def env_seconds(name: str, default: float) -> float:
     if re.fullmatch(r"\s*(\d+\.?\d*|\.\d+)\s*", value) and float(value) > 0:
         return float(value)
     accepted = "a number greater than 0 (`1200`, `2.5`)"
-    raise _bad_env(name, value, "a number of seconds", accepted, f"{default:g}")
+    raise _bad_env(name, "a number of seconds", accepted, f"{default:g}")
 
 
-def _bad_env(
-    name: str, value: str, what: str, accepted: str, default: str
-) -> Exception:
+def _bad_env(name: str, what: str, accepted: str, default: str) -> Exception:
+    value = os.environ[name]
     return ValueError(
         f"The environment variable {name}={value!r} is not {what} eqx_static reads: "
         f"set it to {accepted}, or unset it (then it is {default})."
@@ -484,12 +463,18 @@ elif not DISPATCH:  # pragma: no cover
 _probed = not DISPATCH
 
 
-def _at_top_level(probe: Callable[[], str | None]) -> str | None:
-    """`probe()` as on a fresh thread with JAX's defaults: the first key may come
-    inside a trace (`jax.jit`, `vmap`, `grad`), under `jax.disable_jit`, with
-    profile-guided compiles on or transfers guarded, none of which says anything
-    of the dispatcher (JAX's trace state and these contexts are per thread)."""
-    out: list[str | None] = ["the probe did not run"]
+def dispatching() -> bool:
+    """Whether each key gets a dispatcher of its own: JAX's is probed at the first
+    key, not at import (a probe call starts JAX's backend, after which
+    `jax.distributed.initialize` refuses to run)."""
+    global _probed
+    if _probed:
+        return DISPATCH
+    # The probe runs on a fresh thread with JAX's defaults: the first key may come
+    # inside a trace (`jax.jit`, `vmap`, `grad`), under `jax.disable_jit`, with
+    # profile-guided compiles on or transfers guarded, none of which says anything
+    # of the dispatcher (JAX's trace state and these contexts are per thread).
+    why: list[str | None] = ["the probe did not run"]
 
     def run() -> None:
         with contextlib.ExitStack() as stack:
@@ -497,24 +482,14 @@ def _at_top_level(probe: Callable[[], str | None]) -> str | None:
                 if (state := getattr(_config, name, None)) is not None:
                     stack.enter_context(state(False))
             stack.enter_context(jax.transfer_guard("allow"))
-            out[0] = probe()
+            why[0] = probe()
 
     thread = threading.Thread(target=run, name="eqx_static dispatcher probe")
-    thread.start()
+    thread.start()  # two threads may both probe: the same answer
     thread.join()
-    return out[0]
-
-
-def dispatching() -> bool:
-    """Whether each key gets a dispatcher of its own: JAX's is probed at the first
-    key, not at import (a probe call starts JAX's backend, after which
-    `jax.distributed.initialize` refuses to run)."""
-    global _probed
-    if not _probed:
-        why = _at_top_level(probe)  # two threads may both probe: the same answer
-        if why:  # pragma: no cover
-            no_dispatcher(why)
-        _probed = True
+    if why[0]:  # pragma: no cover
+        no_dispatcher(why[0])
+    _probed = True
     return DISPATCH
 
 
@@ -527,7 +502,7 @@ if _lost:  # pragma: no cover
         RuntimeWarning,
         stacklevel=2,
     )
-if not _printers:  # pragma: no cover
+if _ir is None or _hlo_options is None:  # pragma: no cover
     stop_sharing("its MLIR or HLO printer cannot be imported")
 
 
@@ -539,12 +514,7 @@ _STORE: Final = (
     "key_value_set key_value_try_get key_value_dir_get key_value_delete "
     "blocking_key_value_get wait_at_barrier"
 ).split()
-try:
-    from jax._src import distributed as _distributed
-
-    _runtime: Any = _distributed.global_state
-except (ImportError, AttributeError):  # pragma: no cover
-    _runtime = None
+_runtime: Any = getattr(_jax_module("distributed"), "global_state", None)
 _store_lost: list[str] = []  # said once
 
 

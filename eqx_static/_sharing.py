@@ -32,40 +32,20 @@ class Fingerprint(NamedTuple):
     callbacks: tuple  # (function, `in_tree` token) per host callback, kept alive
 
 
-_SAME: Final = "same"  # compared with `==`
-_EMPTY: Final = "empty"  # shareable only when empty or None
-_IGNORED: Final = "ignored"  # debug information: not part of what runs
-# Every compile argument of JAX 0.8 - 0.12 (`tests/canary/test_jax_lowering.py`).
-_ARGUMENTS: Final = {
-    "backend": _SAME,
-    "committed": _SAME,
-    "context_mesh": _SAME,
-    "global_in_avals": _SAME,
-    "global_out_avals": _SAME,
-    "in_layouts": _SAME,
-    "out_layouts": _SAME,
-    "in_shardings": _SAME,
-    "out_shardings": _SAME,
-    "intermediate_shardings": _SAME,
-    "kept_var_idx": _SAME,
-    "num_devices": _SAME,
-    "tuple_args": _SAME,
-    "unordered_effects": _SAME,
-    "donated_invars": _SAME,
-    "compiler_options_kvs": _SAME,
-    "device_list": _SAME,
-    "platforms": _SAME,
-    "ordered_effects": _EMPTY,
-    "mut": _EMPTY,
-    "keepalive": _EMPTY,
-    "all_args_info": _IGNORED,
-    "pgle_profiler": _IGNORED,
-    "host_callbacks": _IGNORED,  # read from the jaxpr, compared one by one
-    "shape_poly_state": _SAME,
-    "auto_spmd_lowering": _SAME,
-    "pmap_nreps": _SAME,
-    "spmd_lowering": _SAME,  # 0.8
-}
+# Every compile argument of JAX 0.8 - 0.12 (`tests/canary/test_jax_lowering.py`):
+# those compared with `==` (`spmd_lowering`: 0.8); those shareable only when empty
+# or None; and debug information, not part of what runs (`host_callbacks`: read
+# from the jaxpr, compared one by one).
+_SAME: Final = frozenset(
+    "backend committed context_mesh global_in_avals global_out_avals in_layouts "
+    "out_layouts in_shardings out_shardings intermediate_shardings kept_var_idx "
+    "num_devices tuple_args unordered_effects donated_invars compiler_options_kvs "
+    "device_list platforms shape_poly_state auto_spmd_lowering pmap_nreps "
+    "spmd_lowering".split()
+)
+_EMPTY: Final = frozenset("ordered_effects mut keepalive".split())
+_IGNORED: Final = frozenset("all_args_info pgle_profiler host_callbacks".split())
+_ARGUMENTS: Final = _SAME | _EMPTY | _IGNORED
 
 
 def host_callbacks(lowering: Any, jaxpr: Any) -> tuple[tuple | None, bool]:
@@ -75,9 +55,8 @@ def host_callbacks(lowering: Any, jaxpr: Any) -> tuple[tuple | None, bool]:
     and whether the program may then hold Equinox's error check, which may raise
     only as its results are waited for."""
     found = None if lowering is None else _jax.callbacks_in(jaxpr)
-    if found is None:
-        return None, True
-    if len(found) != len(_jax.compile_arguments(lowering)["host_callbacks"] or ()):
+    held = None if found is None else _jax.compile_arguments(lowering)["host_callbacks"]
+    if found is None or len(found) != len(held or ()):
         return None, True
     try:
         callbacks = tuple((function, token(tree)) for function, tree in found)
@@ -94,51 +73,36 @@ def fingerprint(lowering: Any, callbacks: tuple | None) -> Fingerprint | None:
         return None
     arguments = _jax.compile_arguments(lowering)
     compared = []
-    for name in sorted(arguments):
-        rule, value = _ARGUMENTS.get(name), arguments[name]
-        if rule is None or (rule == _EMPTY and value):
-            return None  # unknown, or an ordered effect, a mutable array, ...
-        if rule == _SAME:
-            comparable = _comparable(name, value)
-            if comparable is None:
-                return None
-            compared.append((name, comparable))
+    for name, value in sorted(arguments.items()):  # by name: names are distinct
+        if name == "shape_poly_state":  # compared by what it says (by identity in JAX)
+            try:
+                value = (
+                    tuple(value.dim_vars),
+                    value.uses_dim_vars,
+                    value.has_platform_index_argument,
+                )
+            except AttributeError:
+                value = None
+        if name in _SAME and value is not None:
+            compared.append((name, value))
+        elif name not in _IGNORED and (name not in _EMPTY or value):
+            return None  # unknown, None, an ordered effect, a mutable array, ...
     program = digest(lowering.stablehlo())
-    if program is None:
-        return None
-    return Fingerprint(program, tuple(compared), callbacks)
-
-
-def _comparable(name: str, value: Any) -> Any:
-    if name == "shape_poly_state":  # compared by what it says (by identity in JAX)
-        try:
-            return (
-                tuple(value.dim_vars),
-                value.uses_dim_vars,
-                value.has_platform_index_argument,
-            )
-        except AttributeError:
-            return None
-    return value
+    return None if program is None else Fingerprint(program, tuple(compared), callbacks)
 
 
 def same_program(a: Fingerprint, b: Fingerprint) -> bool:
+    """Each callback the identical function over equal argument structures: both
+    keys then run the same Python. (Equinox's `error_if` stages one callback object
+    per set of messages, from its own jitted helper, so its programs pass this too.)"""
     if a.digest != b.digest or len(a.callbacks) != len(b.callbacks):
         return False
     try:
-        if a.arguments != b.arguments:
-            return False
+        same = a.arguments == b.arguments
     except Exception:  # a comparison that cannot be made: not the same
         return False
-    return all(map(_same_callback, a.callbacks, b.callbacks))
-
-
-def _same_callback(a: tuple, b: tuple) -> bool:
-    """The identical function over equal argument structures: both keys then run
-    the same Python. (Equinox's `error_if` stages one callback object per set of
-    messages, from its own jitted helper, so its programs pass this too.)"""
-    (fa, ta), (fb, tb) = a, b
-    return fa is fb and ta == tb
+    pairs = zip(a.callbacks, b.callbacks)
+    return same and all(fa is fb and ta == tb for (fa, ta), (fb, tb) in pairs)
 
 
 # ----------------------------------------------------------------------------------
@@ -173,15 +137,14 @@ def digest(module: Any) -> bytes | None:
         if attributes[i].name != "sym_name":  # the program's name: the function's
             top.update(f"{attributes[i].name}={attributes[i].attr}\0".encode())
     for op in module.body.operations:
-        op = op.operation
-        if "sym_name" not in op.attributes:
+        attrs = op.operation.attributes
+        if "sym_name" not in attrs:
             return None
-        name = _jax.string_value(op.attributes["sym_name"]).encode()
-        texts[name] = _text(op)
-        visibility = "public"  # a symbol that is not a function (`sdy.mesh`) has none
-        if "sym_visibility" in op.attributes:
-            visibility = _jax.string_value(op.attributes["sym_visibility"])
-        if visibility == "public":
+        name = _jax.string_value(attrs["sym_name"]).encode()
+        texts[name] = _text(op.operation)
+        # A symbol that is not a function (`sdy.mesh`) has no visibility: public.
+        visibility = attrs["sym_visibility"] if "sym_visibility" in attrs else None
+        if visibility is None or _jax.string_value(visibility) == "public":
             public.append(name)
     named: dict[bytes, bytes | None] = {}
 
@@ -190,13 +153,11 @@ def digest(module: Any) -> bytes | None:
             # None while being named: a call back into it from another is a cycle
             named[name] = None
             h = hashlib.sha256()
-            _renamed(
-                texts[name],
-                lambda ref: (
-                    _SELF if ref == name else canonical(ref) if ref in texts else None
-                ),
-                h.update,
-            )
+
+            def rename(r: bytes) -> bytes | None:
+                return _SELF if r == name else canonical(r) if r in texts else None
+
+            _renamed(texts[name], rename, h.update)
             named[name] = b"@" + h.hexdigest().encode()
         new = named[name]
         if new is None:
@@ -237,8 +198,8 @@ def _text(op: Any) -> bytes:
         for data in [memoryview(c).cast("B") for c in large]:
             h.update(len(data).to_bytes(8, "little") + data)
     except (ValueError, TypeError, BufferError):
-        return asm()
-    if len(large) != text.count(_ELIDED):  # one the walk does not find
+        large = None
+    if large is None or len(large) != text.count(_ELIDED):  # or one not found
         return asm()
     return text + b"\n// constants " + h.hexdigest().encode()
 
@@ -254,17 +215,15 @@ def _renamed(text: bytes, rename: Any, sink: Any) -> None:
     """Feed `text` to `sink` with each `@symbol` outside a string literal replaced
     by `rename(symbol)` (kept if None). The printer escapes quotes in strings, and
     strings never span lines: an `@` is in one after an odd number of quotes."""
-    view, last, at = memoryview(text), 0, text.find(b"@")
-    while at != -1:
-        m = _SYMBOL.match(text, at)
-        if m is not None and not text.count(b'"', text.rfind(b"\n", 0, at) + 1, at) & 1:
-            ref = m.group(1)
-            new = rename(ref[1:-1] if ref[:1] == b'"' else ref)
+    view, last = memoryview(text), 0
+    for m in _SYMBOL.finditer(text):
+        at = m.start()
+        if not text.count(b'"', text.rfind(b"\n", 0, at) + 1, at) & 1:
+            new = rename(m.group(1).strip(b'"'))  # a quoted name has no quote inside
             if new is not None:
                 sink(view[last:at])
                 sink(new)
                 last = m.end()
-        at = text.find(b"@", at + 1 if m is None else m.end())
     sink(view[last:])
 
 
