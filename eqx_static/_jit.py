@@ -45,6 +45,7 @@ hide_frames(__file__)
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 Donate = Literal["none", "all", "all-except-first", "warn", "warn-except-first"]
+_OPTIONS: Final = ("donate", "maxsize", "max_compiles", "warn_after")  # `es.jit`'s
 
 _MSG_DECORATOR_ORDER: Final = """An `es.jit` wrapper has no `__globals__`: it is not a
 plain function.
@@ -161,7 +162,7 @@ def _binder(
     kept: dict[str, Any] = {"_es_g": g, "_es_pk": keywords}
     if g is not None:
         kept.update(_es_t=g.__defaults__, _es_kd=g.__kwdefaults__)
-    checks, fills, positional, source = [], [], [], []
+    checks, fills, positional, optional = [], [], [], set()
     if keywords is not None:  # whole: a key added may be a parameter's default
         checks.append(f"len(_es_pk) != {len(keywords)}")
         for j, (k, v) in enumerate(keywords.items()):
@@ -169,22 +170,14 @@ def _binder(
             checks.append(f"_es_pk.get({k!r}, _es_u) is not _es_k{j}")
     current = {q.name: q.default for q in now or ()}
     for i, p in enumerate(params):
-        if p.kind is p.KEYWORD_ONLY and not any(n[0] == "*" for n, _, _ in source):
-            source.append(("*", False, False))
-        if p.kind is p.VAR_POSITIONAL or p.kind is p.VAR_KEYWORD:
-            stars = "*" if p.kind is p.VAR_POSITIONAL else "**"
-            source.append((stars + p.name, False, False))
-            continue
         d = current.get(p.name, _LEFT_OUT)  # not one now (a partial's keyword gone)
         where, now_d = _kept(p.name, keywords, g)
         if d is _LEFT_OUT and p.name in current:  # an `es.jit` method's: its function's
             d = now_d if where else p.empty
         where = where if now_d is d else None  # a signature of its own: read once
-        source.append((p.name, p.default is not p.empty, d is not p.empty))
-        last = i + 1 == len(params) or params[i + 1].kind is not p.POSITIONAL_ONLY
-        if p.kind is p.POSITIONAL_ONLY and last:
-            source.append(("/", False, False))
-        if p.default is p.empty:  # required when wrapped: Python binds it
+        if d is not p.empty:
+            optional.add(p.name)
+        if p.default is p.empty:  # required when wrapped (or `*args`): Python binds it
             continue
         if d is p.empty:  # its default taken away: Python's own error
             checks.append(f"{p.name} is _es_u")
@@ -202,13 +195,17 @@ def _binder(
     if positional:
         left_out = " or ".join(positional)
         checks.append(f"({left_out}) and _es_g.__defaults__ is not _es_t")
-    star_star = [n[2:] for n, _, _ in source if n[:2] == "**"]
+    star_star = [p.name for p in params if p.kind is p.VAR_KEYWORD]
     for j, k in enumerate(k for k in keywords or {} if k not in current):
         # A partial's keyword that `**kwargs` takes: in it, unless the caller passed it.
         ns[f"_es_e{j}"] = _filled(k, keywords[k], donating, owns)  # pyright: ignore
         fills += [f"{star_star[0]}.setdefault({k!r}, _es_e{j})"] * bool(star_star)
-    loose = ", ".join(n + "=_es_u" * named for n, named, _ in source)
-    strict = ", ".join(n + "=_es_u" * optional for n, _, optional in source)
+    # The parameters as written, with `/`, `*`, `*args` and `**kwargs`.
+    bare = [p.replace(annotation=p.empty, default=p.empty) for p in params]
+    names = str(inspect.Signature(bare))[1:-1].split(", ")
+    named = {p.name for p in params if p.default is not p.empty}
+    loose = ", ".join(n + "=_es_u" * (n in named) for n in names)
+    strict = ", ".join(n + "=_es_u" * (n in optional) for n in names)
     stale = " or ".join(f"({c})" for c in checks)
     return loose, strict, stale, fills, ns | kept
 
@@ -345,8 +342,8 @@ class _Jit(functools.partial, Generic[_P, _R]):
     _slots: _Slots
     _params: list[inspect.Parameter] | None
     _owns: dict[str, tuple[Any, Own]]
-    _owner: type | None
-    _name: str | None
+    _owner: type | None = None
+    _name: str | None = None
 
     def __new__(cls, fn: Any, options: tuple) -> "_Jit":
         """`options`: `es.jit`'s `donate`, `maxsize`, `max_compiles`, `warn_after`."""
@@ -364,21 +361,15 @@ class _Jit(functools.partial, Generic[_P, _R]):
         owns: dict[str, tuple[Any, Own]] = {}
         f, fn_leaves = _function(fn, layout, options)
         binder = _binder(fn, params, params, f.donate != "none", owns)
-        hot, bind = _hot(f, layout, binder, {})
+        hot, bind = _hot(f, layout, binder, {"_es_runtime": eqx.EquinoxRuntimeError})
         self = super().__new__(cls, hot)
         functools.update_wrapper(self, fn)  # pyright: ignore[reportArgumentType]
-        self.fn, self.qualname = fn, f.qualname  # pyright: ignore
-        self.f, self.hot = f, hot
+        self.fn, self.qualname, self.hot = fn, f.qualname, hot  # pyright: ignore
         self._is_static, self._options, self._layout = is_static, options, layout
-        self._fn_leaves, self._bind = fn_leaves, bind
-        self._owner, self._name = None, None
-        self._params, self._owns = params, owns
+        self._bind, self._params, self._owns = bind, params, owns
         self._lru = f.maxsize is not None
         hot.__globals__.update(
-            _es_general=self._general,
-            _es_again=self._again,
-            _es_runtime=eqx.EquinoxRuntimeError,
-            _es_fresh=self._fresh,
+            _es_general=self._general, _es_again=self._again, _es_fresh=self._fresh
         )
         self._target(f, fn_leaves)
         functools.update_wrapper(hot, fn)  # pyright: ignore[reportArgumentType]
@@ -435,11 +426,10 @@ class _Jit(functools.partial, Generic[_P, _R]):
             return (getattr, (owner, self._name)) if owner else self.qualname
         return (_Jit, (self.fn, self._options))
 
-    def __copy__(self) -> "_Jit[_P, _R]":
+    def __deepcopy__(self, memo: dict | None = None) -> "_Jit[_P, _R]":
         return self
 
-    def __deepcopy__(self, memo: dict) -> "_Jit[_P, _R]":
-        return self
+    __copy__ = __deepcopy__
 
     def __repr__(self) -> str:
         return f"<es.jit {self.qualname}>"
@@ -470,12 +460,10 @@ class _Jit(functools.partial, Generic[_P, _R]):
         __tracebackhide__ = True
         f = self.f
         key, leaves = _key_and_leaves(f, values)
-        entry = f.entries.get(key)
-        if entry is None:
-            entry = new_entry(f, key, leaves)
-        if guard_logger.isEnabledFor(logging.DEBUG):
-            self._log_fall_through(values)
+        entry = f.entries.get(key) or new_entry(f, key, leaves)
         first = type(values[0]) if values else None
+        if _guard.logger.isEnabledFor(logging.DEBUG):
+            self._log_fall_through(values, first)
         if entry.runs and self._slots.due(entry):
             self._add_guard(entry, values, first)
         f.general += 1
@@ -534,19 +522,13 @@ class _Jit(functools.partial, Generic[_P, _R]):
         chooser = functools.partial(_guard.chooser, entry.key, params, name)
         self._slots.add(first, made, values, chooser)
 
-    def _log_fall_through(self, values: tuple) -> None:
-        guards = self._slots.tried(type(values[0]) if values else None, values)
-        failed = "; ".join(
-            filter(None, (_guard.first_failure(g, values) for g in guards))
-        )
-        info = self.f.info()
-        guard_logger.debug(
-            "%s: the general path (%d of %d calls so far)%s",
-            self.qualname,
-            self.f.general + 1,
-            info.hits + info.misses + 1,
-            f"; the guards of the class failed at {failed}" if failed else "",
-        )
+    def _log_fall_through(self, values: tuple, first: type | None) -> None:
+        tried = self._slots.tried(first, values)
+        failed = "; ".join(m for g in tried if (m := _guard.first_failure(g, values)))
+        why = f"; the guards of the class failed at {failed}" if failed else ""
+        msg, info = "%s: the general path (%d of %d calls so far)%s", self.f.info()
+        calls = info.hits + info.misses + 1
+        _guard.logger.debug(msg, self.qualname, self.f.general + 1, calls, why)
 
     # What users read.
 
@@ -583,7 +565,6 @@ class _Jit(functools.partial, Generic[_P, _R]):
         self.f.clear()
 
 
-guard_logger: Final = _guard.logger
 _binding: Final = threading.RLock()  # one binder made again at a time
 
 
@@ -628,11 +609,11 @@ def _es_strict({strict}):
     # here sees the new values too.
     ns.update(names, _es_miss=_guard.MISS, _es_type=type)
     exec(compile(source, f"{GENERATED}/{f.qualname}", "exec"), ns)
-    hot, bind = ns["_es_hot"], ns["_es_bind"]
-    for made in (hot, bind, ns["_es_strict"]):  # named as `fn` in tracebacks and errors
+    # Named as `fn` in tracebacks and errors.
+    for made in (ns["_es_hot"], ns["_es_bind"], ns["_es_strict"]):
         made.__code__ = made.__code__.replace(co_name=f.short)
         made.__qualname__ = f.qualname
-    return hot, bind
+    return ns["_es_hot"], ns["_es_bind"]
 
 
 def _key_and_leaves(f: Function, values: tuple) -> tuple[Key, list]:
@@ -665,7 +646,7 @@ def _check_options(donate: Any, *counts: Any) -> None:
             "`es.jit(donate=...)` must be one of "
             f"{', '.join(map(repr, get_args(Donate)))}; got {donate!r}."
         )
-    for name, v in zip(("maxsize", "max_compiles", "warn_after"), counts):
+    for name, v in zip(_OPTIONS[1:], counts):
         if v is not None and (type(v) is not int or v < 1):
             what = "compiled entries" if name == "maxsize" else "XLA compiles"
             raise ValueError(
@@ -960,12 +941,7 @@ def jit(
             f"{', '.join(map(repr, sorted(unknown)))}; it takes `donate`, `maxsize`, "
             "`max_compiles` and `warn_after`."
         )
+    options = (donate, maxsize, max_compiles, warn_after)
     if fn is None:
-        return functools.partial(
-            jit,
-            donate=donate,
-            maxsize=maxsize,
-            max_compiles=max_compiles,
-            warn_after=warn_after,
-        )
-    return _Jit(fn, (donate, maxsize, max_compiles, warn_after))
+        return functools.partial(jit, **dict(zip(_OPTIONS, options)))
+    return _Jit(fn, options)
