@@ -488,14 +488,12 @@ class _Jit(functools.partial, Generic[_P, _R]):
 
     def _add_guard(self, entry: Entry, values: tuple, first: type | None) -> None:
         params = [f"p_{n}" for n in self._layout.names]  # called positionally
-        lru = ["ENTRY.used = CLOCK()"] if self._lru else []
-        fn = ["*FN"] if self._fn_leaves else []
+        again = ", ".join(params) + ("," if len(params) == 1 else "")
 
         def dispatch(leaves: list[str]) -> list[str]:
-            called = ", ".join([*fn, *leaves])
-            again = ", ".join(params) + ("," if len(params) == 1 else "")
+            called = ", ".join(["*FN", *leaves] if self._fn_leaves else leaves)
             return [
-                *lru,
+                *(["ENTRY.used = CLOCK()"] if self._lru else []),
                 "try:",
                 f"    out = ENTRY.call({called})",
                 f"    if out is NEED: out = RETRY(ENTRY, ({again}), [{called}])",
@@ -726,11 +724,9 @@ class BoundJit(functools.partial):
         return (_rebind, (self.__func__, self.__self__))
 
     def __eq__(self, other: object) -> bool:
-        return (
-            type(other) is BoundJit
-            and other.func is self.func
-            and other.__self__ is self.__self__
-        )
+        if type(other) is not BoundJit:
+            return False
+        return other.func is self.func and other.__self__ is self.__self__
 
     def __hash__(self) -> int:
         return hash((id(self.func), id(self.__self__)))
