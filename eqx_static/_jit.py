@@ -338,7 +338,6 @@ class _Jit(functools.partial, Generic[_P, _R]):
     _fn_leaves: list
     _fn_check: Callable
     _bind: Callable
-    _lru: bool
     _slots: _Slots
     _params: list[inspect.Parameter] | None
     _owns: dict[str, tuple[Any, Own]]
@@ -367,15 +366,13 @@ class _Jit(functools.partial, Generic[_P, _R]):
         self.fn, self.qualname, self.hot = fn, f.qualname, hot  # pyright: ignore
         self._is_static, self._options, self._layout = is_static, options, layout
         self._bind, self._params, self._owns = bind, params, owns
-        self._lru = f.maxsize is not None
         hot.__globals__.update(
             _es_general=self._general, _es_again=self._again, _es_fresh=self._fresh
         )
         self._target(f, fn_leaves)
         functools.update_wrapper(hot, fn)  # pyright: ignore[reportArgumentType]
-        hot.es_jit, hot.fn = self, fn  # pyright: ignore[reportFunctionMemberAccess]
         # What an `es.Module` makes of `module.f` (it reads `es_bind` of a method).
-        hot.es_bind = functools.partial(BoundJit, hot)  # pyright: ignore
+        vars(hot).update(es_jit=self, fn=fn, es_bind=functools.partial(BoundJit, hot))
         for attr in ("cache_info", "cache_clear", "compile_info", "lower"):
             setattr(hot, attr, getattr(self, attr))
         return self
@@ -467,7 +464,7 @@ class _Jit(functools.partial, Generic[_P, _R]):
         if entry.runs and self._slots.due(entry):
             self._add_guard(entry, values, first)
         f.general += 1
-        if self._lru:
+        if f.maxsize is not None:
             entry.used = next(f.clock)
         leaves = [*self._fn_leaves, *leaves]
         try:  # the call in hand first: a new key enters the dispatcher once
@@ -493,7 +490,7 @@ class _Jit(functools.partial, Generic[_P, _R]):
         def dispatch(leaves: list[str]) -> list[str]:
             called = ", ".join(["*FN", *leaves] if self._fn_leaves else leaves)
             return [
-                *(["ENTRY.used = CLOCK()"] if self._lru else []),
+                *(["ENTRY.used = CLOCK()"] if self.f.maxsize is not None else []),
                 "try:",
                 f"    out = ENTRY.call({called})",
                 f"    if out is NEED: out = RETRY(ENTRY, ({again}), [{called}])",
