@@ -7,6 +7,7 @@ calls the key's own `jax.jit` dispatcher, whose C++ checks the avals. A call no 
 serves is keyed (`_key.py`) and looked up; a new key, or a miss at its dispatcher,
 goes to the miss path (`_compile.py`)."""
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -136,11 +137,9 @@ def _filled(name: str, d: Any, donating: bool, owns: dict[str, tuple]) -> Any:
     or, if it cannot be keyed or holds arrays where `donate` would give them away,
     an `Own` marker (one per default object: `owns`, by parameter), for the function
     to fill in, as under `eqx.filter_jit`: never donated."""
-    try:
+    with contextlib.suppress(UnhashableError, CyclicValue):
         if not (key_and_leaves((d,))[1] and donating):
             return d
-    except (UnhashableError, CyclicValue):
-        pass
     if owns.get(name, (None,))[0] is not d:
         owns[name] = (d, Own(f"<the function's own {name}>"))
     return owns[name][1]
@@ -348,8 +347,7 @@ class _Jit(functools.partial, Generic[_P, _R]):
         """`options`: `es.jit`'s `donate`, `maxsize`, `max_compiles`, `warn_after`."""
         if isinstance(fn, classmethod):
             raise TypeError(_MSG_CLASSMETHOD)
-        is_static = isinstance(fn, staticmethod)
-        if is_static:
+        if is_static := isinstance(fn, staticmethod):
             fn = fn.__func__
         if not callable(fn):
             raise TypeError(
