@@ -7,6 +7,7 @@ calls the key's own `jax.jit` dispatcher, whose C++ checks the avals. A call no 
 serves is keyed (`_key.py`) and looked up; a new key, or a miss at its dispatcher,
 goes to the miss path (`_compile.py`)."""
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -45,6 +46,7 @@ hide_frames(__file__)
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 Donate = Literal["none", "all", "all-except-first", "warn", "warn-except-first"]
+_OPTIONS: Final = ("donate", "maxsize", "max_compiles", "warn_after")  # `es.jit`'s
 
 _MSG_DECORATOR_ORDER: Final = """An `es.jit` wrapper has no `__globals__`: it is not a
 plain function.
@@ -135,11 +137,9 @@ def _filled(name: str, d: Any, donating: bool, owns: dict[str, tuple]) -> Any:
     or, if it cannot be keyed or holds arrays where `donate` would give them away,
     an `Own` marker (one per default object: `owns`, by parameter), for the function
     to fill in, as under `eqx.filter_jit`: never donated."""
-    try:
+    with contextlib.suppress(UnhashableError, CyclicValue):
         if not (key_and_leaves((d,))[1] and donating):
             return d
-    except (UnhashableError, CyclicValue):
-        pass
     if owns.get(name, (None,))[0] is not d:
         owns[name] = (d, Own(f"<the function's own {name}>"))
     return owns[name][1]
@@ -161,7 +161,7 @@ def _binder(
     kept: dict[str, Any] = {"_es_g": g, "_es_pk": keywords}
     if g is not None:
         kept.update(_es_t=g.__defaults__, _es_kd=g.__kwdefaults__)
-    checks, fills, positional, source = [], [], [], []
+    checks, fills, positional, optional = [], [], [], set()
     if keywords is not None:  # whole: a key added may be a parameter's default
         checks.append(f"len(_es_pk) != {len(keywords)}")
         for j, (k, v) in enumerate(keywords.items()):
@@ -169,22 +169,14 @@ def _binder(
             checks.append(f"_es_pk.get({k!r}, _es_u) is not _es_k{j}")
     current = {q.name: q.default for q in now or ()}
     for i, p in enumerate(params):
-        if p.kind is p.KEYWORD_ONLY and not any(n[0] == "*" for n, _, _ in source):
-            source.append(("*", False, False))
-        if p.kind is p.VAR_POSITIONAL or p.kind is p.VAR_KEYWORD:
-            stars = "*" if p.kind is p.VAR_POSITIONAL else "**"
-            source.append((stars + p.name, False, False))
-            continue
         d = current.get(p.name, _LEFT_OUT)  # not one now (a partial's keyword gone)
         where, now_d = _kept(p.name, keywords, g)
         if d is _LEFT_OUT and p.name in current:  # an `es.jit` method's: its function's
             d = now_d if where else p.empty
         where = where if now_d is d else None  # a signature of its own: read once
-        source.append((p.name, p.default is not p.empty, d is not p.empty))
-        last = i + 1 == len(params) or params[i + 1].kind is not p.POSITIONAL_ONLY
-        if p.kind is p.POSITIONAL_ONLY and last:
-            source.append(("/", False, False))
-        if p.default is p.empty:  # required when wrapped: Python binds it
+        if d is not p.empty:
+            optional.add(p.name)
+        if p.default is p.empty:  # required when wrapped (or `*args`): Python binds it
             continue
         if d is p.empty:  # its default taken away: Python's own error
             checks.append(f"{p.name} is _es_u")
@@ -202,13 +194,17 @@ def _binder(
     if positional:
         left_out = " or ".join(positional)
         checks.append(f"({left_out}) and _es_g.__defaults__ is not _es_t")
-    star_star = [n[2:] for n, _, _ in source if n[:2] == "**"]
+    star_star = [p.name for p in params if p.kind is p.VAR_KEYWORD]
     for j, k in enumerate(k for k in keywords or {} if k not in current):
         # A partial's keyword that `**kwargs` takes: in it, unless the caller passed it.
         ns[f"_es_e{j}"] = _filled(k, keywords[k], donating, owns)  # pyright: ignore
         fills += [f"{star_star[0]}.setdefault({k!r}, _es_e{j})"] * bool(star_star)
-    loose = ", ".join(n + "=_es_u" * named for n, named, _ in source)
-    strict = ", ".join(n + "=_es_u" * optional for n, _, optional in source)
+    # The parameters as written, with `/`, `*`, `*args` and `**kwargs`.
+    bare = [p.replace(annotation=p.empty, default=p.empty) for p in params]
+    names = str(inspect.Signature(bare))[1:-1].split(", ")
+    named = {p.name for p in params if p.default is not p.empty}
+    loose = ", ".join(n + "=_es_u" * (n in named) for n in names)
+    strict = ", ".join(n + "=_es_u" * (n in optional) for n in names)
     stale = " or ".join(f"({c})" for c in checks)
     return loose, strict, stale, fills, ns | kept
 
@@ -341,19 +337,17 @@ class _Jit(functools.partial, Generic[_P, _R]):
     _fn_leaves: list
     _fn_check: Callable
     _bind: Callable
-    _lru: bool
     _slots: _Slots
     _params: list[inspect.Parameter] | None
     _owns: dict[str, tuple[Any, Own]]
-    _owner: type | None
-    _name: str | None
+    _owner: type | None = None
+    _name: str | None = None
 
     def __new__(cls, fn: Any, options: tuple) -> "_Jit":
         """`options`: `es.jit`'s `donate`, `maxsize`, `max_compiles`, `warn_after`."""
         if isinstance(fn, classmethod):
             raise TypeError(_MSG_CLASSMETHOD)
-        is_static = isinstance(fn, staticmethod)
-        if is_static:
+        if is_static := isinstance(fn, staticmethod):
             fn = fn.__func__
         if not callable(fn):
             raise TypeError(
@@ -364,27 +358,19 @@ class _Jit(functools.partial, Generic[_P, _R]):
         owns: dict[str, tuple[Any, Own]] = {}
         f, fn_leaves = _function(fn, layout, options)
         binder = _binder(fn, params, params, f.donate != "none", owns)
-        hot, bind = _hot(f, layout, binder, {})
+        hot, bind = _hot(f, layout, binder, {"_es_runtime": eqx.EquinoxRuntimeError})
         self = super().__new__(cls, hot)
         functools.update_wrapper(self, fn)  # pyright: ignore[reportArgumentType]
-        self.fn, self.qualname = fn, f.qualname  # pyright: ignore
-        self.f, self.hot = f, hot
+        self.fn, self.qualname, self.hot = fn, f.qualname, hot  # pyright: ignore
         self._is_static, self._options, self._layout = is_static, options, layout
-        self._fn_leaves, self._bind = fn_leaves, bind
-        self._owner, self._name = None, None
-        self._params, self._owns = params, owns
-        self._lru = f.maxsize is not None
+        self._bind, self._params, self._owns = bind, params, owns
         hot.__globals__.update(
-            _es_general=self._general,
-            _es_again=self._again,
-            _es_runtime=eqx.EquinoxRuntimeError,
-            _es_fresh=self._fresh,
+            _es_general=self._general, _es_again=self._again, _es_fresh=self._fresh
         )
         self._target(f, fn_leaves)
         functools.update_wrapper(hot, fn)  # pyright: ignore[reportArgumentType]
-        hot.es_jit, hot.fn = self, fn  # pyright: ignore[reportFunctionMemberAccess]
         # What an `es.Module` makes of `module.f` (it reads `es_bind` of a method).
-        hot.es_bind = functools.partial(BoundJit, hot)  # pyright: ignore
+        vars(hot).update(es_jit=self, fn=fn, es_bind=functools.partial(BoundJit, hot))
         for attr in ("cache_info", "cache_clear", "compile_info", "lower"):
             setattr(hot, attr, getattr(self, attr))
         return self
@@ -435,11 +421,10 @@ class _Jit(functools.partial, Generic[_P, _R]):
             return (getattr, (owner, self._name)) if owner else self.qualname
         return (_Jit, (self.fn, self._options))
 
-    def __copy__(self) -> "_Jit[_P, _R]":
+    def __deepcopy__(self, memo: dict | None = None) -> "_Jit[_P, _R]":
         return self
 
-    def __deepcopy__(self, memo: dict) -> "_Jit[_P, _R]":
-        return self
+    __copy__ = __deepcopy__
 
     def __repr__(self) -> str:
         return f"<es.jit {self.qualname}>"
@@ -470,16 +455,14 @@ class _Jit(functools.partial, Generic[_P, _R]):
         __tracebackhide__ = True
         f = self.f
         key, leaves = _key_and_leaves(f, values)
-        entry = f.entries.get(key)
-        if entry is None:
-            entry = new_entry(f, key, leaves)
-        if guard_logger.isEnabledFor(logging.DEBUG):
-            self._log_fall_through(values)
+        entry = f.entries.get(key) or new_entry(f, key, leaves)
         first = type(values[0]) if values else None
+        if _guard.logger.isEnabledFor(logging.DEBUG):
+            self._log_fall_through(values, first)
         if entry.runs and self._slots.due(entry):
             self._add_guard(entry, values, first)
         f.general += 1
-        if self._lru:
+        if f.maxsize is not None:
             entry.used = next(f.clock)
         leaves = [*self._fn_leaves, *leaves]
         try:  # the call in hand first: a new key enters the dispatcher once
@@ -500,14 +483,12 @@ class _Jit(functools.partial, Generic[_P, _R]):
 
     def _add_guard(self, entry: Entry, values: tuple, first: type | None) -> None:
         params = [f"p_{n}" for n in self._layout.names]  # called positionally
-        lru = ["ENTRY.used = CLOCK()"] if self._lru else []
-        fn = ["*FN"] if self._fn_leaves else []
+        again = ", ".join(params) + ("," if len(params) == 1 else "")
 
         def dispatch(leaves: list[str]) -> list[str]:
-            called = ", ".join([*fn, *leaves])
-            again = ", ".join(params) + ("," if len(params) == 1 else "")
+            called = ", ".join(["*FN", *leaves] if self._fn_leaves else leaves)
             return [
-                *lru,
+                *(["ENTRY.used = CLOCK()"] if self.f.maxsize is not None else []),
                 "try:",
                 f"    out = ENTRY.call({called})",
                 f"    if out is NEED: out = RETRY(ENTRY, ({again}), [{called}])",
@@ -534,19 +515,13 @@ class _Jit(functools.partial, Generic[_P, _R]):
         chooser = functools.partial(_guard.chooser, entry.key, params, name)
         self._slots.add(first, made, values, chooser)
 
-    def _log_fall_through(self, values: tuple) -> None:
-        guards = self._slots.tried(type(values[0]) if values else None, values)
-        failed = "; ".join(
-            filter(None, (_guard.first_failure(g, values) for g in guards))
-        )
-        info = self.f.info()
-        guard_logger.debug(
-            "%s: the general path (%d of %d calls so far)%s",
-            self.qualname,
-            self.f.general + 1,
-            info.hits + info.misses + 1,
-            f"; the guards of the class failed at {failed}" if failed else "",
-        )
+    def _log_fall_through(self, values: tuple, first: type | None) -> None:
+        tried = self._slots.tried(first, values)
+        failed = "; ".join(m for g in tried if (m := _guard.first_failure(g, values)))
+        why = f"; the guards of the class failed at {failed}" if failed else ""
+        msg, info = "%s: the general path (%d of %d calls so far)%s", self.f.info()
+        calls = info.hits + info.misses + 1
+        _guard.logger.debug(msg, self.qualname, self.f.general + 1, calls, why)
 
     # What users read.
 
@@ -583,7 +558,6 @@ class _Jit(functools.partial, Generic[_P, _R]):
         self.f.clear()
 
 
-guard_logger: Final = _guard.logger
 _binding: Final = threading.RLock()  # one binder made again at a time
 
 
@@ -628,11 +602,11 @@ def _es_strict({strict}):
     # here sees the new values too.
     ns.update(names, _es_miss=_guard.MISS, _es_type=type)
     exec(compile(source, f"{GENERATED}/{f.qualname}", "exec"), ns)
-    hot, bind = ns["_es_hot"], ns["_es_bind"]
-    for made in (hot, bind, ns["_es_strict"]):  # named as `fn` in tracebacks and errors
+    # Named as `fn` in tracebacks and errors.
+    for made in (ns["_es_hot"], ns["_es_bind"], ns["_es_strict"]):
         made.__code__ = made.__code__.replace(co_name=f.short)
         made.__qualname__ = f.qualname
-    return hot, bind
+    return ns["_es_hot"], ns["_es_bind"]
 
 
 def _key_and_leaves(f: Function, values: tuple) -> tuple[Key, list]:
@@ -665,7 +639,7 @@ def _check_options(donate: Any, *counts: Any) -> None:
             "`es.jit(donate=...)` must be one of "
             f"{', '.join(map(repr, get_args(Donate)))}; got {donate!r}."
         )
-    for name, v in zip(("maxsize", "max_compiles", "warn_after"), counts):
+    for name, v in zip(_OPTIONS[1:], counts):
         if v is not None and (type(v) is not int or v < 1):
             what = "compiled entries" if name == "maxsize" else "XLA compiles"
             raise ValueError(
@@ -745,11 +719,9 @@ class BoundJit(functools.partial):
         return (_rebind, (self.__func__, self.__self__))
 
     def __eq__(self, other: object) -> bool:
-        return (
-            type(other) is BoundJit
-            and other.func is self.func
-            and other.__self__ is self.__self__
-        )
+        if type(other) is not BoundJit:
+            return False
+        return other.func is self.func and other.__self__ is self.__self__
 
     def __hash__(self) -> int:
         return hash((id(self.func), id(self.__self__)))
@@ -960,12 +932,7 @@ def jit(
             f"{', '.join(map(repr, sorted(unknown)))}; it takes `donate`, `maxsize`, "
             "`max_compiles` and `warn_after`."
         )
+    options = (donate, maxsize, max_compiles, warn_after)
     if fn is None:
-        return functools.partial(
-            jit,
-            donate=donate,
-            maxsize=maxsize,
-            max_compiles=max_compiles,
-            warn_after=warn_after,
-        )
-    return _Jit(fn, (donate, maxsize, max_compiles, warn_after))
+        return functools.partial(jit, **dict(zip(_OPTIONS, options)))
+    return _Jit(fn, options)
