@@ -70,46 +70,16 @@ def default_dtype(t: type) -> Any:
     return jax.dtypes.canonicalize_dtype(_WIDE[t])
 
 
-def check_hashable(info: FieldInfo, name: str, value: object) -> None:
-    """Raise `TypeError` if `value` is unhashable: a static value keys the cache."""
-    try:
-        token(value)
-    except UnhashableError:
-        raise TypeError(
-            f"Static field {name!r} of `{info.cls.__qualname__}` holds an unhashable "
-            f"{type(value).__name__}: a static field keys the compilation cache. "
-            f"{hashable_instead(value, name, 'Store')}"
-        ) from None
-
-
-def as_data(info: FieldInfo, name: str, value: Any, floats: dict[str, Any]) -> Any:
+def _as_data(cls: type, name: str, value: Any, kind: Any, floats: dict) -> Any:
     """`value` for the dynamic field `name` of an `es.Module`: Python numbers (not
     bools), also in plain tuples, lists and dicts, become strongly typed 0-d arrays
     of JAX's default dtype for their kind (an `int` in a field annotated `float` or
     `complex`: of that kind). Unchanged containers are returned as they are. The
     first float or complex stored is put in `floats`, under `name`."""
-    found: list[Any] = []
-    try:
-        out = _as_data(info.cls, name, value, info.annotations.get(name), found)
-    except RecursionError:
-        path = cycle_in(value)
-        if path is None:
-            raise
-        raise ValueError(
-            f"Field {name!r} of `{info.cls.__qualname__}` got a value that contains "
-            f"itself: {name}{path} is the value again. A module's fields are a "
-            "tree; break the cycle before storing it."
-        ) from None
-    if found:
-        floats[name] = found[0]
-    return out
-
-
-def _as_data(cls: type, name: str, value: Any, kind: Any, found: list) -> Any:
     t = type(value)
     if t in _NUMBERS:
         if t in _INEXACT:
-            found.append(value)
+            floats.setdefault(name, value)
         dtype = default_dtype(kind if t is int and kind in _INEXACT else t)
         try:
             return jnp.asarray(value, dtype=dtype)
@@ -127,7 +97,7 @@ def _as_data(cls: type, name: str, value: Any, kind: Any, found: list) -> Any:
     kinds = set(map(type, items))  # in C: a tuple of 10,000 arrays is one type
     if kinds.isdisjoint(_NUMBERS) and kinds.isdisjoint(CONTAINERS):
         return value
-    new = [_as_data(cls, name, x, None, found) for x in items]
+    new = [_as_data(cls, name, x, None, floats) for x in items]
     if all(map(operator.is_, new, items)):
         return value
     return dict(zip(value, new)) if t is dict else t(new)
@@ -173,16 +143,34 @@ def convert_and_check(
     static ones are hashable; dynamic ones are stored as data (`as_data`) and match
     their jaxtyping annotations (in a module stacked by `eqx.filter_vmap`: the
     `current` value's shape and dtype)."""
-    out, floats = {}, {}
+    out, floats, cls = {}, {}, info.cls
     for name, value in changes.items():
         if name in convert and name in info.converters:
             value = info.converters[name](value)
         if name in info.static:
-            check_hashable(info, name, value)
-        else:
+            try:  # a static value keys the cache
+                token(value)
+            except UnhashableError:
+                raise TypeError(
+                    f"Static field {name!r} of `{cls.__qualname__}` holds an "
+                    f"unhashable {type(value).__name__}: a static field keys the "
+                    f"compilation cache. {hashable_instead(value, name, 'Store')}"
+                ) from None
+            out[name] = value
+            continue
+        try:
             if info.stores_arrays:
-                value = as_data(info, name, value, floats)
-            _check_array(info, name, value, (current or {}).get(name))
+                kind = info.annotations.get(name)
+                value = _as_data(cls, name, value, kind, floats)
+        except RecursionError:
+            if (path := cycle_in(value)) is None:
+                raise
+            raise ValueError(
+                f"Field {name!r} of `{cls.__qualname__}` got a value that contains "
+                f"itself: {name}{path} is the value again. A module's fields are a "
+                "tree; break the cycle before storing it."
+            ) from None
+        _check_array(info, name, value, (current or {}).get(name))
         out[name] = value
     if floats:
         _warn_trainable(info, floats)
@@ -191,27 +179,26 @@ def convert_and_check(
 
 def _check_array(info: FieldInfo, name: str, value: Any, old: Any) -> None:
     ann = info.array_annotations.get(name)
-    if ann is not None and not _matches(value, ann):
+    if ann is not None:
+        if _matches(value, ann):
+            return
         if old is None or _matches(old, ann):
             raise TypeError(
                 f"Field {name!r} of `{info.cls.__qualname__}` is annotated "
                 f"`{_ann_repr(ann)}`, but got {_shown(value)}. Pass a value of "
                 "that dtype and shape."
             )
-        _check_stacked(info.cls, name, value, old)
-    elif ann is None and info.annotations.get(name) in _WIDE:
-        if isinstance(old, _ARRAYS) and old.ndim > 0:
-            _check_stacked(info.cls, name, value, old)
-
-
-def _check_stacked(cls: type, name: str, value: object, old: Any) -> None:
-    """Fields of a module stacked by `eqx.filter_vmap` have leading axes that their
-    annotations do not name: a new value must have the old one's shape and dtype."""
+    elif info.annotations.get(name) not in _WIDE or not (
+        isinstance(old, _ARRAYS) and old.ndim > 0
+    ):
+        return
+    # Fields of a module stacked by `eqx.filter_vmap` have leading axes that their
+    # annotations do not name: a new value must have the old one's shape and dtype.
     if any(
         getattr(value, k, None) != getattr(old, k, None) for k in ("shape", "dtype")
     ):
         raise TypeError(
-            f"Field {name!r} of `{cls.__qualname__}` holds a stacked value "
+            f"Field {name!r} of `{info.cls.__qualname__}` holds a stacked value "
             f"{_shown(old)} (a module batched by `eqx.filter_vmap`), so the "
             f"new value must have the same shape and dtype; got {_shown(value)}."
         )
@@ -274,17 +261,6 @@ _NUMBER_ARRAYS: Final[dict[Any, Any]] = {
 }
 
 
-def _set_option(cls: type, typecheck: bool | Typechecker | None) -> None:
-    if typecheck is True:
-        typecheck = _beartype()
-    elif typecheck is not False and not callable(typecheck):
-        raise TypeError(
-            f"`typecheck=` on `{cls.__qualname__}` takes True, False or a typechecker "
-            f"such as `beartype.beartype`; got {typecheck!r}."
-        )
-    _options[cls] = None if typecheck is False else typecheck
-
-
 def _beartype() -> Typechecker:
     if beartype is None:
         raise ImportError(
@@ -298,11 +274,9 @@ def _beartype() -> Typechecker:
 def check_fields(module: object) -> None:
     """Type-check every annotated field of `module` in one jaxtyping scope."""
     cls = type(module)
-    try:
-        checker = _checkers[cls]
-    except KeyError:
-        checker = _checkers[cls] = _make_checker(cls)
-    if checker is None:
+    if cls not in _checkers:
+        _checkers[cls] = _make_checker(cls)
+    if (checker := _checkers[cls]) is None:
         return
     d = instance_dict(module)
     values = {n: d[n] for n in checker[1]}
@@ -326,8 +300,7 @@ def _make_checker(cls: type) -> _Checker | None:
             if anns.get(name) in _NUMBER_ARRAYS:
                 anns[name] |= _NUMBER_ARRAYS[anns[name]]
 
-    def fields(**kwargs: Any) -> None:
-        del kwargs
+    def fields(**kwargs: Any) -> None: ...
 
     fields.__qualname__ = f"{cls.__qualname__}.fields"
     fields.__annotations__ = anns
@@ -451,8 +424,16 @@ class Module(eqx.Module):
         cls, *, typecheck: "bool | Typechecker | None" = None, **kwargs: Any
     ) -> None:
         super().__init_subclass__(**kwargs)
-        if typecheck is not None:
-            _set_option(cls, typecheck)
+        if typecheck is None:
+            return
+        if typecheck is True:
+            typecheck = _beartype()
+        elif typecheck is not False and not callable(typecheck):
+            raise TypeError(
+                f"`typecheck=` on `{cls.__qualname__}` takes True, False or a "
+                f"typechecker such as `beartype.beartype`; got {typecheck!r}."
+            )
+        _options[cls] = None if typecheck is False else typecheck
 
     def __check_init__(self) -> None:
         # At construction only (updates check what they change), when `__init__`
@@ -524,11 +505,8 @@ def _bound_method(func: Any, obj: Any) -> Any:
     method = object.__new__(BoundMethod)
     d = instance_dict(method)
     d["__func__"], d["__self__"] = func, obj
-    for k in BOUND_METHOD_FIELDS:  # the ones Equinox's own `BoundMethod` keeps
-        try:
-            d[k] = getattr(func, k)
-        except AttributeError:
-            pass
+    # The fields that Equinox's own `BoundMethod` keeps:
+    d.update({k: getattr(func, k) for k in BOUND_METHOD_FIELDS if hasattr(func, k)})
     return method
 
 
