@@ -140,7 +140,7 @@ def convert_and_check(
     current: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Apply converters to the fields in `convert`, then check every changed value:
-    static ones are hashable; dynamic ones are stored as data (`as_data`) and match
+    static ones are hashable; dynamic ones are stored as data (`_as_data`) and match
     their jaxtyping annotations (in a module stacked by `eqx.filter_vmap`: the
     `current` value's shape and dtype)."""
     out, floats, cls = {}, {}, info.cls
@@ -156,21 +156,20 @@ def convert_and_check(
                     f"unhashable {type(value).__name__}: a static field keys the "
                     f"compilation cache. {hashable_instead(value, name, 'Store')}"
                 ) from None
-            out[name] = value
-            continue
-        try:
-            if info.stores_arrays:
-                kind = info.annotations.get(name)
-                value = _as_data(cls, name, value, kind, floats)
-        except RecursionError:
-            if (path := cycle_in(value)) is None:
-                raise
-            raise ValueError(
-                f"Field {name!r} of `{cls.__qualname__}` got a value that contains "
-                f"itself: {name}{path} is the value again. A module's fields are a "
-                "tree; break the cycle before storing it."
-            ) from None
-        _check_array(info, name, value, (current or {}).get(name))
+        else:
+            try:
+                if info.stores_arrays:
+                    kind = info.annotations.get(name)
+                    value = _as_data(cls, name, value, kind, floats)
+            except RecursionError:
+                if (path := cycle_in(value)) is None:
+                    raise
+                raise ValueError(
+                    f"Field {name!r} of `{cls.__qualname__}` got a value that "
+                    f"contains itself: {name}{path} is the value again. A module's "
+                    "fields are a tree; break the cycle before storing it."
+                ) from None
+            _check_array(info, name, value, (current or {}).get(name))
         out[name] = value
     if floats:
         _warn_trainable(info, floats)
@@ -590,13 +589,7 @@ def _update(module: _M, changes: Mapping[str, Any], kind: Kind) -> _M:
         raise TypeError(
             f"`with_{kind}` takes an `eqx.Module`, got {type(module).__name__}."
         )
-    if any("." in k for k in changes):
-        return apply_trie(module, _trie(changes), kind, (), kind)
-    info = field_info(type(module))  # the common case: fields of `module` itself
-    d = instance_dict(module)
-    for name, value in changes.items():
-        _check_field(info, d, name, kind, (), value)
-    return rebuild(module, info, changes, changes)
+    return apply_trie(module, _trie(changes), kind, (), kind)
 
 
 def _trie(changes: Mapping[str, Any]) -> dict[str, Any]:
@@ -637,14 +630,16 @@ def apply_trie(obj: Any, trie: dict, kind: Kind, path: tuple, outer: str) -> Any
                 _check_field(info, d, seg, "any", path, None)
                 field_kind = "static" if seg in info.static else "dynamic"
                 values[seg] = apply_trie(d[seg], sub, kind, (*path, seg), field_kind)
-        return rebuild(obj, info, values, direct)
+        # A copy with `values` set, converted if `direct`, and checked.
+        values = convert_and_check(info, values, direct, d)
+        new = object.__new__(info.cls)
+        instance_dict(new).update(d, **values)
+        run_check_inits(info, new)
+        return new
     if not isinstance(obj, list | tuple | dict):
-        shape = getattr(obj, "shape", None)
-        what = (
-            f"a {obj.dtype}{list(shape)} array"
-            if shape is not None and hasattr(obj, "dtype")
-            else f"a {type(obj).__name__}"
-        )
+        what = f"a {type(obj).__name__}"
+        if getattr(obj, "shape", None) is not None and hasattr(obj, "dtype"):
+            what = f"a {obj.dtype}{list(obj.shape)} array"
         raise TypeError(
             f"Cannot follow path segment {next(iter(trie))!r} at {'.'.join(path)!r}: "
             f"the value there is {what}, not a module, list, tuple or dict."
@@ -702,18 +697,6 @@ def _container_key(obj: Any, seg: str, path: tuple) -> Any:
     return index % len(obj)
 
 
-def rebuild(
-    obj: eqx.Module, info: FieldInfo, values: Mapping[str, Any], direct: Collection[str]
-) -> Any:
-    """A copy of `obj` with `values` set, converted if `direct`, and checked."""
-    old = instance_dict(obj)
-    values = convert_and_check(info, values, direct, old)
-    new = object.__new__(info.cls)
-    instance_dict(new).update(old, **values)
-    run_check_inits(info, new)
-    return new
-
-
 def _check_field(
     info: FieldInfo, d: dict, name: str, kind: Kind, path: tuple, value: Any
 ) -> None:
@@ -736,9 +719,8 @@ def _check_field(
         )
     cls, full = info.cls.__qualname__, ".".join((*path, name))
     call = f"**{{{full!r}: ...}}" if path else f"{full}=..."
-    if name in info.static:
-        what = "static field", "declared `eqx.field(static=True)`"
-    else:
+    what = "static field", "declared `eqx.field(static=True)`"
+    if name in info.dynamic:
         what = "dynamic field", f"holding {_kind_of(d.get(name))}, traced by `es.jit`"
     raise TypeError(
         f"`with_{kind}` got {full!r}, but {name!r} is a {what[0]} of `{cls}` "
