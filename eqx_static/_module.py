@@ -273,9 +273,11 @@ def _beartype() -> Typechecker:
 def check_fields(module: object) -> None:
     """Type-check every annotated field of `module` in one jaxtyping scope."""
     cls = type(module)
-    if cls not in _checkers:
-        _checkers[cls] = _make_checker(cls)
-    if (checker := _checkers[cls]) is None:
+    try:
+        checker = _checkers[cls]
+    except KeyError:
+        checker = _checkers[cls] = _make_checker(cls)
+    if checker is None:
         return
     d = instance_dict(module)
     values = {n: d[n] for n in checker[1]}
@@ -351,7 +353,7 @@ def _named_sizes(ann: Any, value: Any) -> dict[str, int]:
 
 # ----------------------------------------------------------------------------------
 
-_Self = TypeVar("_Self", bound="Module")
+_M = TypeVar("_M", bound=eqx.Module)
 
 
 def _as_number(x: Any) -> Any:
@@ -439,8 +441,7 @@ class Module(eqx.Module):
         # has finished and Equinox has run the converters (and the subclasses'
         # own `__check_init__`s: it runs them in MRO order). An unset field gets its
         # plain default, and numbers in dynamic fields are stored as arrays.
-        info = field_info(type(self))
-        d = instance_dict(self)
+        info, d = field_info(type(self)), instance_dict(self)
         for name, default in info.defaults.items():
             d.setdefault(name, default)
         d.update(convert_and_check(info, {n: d[n] for n in info.names if n in d}, ()))
@@ -463,8 +464,8 @@ class Module(eqx.Module):
                 return d
             out = object.__getattribute__(self, name)
             if type(out) is types.MethodType and out.__self__ is self:
-                bind = getattr(out.__func__, "es_bind", None)  # an `es.jit` method's
-                if bind is not None:
+                # An `es.jit` method's:
+                if (bind := getattr(out.__func__, "es_bind", None)) is not None:
                     return bind(self)
                 # Dunders and the updates stay plain bound methods: an update needs
                 # no pytree, and a `BoundMethod` took `m.with_dynamic(w=...)` from
@@ -486,11 +487,11 @@ class Module(eqx.Module):
                 "in `__init__` or inside `es.edit`."
             )
 
-    def with_static(self: _Self, /, **changes: Any) -> _Self:
+    def with_static(self: _M, /, **changes: Any) -> _M:
         """Return a copy with static fields replaced; see `es.with_static`."""
         return _update(self, changes, "static")
 
-    def with_dynamic(self: _Self, /, **changes: Any) -> _Self:
+    def with_dynamic(self: _M, /, **changes: Any) -> _M:
         """Return a copy with dynamic fields replaced; see `es.with_dynamic`."""
         return _update(self, changes, "dynamic")
 
@@ -512,7 +513,6 @@ def _bound_method(func: Any, obj: Any) -> Any:
 # ----------------------------------------------------------------------------------
 # Updates: `with_static` / `with_dynamic`, touching only what changes.
 
-_M = TypeVar("_M", bound=eqx.Module)
 Kind = Literal["static", "dynamic", "any"]
 _OTHER: Final = {"static": "with_dynamic", "dynamic": "with_static"}
 
@@ -589,7 +589,13 @@ def _update(module: _M, changes: Mapping[str, Any], kind: Kind) -> _M:
         raise TypeError(
             f"`with_{kind}` takes an `eqx.Module`, got {type(module).__name__}."
         )
-    return apply_trie(module, _trie(changes), kind, (), kind)
+    if any("." in k for k in changes):
+        return apply_trie(module, _trie(changes), kind, (), kind)
+    # The common case, fields of `module` itself, spared the cost of a trie.
+    info, d = field_info(type(module)), instance_dict(module)
+    for name, value in changes.items():
+        _check_field(info, d, name, kind, (), value)
+    return rebuild(module, info, changes, changes)
 
 
 def _trie(changes: Mapping[str, Any]) -> dict[str, Any]:
@@ -630,12 +636,7 @@ def apply_trie(obj: Any, trie: dict, kind: Kind, path: tuple, outer: str) -> Any
                 _check_field(info, d, seg, "any", path, None)
                 field_kind = "static" if seg in info.static else "dynamic"
                 values[seg] = apply_trie(d[seg], sub, kind, (*path, seg), field_kind)
-        # A copy with `values` set, converted if `direct`, and checked.
-        values = convert_and_check(info, values, direct, d)
-        new = object.__new__(info.cls)
-        instance_dict(new).update(d, **values)
-        run_check_inits(info, new)
-        return new
+        return rebuild(obj, info, values, direct)
     if not isinstance(obj, list | tuple | dict):
         what = f"a {type(obj).__name__}"
         if getattr(obj, "shape", None) is not None and hasattr(obj, "dtype"):
@@ -695,6 +696,18 @@ def _container_key(obj: Any, seg: str, path: tuple) -> Any:
             f"{type(obj).__name__} of length {len(obj)}."
         )
     return index % len(obj)
+
+
+def rebuild(
+    obj: eqx.Module, info: FieldInfo, values: Mapping[str, Any], direct: Collection[str]
+) -> Any:
+    """A copy of `obj` with `values` set, converted if `direct`, and checked."""
+    old = instance_dict(obj)
+    values = convert_and_check(info, values, direct, old)
+    new = object.__new__(info.cls)
+    instance_dict(new).update(old, **values)
+    run_check_inits(info, new)
+    return new
 
 
 def _check_field(
