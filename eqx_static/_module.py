@@ -505,8 +505,11 @@ def _bound_method(func: Any, obj: Any) -> Any:
     method = object.__new__(BoundMethod)
     d = instance_dict(method)
     d["__func__"], d["__self__"] = func, obj
-    # The fields that Equinox's own `BoundMethod` keeps:
-    d.update({k: getattr(func, k) for k in BOUND_METHOD_FIELDS if hasattr(func, k)})
+    for k in BOUND_METHOD_FIELDS:  # the ones Equinox's own `BoundMethod` keeps
+        try:
+            d[k] = getattr(func, k)
+        except AttributeError:
+            pass
     return method
 
 
