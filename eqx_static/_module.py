@@ -70,46 +70,16 @@ def default_dtype(t: type) -> Any:
     return jax.dtypes.canonicalize_dtype(_WIDE[t])
 
 
-def check_hashable(info: FieldInfo, name: str, value: object) -> None:
-    """Raise `TypeError` if `value` is unhashable: a static value keys the cache."""
-    try:
-        token(value)
-    except UnhashableError:
-        raise TypeError(
-            f"Static field {name!r} of `{info.cls.__qualname__}` holds an unhashable "
-            f"{type(value).__name__}: a static field keys the compilation cache. "
-            f"{hashable_instead(value, name, 'Store')}"
-        ) from None
-
-
-def as_data(info: FieldInfo, name: str, value: Any, floats: dict[str, Any]) -> Any:
+def _as_data(cls: type, name: str, value: Any, kind: Any, floats: dict) -> Any:
     """`value` for the dynamic field `name` of an `es.Module`: Python numbers (not
     bools), also in plain tuples, lists and dicts, become strongly typed 0-d arrays
     of JAX's default dtype for their kind (an `int` in a field annotated `float` or
     `complex`: of that kind). Unchanged containers are returned as they are. The
     first float or complex stored is put in `floats`, under `name`."""
-    found: list[Any] = []
-    try:
-        out = _as_data(info.cls, name, value, info.annotations.get(name), found)
-    except RecursionError:
-        path = cycle_in(value)
-        if path is None:
-            raise
-        raise ValueError(
-            f"Field {name!r} of `{info.cls.__qualname__}` got a value that contains "
-            f"itself: {name}{path} is the value again. A module's fields are a "
-            "tree; break the cycle before storing it."
-        ) from None
-    if found:
-        floats[name] = found[0]
-    return out
-
-
-def _as_data(cls: type, name: str, value: Any, kind: Any, found: list) -> Any:
     t = type(value)
     if t in _NUMBERS:
         if t in _INEXACT:
-            found.append(value)
+            floats.setdefault(name, value)
         dtype = default_dtype(kind if t is int and kind in _INEXACT else t)
         try:
             return jnp.asarray(value, dtype=dtype)
@@ -127,7 +97,7 @@ def _as_data(cls: type, name: str, value: Any, kind: Any, found: list) -> Any:
     kinds = set(map(type, items))  # in C: a tuple of 10,000 arrays is one type
     if kinds.isdisjoint(_NUMBERS) and kinds.isdisjoint(CONTAINERS):
         return value
-    new = [_as_data(cls, name, x, None, found) for x in items]
+    new = [_as_data(cls, name, x, None, floats) for x in items]
     if all(map(operator.is_, new, items)):
         return value
     return dict(zip(value, new)) if t is dict else t(new)
@@ -170,18 +140,35 @@ def convert_and_check(
     current: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Apply converters to the fields in `convert`, then check every changed value:
-    static ones are hashable; dynamic ones are stored as data (`as_data`) and match
+    static ones are hashable; dynamic ones are stored as data (`_as_data`) and match
     their jaxtyping annotations (in a module stacked by `eqx.filter_vmap`: the
     `current` value's shape and dtype)."""
-    out, floats = {}, {}
+    out, floats, cls = {}, {}, info.cls
     for name, value in changes.items():
         if name in convert and name in info.converters:
             value = info.converters[name](value)
         if name in info.static:
-            check_hashable(info, name, value)
+            try:  # a static value keys the cache
+                token(value)
+            except UnhashableError:
+                raise TypeError(
+                    f"Static field {name!r} of `{cls.__qualname__}` holds an "
+                    f"unhashable {type(value).__name__}: a static field keys the "
+                    f"compilation cache. {hashable_instead(value, name, 'Store')}"
+                ) from None
         else:
-            if info.stores_arrays:
-                value = as_data(info, name, value, floats)
+            try:
+                if info.stores_arrays:
+                    kind = info.annotations.get(name)
+                    value = _as_data(cls, name, value, kind, floats)
+            except RecursionError:
+                if (path := cycle_in(value)) is None:
+                    raise
+                raise ValueError(
+                    f"Field {name!r} of `{cls.__qualname__}` got a value that "
+                    f"contains itself: {name}{path} is the value again. A module's "
+                    "fields are a tree; break the cycle before storing it."
+                ) from None
             _check_array(info, name, value, (current or {}).get(name))
         out[name] = value
     if floats:
@@ -191,27 +178,26 @@ def convert_and_check(
 
 def _check_array(info: FieldInfo, name: str, value: Any, old: Any) -> None:
     ann = info.array_annotations.get(name)
-    if ann is not None and not _matches(value, ann):
+    if ann is not None:
+        if _matches(value, ann):
+            return
         if old is None or _matches(old, ann):
             raise TypeError(
                 f"Field {name!r} of `{info.cls.__qualname__}` is annotated "
                 f"`{_ann_repr(ann)}`, but got {_shown(value)}. Pass a value of "
                 "that dtype and shape."
             )
-        _check_stacked(info.cls, name, value, old)
-    elif ann is None and info.annotations.get(name) in _WIDE:
-        if isinstance(old, _ARRAYS) and old.ndim > 0:
-            _check_stacked(info.cls, name, value, old)
-
-
-def _check_stacked(cls: type, name: str, value: object, old: Any) -> None:
-    """Fields of a module stacked by `eqx.filter_vmap` have leading axes that their
-    annotations do not name: a new value must have the old one's shape and dtype."""
+    elif info.annotations.get(name) not in _WIDE or not (
+        isinstance(old, _ARRAYS) and old.ndim > 0
+    ):
+        return
+    # Fields of a module stacked by `eqx.filter_vmap` have leading axes that their
+    # annotations do not name: a new value must have the old one's shape and dtype.
     if any(
         getattr(value, k, None) != getattr(old, k, None) for k in ("shape", "dtype")
     ):
         raise TypeError(
-            f"Field {name!r} of `{cls.__qualname__}` holds a stacked value "
+            f"Field {name!r} of `{info.cls.__qualname__}` holds a stacked value "
             f"{_shown(old)} (a module batched by `eqx.filter_vmap`), so the "
             f"new value must have the same shape and dtype; got {_shown(value)}."
         )
@@ -274,17 +260,6 @@ _NUMBER_ARRAYS: Final[dict[Any, Any]] = {
 }
 
 
-def _set_option(cls: type, typecheck: bool | Typechecker | None) -> None:
-    if typecheck is True:
-        typecheck = _beartype()
-    elif typecheck is not False and not callable(typecheck):
-        raise TypeError(
-            f"`typecheck=` on `{cls.__qualname__}` takes True, False or a typechecker "
-            f"such as `beartype.beartype`; got {typecheck!r}."
-        )
-    _options[cls] = None if typecheck is False else typecheck
-
-
 def _beartype() -> Typechecker:
     if beartype is None:
         raise ImportError(
@@ -326,8 +301,7 @@ def _make_checker(cls: type) -> _Checker | None:
             if anns.get(name) in _NUMBER_ARRAYS:
                 anns[name] |= _NUMBER_ARRAYS[anns[name]]
 
-    def fields(**kwargs: Any) -> None:
-        del kwargs
+    def fields(**kwargs: Any) -> None: ...
 
     fields.__qualname__ = f"{cls.__qualname__}.fields"
     fields.__annotations__ = anns
@@ -379,7 +353,7 @@ def _named_sizes(ann: Any, value: Any) -> dict[str, int]:
 
 # ----------------------------------------------------------------------------------
 
-_Self = TypeVar("_Self", bound="Module")
+_M = TypeVar("_M", bound=eqx.Module)
 
 
 def _as_number(x: Any) -> Any:
@@ -451,16 +425,23 @@ class Module(eqx.Module):
         cls, *, typecheck: "bool | Typechecker | None" = None, **kwargs: Any
     ) -> None:
         super().__init_subclass__(**kwargs)
-        if typecheck is not None:
-            _set_option(cls, typecheck)
+        if typecheck is None:
+            return
+        if typecheck is True:
+            typecheck = _beartype()
+        elif typecheck is not False and not callable(typecheck):
+            raise TypeError(
+                f"`typecheck=` on `{cls.__qualname__}` takes True, False or a "
+                f"typechecker such as `beartype.beartype`; got {typecheck!r}."
+            )
+        _options[cls] = None if typecheck is False else typecheck
 
     def __check_init__(self) -> None:
         # At construction only (updates check what they change), when `__init__`
         # has finished and Equinox has run the converters (and the subclasses'
         # own `__check_init__`s: it runs them in MRO order). An unset field gets its
         # plain default, and numbers in dynamic fields are stored as arrays.
-        info = field_info(type(self))
-        d = instance_dict(self)
+        info, d = field_info(type(self)), instance_dict(self)
         for name, default in info.defaults.items():
             d.setdefault(name, default)
         d.update(convert_and_check(info, {n: d[n] for n in info.names if n in d}, ()))
@@ -483,8 +464,8 @@ class Module(eqx.Module):
                 return d
             out = object.__getattribute__(self, name)
             if type(out) is types.MethodType and out.__self__ is self:
-                bind = getattr(out.__func__, "es_bind", None)  # an `es.jit` method's
-                if bind is not None:
+                # An `es.jit` method's:
+                if (bind := getattr(out.__func__, "es_bind", None)) is not None:
                     return bind(self)
                 # Dunders and the updates stay plain bound methods: an update needs
                 # no pytree, and a `BoundMethod` took `m.with_dynamic(w=...)` from
@@ -506,11 +487,11 @@ class Module(eqx.Module):
                 "in `__init__` or inside `es.edit`."
             )
 
-    def with_static(self: _Self, /, **changes: Any) -> _Self:
+    def with_static(self: _M, /, **changes: Any) -> _M:
         """Return a copy with static fields replaced; see `es.with_static`."""
         return _update(self, changes, "static")
 
-    def with_dynamic(self: _Self, /, **changes: Any) -> _Self:
+    def with_dynamic(self: _M, /, **changes: Any) -> _M:
         """Return a copy with dynamic fields replaced; see `es.with_dynamic`."""
         return _update(self, changes, "dynamic")
 
@@ -535,7 +516,6 @@ def _bound_method(func: Any, obj: Any) -> Any:
 # ----------------------------------------------------------------------------------
 # Updates: `with_static` / `with_dynamic`, touching only what changes.
 
-_M = TypeVar("_M", bound=eqx.Module)
 Kind = Literal["static", "dynamic", "any"]
 _OTHER: Final = {"static": "with_dynamic", "dynamic": "with_static"}
 
@@ -614,8 +594,8 @@ def _update(module: _M, changes: Mapping[str, Any], kind: Kind) -> _M:
         )
     if any("." in k for k in changes):
         return apply_trie(module, _trie(changes), kind, (), kind)
-    info = field_info(type(module))  # the common case: fields of `module` itself
-    d = instance_dict(module)
+    # The common case, fields of `module` itself, spared the cost of a trie.
+    info, d = field_info(type(module)), instance_dict(module)
     for name, value in changes.items():
         _check_field(info, d, name, kind, (), value)
     return rebuild(module, info, changes, changes)
@@ -661,12 +641,9 @@ def apply_trie(obj: Any, trie: dict, kind: Kind, path: tuple, outer: str) -> Any
                 values[seg] = apply_trie(d[seg], sub, kind, (*path, seg), field_kind)
         return rebuild(obj, info, values, direct)
     if not isinstance(obj, list | tuple | dict):
-        shape = getattr(obj, "shape", None)
-        what = (
-            f"a {obj.dtype}{list(shape)} array"
-            if shape is not None and hasattr(obj, "dtype")
-            else f"a {type(obj).__name__}"
-        )
+        what = f"a {type(obj).__name__}"
+        if getattr(obj, "shape", None) is not None and hasattr(obj, "dtype"):
+            what = f"a {obj.dtype}{list(obj.shape)} array"
         raise TypeError(
             f"Cannot follow path segment {next(iter(trie))!r} at {'.'.join(path)!r}: "
             f"the value there is {what}, not a module, list, tuple or dict."
@@ -758,9 +735,8 @@ def _check_field(
         )
     cls, full = info.cls.__qualname__, ".".join((*path, name))
     call = f"**{{{full!r}: ...}}" if path else f"{full}=..."
-    if name in info.static:
-        what = "static field", "declared `eqx.field(static=True)`"
-    else:
+    what = "static field", "declared `eqx.field(static=True)`"
+    if name in info.dynamic:
         what = "dynamic field", f"holding {_kind_of(d.get(name))}, traced by `es.jit`"
     raise TypeError(
         f"`with_{kind}` got {full!r}, but {name!r} is a {what[0]} of `{cls}` "

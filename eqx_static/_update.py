@@ -136,8 +136,7 @@ def _copy_module(obj: Any, copies: list[_Copy]) -> Any:
     """An editable copy of the module `obj` (see above), listed in `copies`."""
     copy, start = object.__new__(type(obj)), {}
     copies.append((obj, copy, start))
-    d = instance_dict(copy)
-    d.update(instance_dict(obj))
+    d = dict(instance_dict(obj))
     if not field_info(type(obj)).stores_arrays:  # not an `es.Module`: copied now
         d.update({k: _fresh(v, copies) for k, v in d.items()})
     elif pending := {
@@ -145,7 +144,7 @@ def _copy_module(obj: Any, copies: list[_Copy]) -> Any:
     }:
         d = _Unread(d)
         d.copies, d.pending, d.start = copies, pending, start
-        _DICT.__set__(copy, d)
+    _DICT.__set__(copy, d)
     start.update(d)
     allow_assignments(copy)
     return copy

@@ -203,7 +203,7 @@ def write_problems() -> list[str]:
 
 # Code lines each module may have: set at its count, so that a change that adds
 # lines raises the budget in the same diff and says what they buy. (The bar filed
-# for the package is 3,100 in at most 12 modules; it stands at 4,148 as formatted,
+# for the package is 3,100 in at most 12 modules; it stands at 4,130 as formatted,
 # the features filed beside it included.)
 BUDGET: dict[str, int] = {
     "__init__.py": 40,
@@ -214,10 +214,10 @@ BUDGET: dict[str, int] = {
     "_jax.py": 385,
     "_jit.py": 590,
     "_key.py": 241,
-    "_module.py": 510,
+    "_module.py": 493,
     "_report.py": 505,
     "_sharing.py": 139,
-    "_update.py": 187,
+    "_update.py": 186,
 }
 MAX_MODULES = 12
 
