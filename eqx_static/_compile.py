@@ -1052,7 +1052,10 @@ def _run(helper: Any, leaves: tuple, wait: bool) -> tuple:
 
 def _aval(x: Any) -> tuple:
     """A leaf's shape, dtype, weak type and (if placed explicitly) sharding."""
-    a = jax.typeof(x)
+    # An array's or tracer's own aval holds the shape, dtype and weak type that
+    # `jax.typeof` reads from it, at a tenth of the cost (a miss reads every leaf).
+    a = getattr(x, "aval", None)
+    a = jax.typeof(x) if a is None else a
     committed = not isinstance(x, Tracer) and getattr(x, "committed", False)
     sharding = x.sharding if committed else None
     return a.shape, a.dtype, getattr(a, "weak_type", False), sharding
