@@ -243,8 +243,7 @@ def _leaf_change(o: Visit, a: tuple, b: tuple) -> Change:
     where = f"field {name!r}" if o.field else f"argument {o.path}"
     i = next((i for i in range(3) if a[i] != b[i]), 3)
     x, y = (a[i], b[i]) if i < 3 else map(_sharding, (a[3], b[3]))
-    what = ("shape", "dtype", "weak type", "sharding")[i]
-    detail = f"{what} {x} -> {y}"
+    detail = f"{('shape', 'dtype', 'weak type', 'sharding')[i]} {x} -> {y}"
     return Change(f"{where} {detail}", name, "array", detail, o.path, b, a)
 
 
@@ -357,17 +356,6 @@ def _user_frame(source_info: Any, outer: Frame | None = None) -> Where | None:
     return user, (frames[0] if frames[0] is not user else None)
 
 
-def _place(where: Where) -> str:
-    """`train.py:41 in loss`, then `, inside diffrax _integrate.py:1157`."""
-    (file, line, function), inner = where
-    place = f"{os.path.basename(file)}:{line} in {function.rsplit('.', 1)[-1]}"
-    if inner is not None:
-        root = next((r for r in _LIBRARIES if inner[0].startswith(r)), "")
-        package = inner[0][len(root) :].split(os.sep, 1)[0]
-        place += f", inside {package} {os.path.basename(inner[0])}:{inner[1]}"
-    return place
-
-
 def _stable(v: Any) -> Any:
     """A parameter as it is from one trace to the next: a function by its name; a
     nested program by a placeholder (its operations are recorded in their turn)."""
@@ -395,13 +383,19 @@ def differ_of(seen: Seen | None, changes: Sequence[Change], new: Any) -> Differ 
     op = b or a
     if op is None or op.where is None:
         return None
-    place = _place(op.where)
-    if constant or (a is not None and b is not None and a.name == b.name):
+    if a is None or b is None:
+        what = op.name if constant else f"{op.name}, {'new' if a is None else 'gone'}"
+    elif constant or a.name == b.name:
         what = op.name
-    elif a is None or b is None:
-        what = f"{op.name}, {'new' if a is None else 'gone'}"
     else:
         what = f"{b.name} where {a.name} was"
+    # `train.py:41 in loss`, then `, inside diffrax _integrate.py:1157`
+    (file, line, function), inner = op.where
+    place = f"{os.path.basename(file)}:{line} in {function.rsplit('.', 1)[-1]}"
+    if inner is not None:
+        root = next((r for r in _LIBRARIES if inner[0].startswith(r)), "")
+        package = inner[0][len(root) :].split(os.sep, 1)[0]
+        place += f", inside {package} {os.path.basename(inner[0])}:{inner[1]}"
     return Differ(f"{place} ({what})", constant, op.where[0])
 
 
@@ -451,11 +445,10 @@ def sharing_error(
     """What `EQX_STATIC_CHECK_SHARING` raises: a key's program, taken for compile
     `number`'s (of key `old`), compiles to other code."""
     return RuntimeError(
-        f"{name}: EQX_STATIC_CHECK_SHARING: this call's program "
-        f"({phrase(diff(old, new, argnames))}, from the key of compile {number}) "
-        f"compiles to other code than compile {number}, whose executable "
-        f"it would have run. Please report this with your JAX version "
-        f"({jax.__version__})."
+        f"{name}: EQX_STATIC_CHECK_SHARING: this call's program ("
+        f"{phrase(diff(old, new, argnames))}, from the key of compile {number}) "
+        f"compiles to other code than compile {number}, whose executable it would "
+        f"have run. Please report this with your JAX version ({jax.__version__})."
     )
 
 
@@ -495,9 +488,7 @@ def storm(name: str, history: Sequence[Compile], shared: Sequence[Why], n: int) 
     line = differ.line[:2] if differ is not None and differ.line else ("", 0)
     read = set(re.findall(r"\w+", linecache.getline(*line)))  # where programs differ
     reused = collections.Counter(c.name for why in shared for c in why.changes)
-    culprit = min(
-        common, key=lambda k: (k.rsplit(".", 1)[-1] not in read, reused.get(k, 0), k)
-    )
+    culprit = min(common, key=lambda k: (k.split(".")[-1] not in read, reused[k], k))
     change = per_compile[-1][culprit]
     changed = [c for h in history for c in h.changes if c.name == culprit]
     when = f"at each of the last {len(per_compile)} compiles"
@@ -511,9 +502,7 @@ def storm(name: str, history: Sequence[Compile], shared: Sequence[Why], n: int) 
         verdict += "only used as a value. "
     values = {c.new for c in changed} | {changed[0].old}
     few = change.new is not None and None not in values and len(values) <= len(changed)
-    fix = (
-        _combinations(culprit, len(values), history) if few else _fix(change, constant)
-    )
+    fix = _combinations(culprit, values, history) if few else _fix(change, constant)
     logger.warning(
         f"{name} has compiled {len(history)} times, and {culprit!r} changed {when} "
         f"({sum(h.seconds for h in history):.2f} s spent compiling). "
@@ -522,20 +511,21 @@ def storm(name: str, history: Sequence[Compile], shared: Sequence[Why], n: int) 
     return True
 
 
-def _combinations(culprit: str, values: int, history: Sequence[Compile]) -> str:
+def _combinations(culprit: str, values: set, history: Sequence[Compile]) -> str:
     """What to say of a field that took few values but changed at many compiles."""
     names = [c.name for h in history for c in h.changes if c.name != culprit]
     others = collections.Counter(names)
     top = [f"{k!r} at {n}" for k, n in others.most_common(3)]
     said = ", ".join(top) + (f", and {len(others) - 3} more" if len(others) > 3 else "")
+    took = f"{culprit!r} took only {len(values)} values"
     if said:
         return (
-            f"{culprit!r} took only {values} values: the compiles come from their "
-            f"combinations with other changes ({said}), each a program of its own."
+            f"{took}: the compiles come from their combinations with other changes "
+            f"({said}), each a program of its own."
         )
     return (
-        f"{culprit!r} took only {values} values, each compiled more than once: are "
-        "its entries evicted (`maxsize`), or the function wrapped anew?"
+        f"{took}, each compiled more than once: are its entries evicted (`maxsize`), "
+        "or the function wrapped anew?"
     )
 
 
@@ -729,21 +719,17 @@ def _leaf_path(m: re.Match, origins: Sequence[Visit], n_fn: int) -> str:
 _callback_logger: Final = logging.getLogger(_jax.CALLBACK_LOGGER)
 
 
-class _Marker(threading.local):
-    # The marker of the miss running in this thread: Equinox's message shows the
-    # stack up to it, and the whole stack outside a miss (a hit), as under
-    # `eqx.filter_jit`, which marks each call anew.
-    current: bytes | None = None
-
-
-_marker: Final = _Marker()
+# `current`: the marker of the miss running in this thread (none before the first):
+# Equinox's message shows the stack up to it, and the whole stack outside a miss (a
+# hit), as under `eqx.filter_jit`, which marks each call anew.
+_marker: Final = threading.local()
 
 
 @contextlib.contextmanager
 def marked(jit_id: bytes) -> Iterator[None]:
     """Within, an `eqx.error_if` failure shows the stack up to `jit_id` (the value of
     a local `__equinox_jit_id__` of the caller, where Equinox looks for it)."""
-    previous, _marker.current = _marker.current, jit_id
+    previous, _marker.current = getattr(_marker, "current", None), jit_id
     try:
         yield
     finally:
@@ -771,10 +757,10 @@ def reporting_errors(
             info = _jax.equinox_error_info()
             if info is None or "_EquinoxRuntimeError: " not in str(e):
                 raise
-            msg, frames = info
-            mine = itertools.takewhile(lambda f: f != _marker.current, frames)
+            marker = getattr(_marker, "current", None)
+            mine = itertools.takewhile(lambda f: f != marker, info[1])
             stack = "".join(reversed([f for f in mine if type(f) is str]))
-            error = _jax.on_error_message.format(msg=msg, stack=stack)
+            error = _jax.on_error_message.format(msg=info[0], stack=stack)
             raise eqx.EquinoxRuntimeError(error) from None
         finally:
             _callback_logger.removeFilter(quiet)
