@@ -111,9 +111,7 @@ class _Writer:
         if n.kind == "traced":
             self.fail_if(f"type({expr}) not in AT")
             self.leaves.append(expr)
-        elif n.kind == "None":
-            self.fail_if(f"{expr} is not None")
-        elif n.kind == "static":
+        elif n.kind == "static" or n.kind == "None":
             self.fail_if(f"not {self.static(expr, tok, value)}")
         elif n.kind == "module" and type(tok) is FieldInfo:
             return self.module(expr, value, n)
