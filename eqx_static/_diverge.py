@@ -131,20 +131,19 @@ def check(miss: Miss | None, lowering: Any, fp: Any, program: Any) -> None:
         return
     if not _jax.spans_processes(lowering) or (client := _jax.kv_store()) is None:
         return
-    f = miss.f
     try:  # a refusal is the budget's own rule
-        decision = "reuse" if reused else f.check_budget((), None) or "compile"
+        decision = "reuse" if reused else miss.f.check_budget((), None) or "compile"
     except _report.RecompileError:
         decision = "refuse"
     # The canonical module: its avals and shardings, by their types and attributes.
     module = fp.digest if fp is not None else digest(lowering.stablehlo()) or b""
     record = {
-        "f": f.name(miss.key),
+        "f": miss.f.name(miss.key),
         "at": _jax.user_line(),
-        "compiles": len(f.history),
+        "compiles": len(miss.f.history),
         "program": hashlib.sha256(module).hexdigest()[:16],
         "decision": decision,
-        "key": _described(miss.key, f.argnames, miss.avals),
+        "key": _described(miss.key, miss.f.argnames, miss.avals),
     }
     if message := _exchange(client, record, miss.why, limit):
         raise DivergenceError(message)

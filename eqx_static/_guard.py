@@ -10,7 +10,6 @@ A guard's source is kept: registered with `linecache` (so tracebacks and
 the logger `"eqx_static.guards"` when made, with the check that failed when a call
 fell through every guard of its class."""
 
-import functools
 import itertools
 import linecache
 import logging
@@ -32,7 +31,7 @@ from ._fields import (
     value_of,
 )
 from ._jax import GENERATED
-from ._key import ARRAYS, DICT, ends, Key, LEAF, NAMED, node_at, SEQ, steps, walk
+from ._key import ARRAYS, DICT, ends, Key, key_and_leaves, LEAF, NAMED, node_at, SEQ
 
 
 logger: Final = logging.getLogger("eqx_static.guards")
@@ -49,26 +48,21 @@ def same_token(v: Any, tok: Any) -> bool:
         return False
 
 
-def same_tokens(values: tuple, toks: tuple) -> bool:
-    return all(map(same_token, values, toks))
-
-
 def subtree(v: Any) -> tuple[tuple, list]:
     """The tokens and leaves of one value, for a part a guard checks whole; no
     tokens if it cannot be keyed, so that the general path says why."""
-    tokens: list[Any] = []
-    leaves: list[Any] = []
     try:
-        walk((v,), tokens, leaves)
+        return key_and_leaves((v,))
     except Exception:  # unhashable, cyclic, keys that do not sort
         return (), []
-    return tuple(tokens), leaves
 
 
 class _Writer:
-    """Writes a guard's checks in preorder, one node of the key after another."""
+    """Writes a guard's checks in preorder, one node of the key after another: of
+    the values named `roots`, each with the value the key was made from (read for
+    the objects a check may compare by identity)."""
 
-    def __init__(self, key: Key):
+    def __init__(self, key: Key, roots: Sequence[tuple[str, Any]]):
         self.key, self.i = key, 0
         self.lines: list[str] = []
         self.leaves: list[str] = []
@@ -76,17 +70,16 @@ class _Writer:
             "AT": array_types,
             "DICT": instance_dict,
             "SAME": same_token,
-            "SAMES": same_tokens,
             "SUB": subtree,
             "is_": operator.is_,
             "STR": _STR,
             "MISS": MISS,
         }
         self.count = itertools.count(1)
-
-    @functools.cached_property
-    def ends(self) -> dict[int, int]:
-        return ends(self.key)
+        self.ends = ends(key)
+        stack = list(reversed(roots))
+        while stack:
+            stack += reversed(self.node(*stack.pop()))
 
     def name(self) -> str:
         """A new name in the guard's code, for a local variable or a constant."""
@@ -100,13 +93,15 @@ class _Writer:
     def fail_if(self, condition: str) -> None:
         self.lines.append(f"if {condition}: return MISS")
 
-    def write(self, roots: Sequence[tuple[str, Any]]) -> None:
-        """The checks of the values named `roots`, each with the value the key was
-        made from (read for the objects a check may compare by identity)."""
-        stack = list(reversed(roots))
-        while stack:
-            expr, value = stack.pop()
-            stack += reversed(self.node(expr, value))
+    def arrays(self, expr: str) -> list:
+        """Check that `expr` holds arrays only: the call's next traced leaves."""
+        self.fail_if(f"not AT.issuperset(map(type, {expr}))")
+        self.leaves.append(f"*{expr}")
+        return []
+
+    def fetch(self, targets: str, reads: str) -> None:
+        """`targets = reads`, where a `KeyError` (a field absent) is a miss."""
+        self.lines += [f"try: {targets} = {reads}", "except KeyError: return MISS"]
 
     def node(self, expr: str, value: Any) -> list[tuple[str, Any]]:
         """Check the node at `self.i`; the children to check next."""
@@ -116,33 +111,24 @@ class _Writer:
         if n.kind == "traced":
             self.fail_if(f"type({expr}) not in AT")
             self.leaves.append(expr)
-        elif n.kind == "None":
-            self.fail_if(f"{expr} is not None")
-        elif n.kind == "static":
+        elif n.kind == "static" or n.kind == "None":
             self.fail_if(f"not {self.static(expr, tok, value)}")
         elif n.kind == "module" and type(tok) is FieldInfo:
             return self.module(expr, value, n)
-        elif n.kind == ARRAYS.name:
-            t = self.const(tok[1])
-            self.fail_if(
-                f"type({expr}) is not {t} or len({expr}) != {tok[2]} "
-                f"or not AT.issuperset(map(type, {expr}))"
-            )
-            self.leaves.append(f"*{expr}")
-        elif n.kind == SEQ.name or n.kind == NAMED.name:  # item by item
-            self.i = j = self.ends[i]
-            if tok[1] is tuple and _frozen(key, i, j):  # the same tuple: the same key
-                whole = self.const(key[i:j])
+        elif n.kind in (ARRAYS.name, SEQ.name, NAMED.name):
+            if tok[1] is tuple and _frozen(key, i, j := self.ends[i]):
+                self.i, whole = j, self.const(key[i:j])  # the same tuple: the same key
                 self.fail_if(
                     f"{expr} is not {self.const(value)} and SUB({expr})[0] != {whole}"
                 )
                 return []
-            self.i = n.next
             t = self.const(tok[1])
             self.fail_if(f"type({expr}) is not {t} or len({expr}) != {tok[2]}")
-            return self.items(expr, value, steps(n))
+            if n.kind == ARRAYS.name:
+                return self.arrays(expr)
+            return self.items(expr, value, range(tok[2]))  # item by item
         elif n.kind == DICT.name and all(type(k) is str for k in tok[1]):
-            return self.str_dict(expr, value, steps(n))
+            return self.str_dict(expr, value, list(map(value_of, tok[1])))
         else:  # other dicts, other pytrees, odd modules: compared whole
             self.i = self.ends[i]
             sub, whole = self.name(), self.const(key[i : self.i])
@@ -176,23 +162,16 @@ class _Writer:
         )
         i = self.i
         if len(keys) > 1 and all(self.key[j] is LEAF for j in range(i, i + len(keys))):
-            items = self.name()
-            self.lines.append(
-                f"{items} = {self.const(operator.itemgetter(*keys))}({expr})"
-            )
-            self.fail_if(f"not AT.issuperset(map(type, {items}))")
-            self.leaves.append(f"*{items}")
+            items, get = self.name(), self.const(operator.itemgetter(*keys))
+            self.lines.append(f"{items} = {get}({expr})")
             self.i = i + len(keys)
-            return []
+            return self.arrays(items)
         return self.items(expr, value, keys)
 
-    def items(self, expr: str, value: Any, steps: list) -> list[tuple[str, Any]]:
+    def items(self, expr: str, value: Any, steps: Sequence) -> list[tuple[str, Any]]:
         """The item `expr[k]` of each of `steps`, a node each, to check next."""
-        out = []
-        for k in steps:
-            local = self.name()
-            self.lines.append(f"{local} = {expr}[{k!r}]")
-            out.append((local, value[k]))
+        out = [(self.name(), value[k]) for k in steps]
+        self.lines += [f"{e} = {expr}[{k!r}]" for (e, _), k in zip(out, steps)]
         return out
 
     def module(self, expr: str, value: Any, n: Any) -> list[tuple[str, Any]]:
@@ -205,35 +184,23 @@ class _Writer:
         if len(info.names) > _WIDE:
             ss, ds = self.name(), self.name()
             gs, gd = self.const(info.get_static), self.const(info.get_dynamic)
-            self.lines += [
-                "try:",
-                f"    {ss}, {ds} = {gs}({d}), {gd}({d})",
-                "except KeyError: return MISS",
-            ]
-            check = f"not SAMES({ss}, {self.const(tuple(n.statics))})"
+            self.fetch(f"{ss}, {ds}", f"{gs}({d}), {gd}({d})")
+            check = f"not all(map(SAME, {ss}, {self.const(tuple(n.statics))}))"
             if all(map(_fixed, n.statics)):  # the same objects: the same tokens
                 same = self.const(info.get_static(vd))
                 check = f"not all(map(is_, {ss}, {same})) and {check}"
             self.fail_if(check)
             if n.children == -1:
-                self.fail_if(f"not AT.issuperset(map(type, {ds}))")
-                self.leaves.append(f"*{ds}")
-                return []
+                return self.arrays(ds)
             dynamic = [self.name() for _ in info.dynamic_names]
             self.lines += [f"{e} = {ds}[{k}]" for k, e in enumerate(dynamic)]
         else:
-            statics = [self.name() for _ in info.static_names]
-            dynamic = [self.name() for _ in info.dynamic_names]
-            fetched = [*statics, *dynamic]
+            names = (*info.static_names, *info.dynamic_names)
+            fetched = [self.name() for _ in names]
+            statics, dynamic = fetched[: len(n.statics)], fetched[len(n.statics) :]
             if fetched:
-                reads = ", ".join(
-                    f"{d}[{k!r}]" for k in (*info.static_names, *info.dynamic_names)
-                )
-                self.lines += [
-                    "try:",
-                    f"    {', '.join(fetched)}, = {reads},",
-                    "except KeyError: return MISS",
-                ]
+                reads = ", ".join(f"{d}[{k!r}]" for k in names)
+                self.fetch(f"{', '.join(fetched)},", f"{reads},")
             checks = [
                 self.static(s, tok, vd[k])
                 for s, tok, k in zip(statics, n.statics, info.static_names)
@@ -245,30 +212,23 @@ class _Writer:
                 self.fail_if(f"not ({' and '.join(checks)})")
         if n.children == -1:  # the leaves, checked above
             return []
-        return [(e, vd[k]) for e, k in zip(dynamic, steps(n))]
+        return [(e, vd[k]) for e, k in zip(dynamic, info.dynamic_names)]
 
 
 def _frozen(key: Key, i: int, j: int) -> bool:
     """Whether `key[i:j]` holds only tuples and static values that cannot change: a
     subtree that is the same as long as the tuple object is."""
-    for tok in key[i:j]:
-        if type(tok) is tuple:
-            if tok[0] is not SEQ or tok[1] is not tuple:
-                return False
-        elif not _fixed(tok):
-            return False  # a traced leaf, a module, or a value that can change
-    return True
+    return all(  # no traced leaf, module, or value that can change
+        tok[0] is SEQ and tok[1] is tuple if type(tok) is tuple else _fixed(tok)
+        for tok in key[i:j]
+    )
 
 
 def _fixed(tok: Any) -> bool:
     """Whether a static token is the same for as long as its value is the same
     object."""
-    return (
-        type(tok) in SIMPLE
-        or tok is TRUE
-        or tok is FALSE
-        or (type(tok) is Typed and tok.fixed)
-    )
+    t = type(tok)
+    return t in SIMPLE or tok is TRUE or tok is FALSE or (t is Typed and tok.fixed)
 
 
 # ----------------------------------------------------------------------------------
@@ -292,8 +252,8 @@ def chooser(key: Key, params: Sequence[str], name: str) -> tuple[Callable, Calla
         if n.kind == "static" or (n.kind == SEQ.name and _frozen(key, i, end)):
             parts.append(p)  # (types aside: a guard checks them)
         elif n.kind == "module" and type(n.head) is FieldInfo and n.statics:
-            names = n.head.static_names  # one name: its value, not a tuple of it
-            ns[f"S{len(parts)}"] = operator.itemgetter(*names)
+            # One name: its value, not a tuple of it.
+            ns[f"S{len(parts)}"] = operator.itemgetter(*n.head.static_names)
             parts.append(f"S{len(parts)}(DICT({p}))")
         i = end
     at = parts[0] if len(parts) == 1 else f"({', '.join(parts)},)" if parts else "()"
@@ -328,8 +288,7 @@ def guard(
     the key's dispatcher with the leaves' expressions), with the names in `ns`.
     Without `dispatch`, the checks alone: a function that returns the call's traced
     leaves, or `MISS`."""
-    w = _Writer(key)
-    w.write(list(zip(params, values)))
+    w = _Writer(key, list(zip(params, values)))
     w.ns.update(ns or {})
     if dispatch is None:
         lines = [*w.lines, f"return [{', '.join(w.leaves)}]"]
@@ -348,8 +307,7 @@ def _compiled(
     exec(compile(source, filename, "exec"), ns)
     fn = ns[kind]
     # Kept while the guard lives, for tracebacks and `inspect.getsource`.
-    lines_of = source.splitlines(keepends=True)
-    linecache.cache[filename] = (len(source), None, lines_of, filename)
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     weakref.finalize(fn, linecache.cache.pop, filename, None)
     if kind == "guard" and logger.isEnabledFor(logging.DEBUG):
         logger.debug("%s: a new guard, %s:\n%s", name, filename, source)

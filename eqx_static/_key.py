@@ -17,7 +17,7 @@ value). A node is self-delimiting:
   followed by their children.
 
 Flat, the key hashes and compares without recursion, however deep the nesting.
-`walk` writes this grammar; `node_at`, `end_of` and `steps` read it back, for the
+`walk` writes this grammar; `node_at` and `end_of` read it back, for the
 explanations' paths (`visits`) and the guards' checks (`_guard`) alike."""
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -71,8 +71,7 @@ _CHECK_CYCLES_AFTER: Final = 100_000  # tokens; then at twice as many, and so on
 
 def walk(values: Iterable[Any], tokens: list, leaves: list) -> None:
     """Append the tokens and traced leaves of `values`, in preorder."""
-    stack = list(values)
-    stack.reverse()
+    stack = list(values)[::-1]
     limit = len(tokens) + _CHECK_CYCLES_AFTER
     while stack:
         v = stack.pop()
@@ -237,8 +236,6 @@ def node_at(key: Key, i: int) -> Node:
     tok = key[i]
     if tok is LEAF:
         return Node("traced", tok, (), 0, 1, i + 1)
-    if tok is None or tok is UNSET:
-        return Node("None" if tok is None else "unset", tok, (), 0, 0, i + 1)
     if type(tok) is FieldInfo or (type(tok) is tuple and tok[0] is ODD):
         info = module_info(tok)
         j = i + 1 + len(info.static_names)
@@ -247,12 +244,12 @@ def node_at(key: Key, i: int) -> Node:
             return Node("module", tok, statics, -1, n, j + 1)
         return Node("module", tok, statics, n, 0, j)
     if type(tok) is tuple:
-        kind = tok[0]
-        if kind is ARRAYS:
-            return Node(kind.name, tok, (), 0, tok[2], i + 1)
-        n = tok[1].num_leaves if kind is TREE else tok[2]
-        return Node(kind.name, tok, (), n, 0, i + 1)
-    return Node("static", tok, (), 0, 0, i + 1)
+        n = tok[1].num_leaves if tok[0] is TREE else tok[2]
+        if tok[0] is ARRAYS:
+            return Node(ARRAYS.name, tok, (), 0, n, i + 1)
+        return Node(tok[0].name, tok, (), n, 0, i + 1)
+    kind = "None" if tok is None else "unset" if tok is UNSET else "static"
+    return Node(kind, tok, (), 0, 0, i + 1)
 
 
 def module_info(head: Any) -> FieldInfo:
@@ -261,12 +258,18 @@ def module_info(head: Any) -> FieldInfo:
 
 def end_of(key: Key, i: int) -> int:
     """The index after the whole node that starts at `key[i]`."""
-    pending = 1
+    return _span(key, i)[0]
+
+
+def _span(key: Key, i: int) -> tuple[int, int]:
+    """`end_of(key, i)`, and the traced leaves of the node that starts at `key[i]`."""
+    pending, leaves = 1, 0
     while pending:
         n = node_at(key, i)
         pending += max(n.children, 0) - 1
+        leaves += n.leaves
         i = n.next
-    return i
+    return i, leaves
 
 
 def ends(key: Key) -> dict[int, int]:
@@ -315,27 +318,20 @@ def visits(key: Key, names: Sequence[str]) -> Iterator[Visit]:
             slots += [(p, c, f, path) for p, c, f in reversed(below)]
 
 
-def steps(node: Node) -> list:
-    """How the value of `node` is read for each node below it, in the key's order:
-    a module's dynamic fields by name, a dict's values by key, any other container's
-    items (an `ARRAYS`' traced leaves among them) by index."""
-    if node.kind == "module":
-        return list(module_info(node.head).dynamic_names)
-    if node.kind == DICT.name:
-        return [value_of(k) for k in node.head[1]]
-    return list(range(node.leaves if node.kind == ARRAYS.name else node.children))
-
-
 def _labels(path: str, node: Node, cls: Any, field: Any) -> list[tuple]:
-    """The path, module class and field of each node below `node`."""
-    below = steps(node)
+    """The path, module class and field of each node below `node`, in the key's
+    order: a module's dynamic fields by name, a dict's values by key, any other
+    container's items (an `ARRAYS`' traced leaves among them) by index."""
     if node.kind == "module":
         info = module_info(node.head)
-        return [(f"{path}.{k}", info.cls, k) for k in below]
+        return [(f"{path}.{k}", info.cls, k) for k in info.dynamic_names]
+    if node.kind == DICT.name:
+        return [(f"{path}[{value_of(k)!r}]", cls, field) for k in node.head[1]]
+    n = node.leaves if node.kind == ARRAYS.name else node.children
     names = getattr(node.head[1], "_fields", ()) if node.kind == NAMED.name else ()
-    if names and len(names) == len(below):  # by name, as JAX's paths name them
+    if names and len(names) == n:  # by name, as JAX's paths name them
         return [(f"{path}.{k}", cls, field) for k in names]
-    return [(f"{path}[{k!r}]", cls, field) for k in below]
+    return [(f"{path}[{k!r}]", cls, field) for k in range(n)]
 
 
 def leaf_visits(key: Key, argnames: Sequence[str]) -> list[Visit]:
@@ -351,9 +347,4 @@ def first_class(key: Key) -> type | None:
 
 def leaves_of_first(key: Key) -> int:
     """The number of traced leaves of the first value of the call."""
-    i, end, count = 0, end_of(key, 0) if key else 0, 0
-    while i < end:
-        n = node_at(key, i)
-        count += n.leaves
-        i = n.next
-    return count
+    return _span(key, 0)[1] if key else 0
