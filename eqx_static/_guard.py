@@ -18,6 +18,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
+from . import _key
 from ._fields import (
     array_types,
     FALSE,
@@ -126,9 +127,9 @@ class _Writer:
             self.fail_if(f"type({expr}) is not {t} or len({expr}) != {tok[2]}")
             if n.kind == ARRAYS.name:
                 return self.arrays(expr)
-            return self.items(expr, value, range(tok[2]))  # item by item
+            return self.items(expr, value, _key.steps(n))  # item by item
         elif n.kind == DICT.name and all(type(k) is str for k in tok[1]):
-            return self.str_dict(expr, value, list(map(value_of, tok[1])))
+            return self.str_dict(expr, value, _key.steps(n))
         else:  # other dicts, other pytrees, odd modules: compared whole
             self.i = self.ends[i]
             sub, whole = self.name(), self.const(key[i : self.i])
@@ -212,7 +213,7 @@ class _Writer:
                 self.fail_if(f"not ({' and '.join(checks)})")
         if n.children == -1:  # the leaves, checked above
             return []
-        return [(e, vd[k]) for e, k in zip(dynamic, info.dynamic_names)]
+        return [(e, vd[k]) for e, k in zip(dynamic, _key.steps(n))]
 
 
 def _frozen(key: Key, i: int, j: int) -> bool:

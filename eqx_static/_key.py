@@ -17,7 +17,7 @@ value). A node is self-delimiting:
   followed by their children.
 
 Flat, the key hashes and compares without recursion, however deep the nesting.
-`walk` writes this grammar; `node_at` and `end_of` read it back, for the
+`walk` writes this grammar; `node_at`, `end_of` and `steps` read it back, for the
 explanations' paths (`visits`) and the guards' checks (`_guard`) alike."""
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -318,20 +318,27 @@ def visits(key: Key, names: Sequence[str]) -> Iterator[Visit]:
             slots += [(p, c, f, path) for p, c, f in reversed(below)]
 
 
+def steps(node: Node) -> list:
+    """How the value of `node` is read for each node below it, in the key's order:
+    a module's dynamic fields by name, a dict's values by key, any other container's
+    items (an `ARRAYS`' traced leaves among them) by index."""
+    if node.kind == "module":
+        return list(module_info(node.head).dynamic_names)
+    if node.kind == DICT.name:
+        return [value_of(k) for k in node.head[1]]
+    return list(range(node.leaves if node.kind == ARRAYS.name else node.children))
+
+
 def _labels(path: str, node: Node, cls: Any, field: Any) -> list[tuple]:
-    """The path, module class and field of each node below `node`, in the key's
-    order: a module's dynamic fields by name, a dict's values by key, any other
-    container's items (an `ARRAYS`' traced leaves among them) by index."""
+    """The path, module class and field of each node below `node`."""
+    below = steps(node)
     if node.kind == "module":
         info = module_info(node.head)
-        return [(f"{path}.{k}", info.cls, k) for k in info.dynamic_names]
-    if node.kind == DICT.name:
-        return [(f"{path}[{value_of(k)!r}]", cls, field) for k in node.head[1]]
-    n = node.leaves if node.kind == ARRAYS.name else node.children
+        return [(f"{path}.{k}", info.cls, k) for k in below]
     names = getattr(node.head[1], "_fields", ()) if node.kind == NAMED.name else ()
-    if names and len(names) == n:  # by name, as JAX's paths name them
+    if names and len(names) == len(below):  # by name, as JAX's paths name them
         return [(f"{path}.{k}", cls, field) for k in names]
-    return [(f"{path}[{k!r}]", cls, field) for k in range(n)]
+    return [(f"{path}[{k!r}]", cls, field) for k in below]
 
 
 def leaf_visits(key: Key, argnames: Sequence[str]) -> list[Visit]:
