@@ -514,6 +514,24 @@ def test_with_sharing_off_every_key_compiles(monkeypatch):
     assert f.compile_info().compiles == compiles.of("f") == 2
 
 
+def test_a_text_that_cannot_be_made_canonical_is_never_shared(monkeypatch):
+    """A module whose text `digest` cannot canonicalise (None) has no fingerprint:
+    two keys whose programs would share then compile one each."""
+    from eqx_static import _sharing
+
+    monkeypatch.setattr(_sharing, "digest", lambda module: None)
+    assert _sharing.fingerprint(_lowered(lambda x: x * 2), ()) is None
+
+    @es.jit
+    def f(x, tag):
+        return x * 2
+
+    x = jnp.float32(1.5)
+    compiles = XlaCompiles()
+    assert [float(f(x, tag)) for tag in "ab"] == [3.0, 3.0]
+    assert f.compile_info().compiles == compiles.of("f") == 2
+
+
 def test_an_ordered_effect_is_never_shared():
     """An ordered `io_callback` of one identical function: its effect is an
     ordering between calls, not a value: not on the list, so each key compiles."""
@@ -539,6 +557,10 @@ def test_a_compile_argument_unknown_to_the_list_makes_a_program_unshareable(
     monkeypatch.setattr(
         _jax, "compile_arguments", lambda lo: {**known(lo), "new_in_jax": 1}
     )
+    assert fingerprint(lowering, ()) is None
+    # A shape-polymorphism state that does not say what it holds: not comparable.
+    unread = {**known(lowering), "shape_poly_state": object()}
+    monkeypatch.setattr(_jax, "compile_arguments", lambda lo: unread)
     assert fingerprint(lowering, ()) is None
 
 
