@@ -1127,14 +1127,12 @@ def _explain_public(miss: _Miss, public: _Public) -> None:
     miss.why = _why(f, list(f.recent), entry.key, sig, public.staged and not entry.runs)
     traced = public.jitted.trace(*miss.leaves)
     lowered = traced.lower()
-    module = lowered.compiler_ir("stablehlo")
+    lowering, module = _jax.lowering_of(lowered), lowered.compiler_ir("stablehlo")
     miss.digest = _sharing.digest(module)
-    _diverge.check(_for_diverge(miss), _jax.lowering_of(lowered), None, None)
+    _diverge.check(_for_diverge(miss), lowering, None, None)
     _record(miss, module, traced.jaxpr)
     _plan(miss)
-    public.reports |= _sharing.host_callbacks(_jax.lowering_of(lowered), traced.jaxpr)[
-        1
-    ]
+    public.reports |= _sharing.host_callbacks(lowering, traced.jaxpr)[1]
     f.make_room(miss)
 
 
