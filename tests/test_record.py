@@ -132,6 +132,25 @@ def test_a_merge_adds_a_part_s_groups(tmp_path):
     assert got["groups"] == ["1/2", "3/3"]
 
 
+def test_a_part_run_whole_takes_the_place_of_an_older_one(tmp_path):
+    record = _record()
+    base = {"device": {"platform": "tpu"}, "benchmarks": None}
+    part = {"passed": 3, "failed": 0, "errors": 0, "skipped": 0, "seconds": 1.0}
+    old = {"fast": {**part, "groups": ["1/3", "3/3"]}}
+    paths = [tmp_path / f"{i}.json" for i in range(4)]
+    paths[0].write_text(json.dumps({**base, "pytest": old}))
+    for i, path in enumerate(paths[1:], 1):
+        group = {"fast": {**part, "passed": i, "groups": [f"{i}/3"]}}
+        path.write_text(json.dumps({**base, "pytest": group, "git": "c"}))
+    whole = tmp_path / "whole" / "tpu.json"
+    whole.parent.mkdir()
+    whole.write_text(json.dumps(record.merge(paths[1:])))
+    got = record.merge([paths[0], whole])["pytest"]["fast"]
+    assert got["passed"] == 6 and got["groups"] == ["1/3", "2/3", "3/3"]
+    with pytest.raises(SystemExit, match="overlap"):  # a group: added, not whole
+        record.merge([paths[0], paths[2], paths[3]])
+
+
 def test_a_group_is_run_again_with_the_files_a_record_holds(tmp_path):
     record = _record()
     files = "tests/test_a.py tests/canary/test_b.py"

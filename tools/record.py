@@ -33,7 +33,8 @@ groups of its test files (`--group 1/2`, then `--group 2/2`, each file in one
 group, the groups balanced by file size), and `--merge` adds the groups' counts.
 Sizes change with the tests: `--group I/N@RECORD` runs the files RECORD's group
 I/N held (its run again, in place of one that went over its time), and
-`--group rest@RECORD` the files that no run in RECORD holds.
+`--group rest@RECORD` the files that no run in RECORD holds. A part that ran whole
+(all its groups, merged first) takes the place of an older record's part.
 
 """
 
@@ -236,6 +237,16 @@ def _add(a: dict, b: dict) -> dict:
     return {**summed, "runs": runs, "timed_out": any(r.get("timed_out") for r in runs)}
 
 
+def _whole(part: dict) -> bool:
+    """Whether a part ran as a whole: without groups, or in all of 1/N to N/N (a
+    whole run takes the place of any earlier run of its part, group by group)."""
+    groups = part.get("groups")
+    n = len(groups or [])
+    return groups is None or sorted(groups) == sorted(
+        f"{i}/{n}" for i in range(1, n + 1)
+    )
+
+
 def merge(paths: list[Path]) -> dict:
     """One record of the parts of several (of one platform): later files win,
     and a part run in groups of files adds its groups' counts."""
@@ -248,7 +259,7 @@ def merge(paths: list[Path]) -> dict:
             if "trees" not in got and r.get("git"):
                 got = {**got, "trees": [r["git"]]}
             old = out["pytest"].get(name)
-            both = old is not None and "groups" in old and "groups" in got
+            both = old is not None and "groups" in old and not _whole(got)
             out["pytest"][name] = _add(old, got) if both else got
         if r["benchmarks"]:
             out["benchmarks"] = {"git": r.get("git"), **r["benchmarks"]}
