@@ -15,7 +15,8 @@ of a static field the program does not use (0 extra XLA compiles, 10 traces), wi
 and without `jax.nn.relu`. Then the cost of a miss: the first call (trace +
 compile) of `es.jit` against `eqx.filter_jit` on the same body (and its CPU time
 on 200 operations over eight constants of 100,000 floats, with the `eqx_static`
-logger off and at INFO: what a compile records), and, on a model
+logger off and at INFO: what a compile records, and the fingerprint's own
+cost), and, on a model
 whose compile takes over half a second, a miss whose program is reused against
 one that compiles; a miss whose program is reused against `jax.jit`'s trace and
 lowering of the same call, on the attention blocks and on 100 and 1,000 nested
@@ -398,7 +399,9 @@ def _first_call_cpu(reps: int) -> tuple[dict[str, float], dict[str, list[float]]
     logger = logging.getLogger("eqx_static")
     x = jnp.ones(100_000, jnp.float32)
     times: dict[str, list[float]] = {"es.jit": [], "es.jit, INFO": [], "filter_jit": []}
+    times["fingerprint"] = []
     for r in range(reps + 1):
+        times["fingerprint"].append(_fingerprint_cpu(_constants_body(r), x))
         wraps = [("es.jit", es.jit), ("es.jit, INFO", es.jit),
                  ("filter_jit", eqx.filter_jit)]  # fmt: skip
         random.shuffle(wraps)
@@ -412,6 +415,19 @@ def _first_call_cpu(reps: int) -> tuple[dict[str, float], dict[str, list[float]]
             finally:
                 logger.setLevel(level)
     return {k: statistics.median(v[1:]) for k, v in times.items()}, times
+
+
+def _fingerprint_cpu(body: Callable, x: jax.Array) -> float:
+    """CPU seconds of what a miss computes to share programs (the host callbacks
+    read from the jaxpr, the module's digest) on `body`'s lowering, as the miss
+    path calls it."""
+    from eqx_static import _jax, _sharing
+
+    traced = jax.jit(body).trace(x)
+    lowering = _jax.lowering_of(traced.lower())
+    t0 = time.process_time()
+    _sharing.fingerprint(lowering, _sharing.host_callbacks(lowering, traced.jaxpr)[0])
+    return time.process_time() - t0
 
 
 def run(rep: h.Report, s: h.Settings) -> None:
@@ -474,6 +490,11 @@ def run(rep: h.Report, s: h.Settings) -> None:
         GROUP, "compiles.first_call.constants_info",
         "the same with INFO logging on for eqx_static (its operations recorded): es.jit / filter_jit",
         med, "es.jit, INFO", "filter_jit",
+    )  # fmt: skip
+    rep.compare_row(
+        GROUP, "compiles.first_call.fingerprint",
+        "of which the fingerprint that shares programs (callbacks, digest; CPU time): its cost / filter_jit's first call",
+        med, "fingerprint", "filter_jit",
     )  # fmt: skip
     med, raw = _miss_costs(s.first_call_reps + 2)
     rep.raw["compiles.miss_costs"] = raw
