@@ -829,7 +829,7 @@ class _Miss:
         self.known = self.number = 0  # signatures held when it started; its compile
         self.helper: Any = None
         self.lowered: Any = None
-        self.jaxpr: Any = None
+        self.jit_trace: Any = None  # its `jax.stages.Traced`, lowered as `lowered`
         self.shared: Program | None = None  # a compiled program it runs
         self.mark: list[bytes] = []  # the module it marked as compiling
         self.public: _Public | None = None  # a top-level call on a public `jax.jit`
@@ -884,8 +884,8 @@ def _trace_and_lower(miss: _Miss) -> None:
     known = list(f.recent)  # what the call is explained against: before room is made
     f.make_room(miss)
     miss.helper = entry.helper or _helper(f, entry, miss.leaves)
-    traced = miss.helper.trace(*miss.leaves)
-    miss.lowered, miss.jaxpr = traced.lower(), traced.jaxpr
+    miss.jit_trace = miss.helper.trace(*miss.leaves)
+    miss.lowered = miss.jit_trace.lower()
     miss.why = _why(f, known, entry.key, miss.sig, staged)
 
 
@@ -900,7 +900,7 @@ def _decide(miss: _Miss) -> Program:
     """A compiled program provably the same, or a new compile."""
     f = miss.f
     lowering = _jax.lowering_of(miss.lowered)
-    callbacks, miss.checks = _sharing.host_callbacks(lowering, miss.jaxpr)
+    callbacks, miss.checks = _sharing.host_callbacks(lowering, miss.jit_trace.jaxpr)
     fp = None if _jax.pgle_enabled() else _sharing.fingerprint(lowering, callbacks)
     # JAX's lowering cache may give a lowering compiled already (a new sharding
     # that compares equal to one this key ran: `P()`, `P(None)`).
@@ -942,7 +942,7 @@ def _compile(miss: _Miss, lowering: Any, fp: _sharing.Fingerprint | None) -> Pro
     compile as it starts: JAX's own cache of executables may serve this lowering
     (a sharding that lowers to the same program), and then nothing compiles."""
     module = None if lowering is None else lowering.stablehlo()
-    _record(miss, module, miss.jaxpr)
+    _record(miss, module, miss.jit_trace.jaxpr)
     miss.due = True
     key = miss.entry.key
     if fp is None:
@@ -985,7 +985,7 @@ def _install_and_run(miss: _Miss, program: Program) -> tuple:
     if miss.shared is None or program.fingerprint is None:
         entry.helper = miss.helper  # a key that shares a program keeps no lowering
     try:
-        out = _run(miss.helper, miss.leaves, miss.checks)
+        out = _run(miss.helper, miss.leaves, miss.checks, miss)
     except BaseException as e:
         # JAX's dispatcher falls back to Python for a signature whose first run
         # raised: later calls come here, through this `jax.jit`.
@@ -1042,11 +1042,20 @@ def _booked(miss: _Miss, run: Callable, jitted: Any) -> Any:
             _report.log(f.name(entry.key), "traced under a transformation", f.size, why)
 
 
-def _run(helper: Any, leaves: tuple, wait: bool) -> tuple:
-    """`helper`'s own miss: it runs the call (waited for if `wait`: its program may
-    hold `eqx.error_if`), and returns what a dispatcher keeps."""
+def _run(helper: Any, leaves: tuple, wait: bool, miss: "_Miss | None" = None) -> tuple:
+    """Run the call (waited for if `wait`: its program may hold `eqx.error_if`), and
+    return what a dispatcher keeps: from `miss`'s trace and lowering if their
+    executable is compiled, else by `helper`'s own miss."""
     __tracebackhide__ = True
-    run = functools.partial(_jax.jit_miss, helper)
+
+    def run(*leaves: Any) -> tuple:
+        __tracebackhide__ = True
+        if miss is not None and (
+            got := _jax.run_lowered(miss.jit_trace, miss.lowered, leaves)
+        ):
+            return got
+        return _jax.jit_miss(helper, *leaves)
+
     return _report.reporting_errors(run, wait=lambda: wait)(*leaves)
 
 

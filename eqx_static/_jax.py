@@ -255,6 +255,48 @@ def jit_miss(jitted: Any, *args: Any) -> tuple:
     return jitted._cache_miss(*args)
 
 
+# The flags under which JAX's own miss does more than run a lowering's executable:
+# it checks the outputs or the keys, logs the run, or refuses to trace.
+_CHECKED_RUN: Final = (
+    "debug_nans debug_infs debug_key_reuse distributed_debug no_tracing"
+)
+_config, _core = _jax_module("config"), _jax_module("core")
+_run_lost: list[str] = []  # said once
+
+
+def run_lowered(traced: Any, lowered: Any, args: tuple) -> tuple | None:
+    """What `jit_miss` returns for `args`, run from the trace and lowering in hand
+    (`jax.stages.Traced`, `Lowered`) whose executable is compiled: JAX's own miss
+    would infer, resolve and lower them again (cache hits, at the cost of a pass
+    over every leaf). None where that miss does more than run the executable (a
+    check, a profile, a program of hijax types, a trace in progress) or this JAX
+    lacks a name read here (said once): then call `jit_miss`."""
+    if _run_lost:
+        return None
+    try:
+        params, computation = traced._params, lowered._lowering
+        compiled, jaxpr = computation._executable, params["jaxpr"]
+        flags = [getattr(_config, f).value for f in _CHECKED_RUN.split()]
+        plain = not jaxpr.is_high and _core.trace_state_clean()
+        fastpath = _pjit._get_fastpath_data  # pyright: ignore[reportPossiblyUnbound]
+    except (AttributeError, KeyError, NameError, TypeError) as e:
+        _run_lost.append("said")
+        warnings.warn(
+            f"eqx_static: with jax {jax.__version__}, a miss runs its program through "
+            f"JAX's own miss ({e!r}): results are unchanged, and a miss costs one "
+            "more pass over its arguments. Please report this with your JAX version.",
+            RuntimeWarning,
+        )
+        return None
+    if compiled is None or any(flags) or pgle_enabled() or not plain:
+        return None
+    const_args = compiled.shard_const_args(computation.const_args)
+    tree, args_flat = traced.out_tree, [*traced._consts, *args]
+    out_flat = compiled.unsafe_call(*const_args, *args_flat)
+    got = (args_flat, out_flat, jaxpr.effects, jaxpr.consts, None, const_args)
+    return jax.tree.unflatten(tree, out_flat), fastpath(compiled, tree, *got), False
+
+
 def clear(dispatch: Any) -> None:
     """Drop every executable a dispatcher holds."""
     dispatch._clear_cache()

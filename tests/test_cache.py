@@ -301,6 +301,51 @@ def test_a_program_two_keys_share_is_held_while_either_runs_it():
     assert f.compile_info()[:2] == (2, 2)
 
 
+def _keys_run(monkeypatch: pytest.MonkeyPatch, direct: bool) -> tuple:
+    """Four keys of one program, a fifth of another, each called twice: outputs,
+    books, and how many of JAX's own misses ran them (`direct`: from the miss's
+    trace and lowering where possible; else always JAX's own miss)."""
+    own = [0]
+
+    def jit_miss(*args: Any) -> Any:
+        own[0] += 1
+        return jitted_miss(*args)
+
+    jitted_miss = _jax.jit_miss
+    monkeypatch.setattr(_jax, "jit_miss", jit_miss)
+    if not direct:
+        monkeypatch.setattr(_jax, "run_lowered", lambda *a: None)
+
+    @es.jit
+    def f(x, tag):
+        return {"y": jnp.cos(x) if tag == "other" else x * 2, "n": x.sum()}
+
+    x = jnp.arange(3.0)
+    outs = [f(x, tag) for tag in ("a", "b", "c", "d", "other") * 2]
+    return outs, f.cache_info(), f.compile_info()[:2], own[0]
+
+
+def test_a_miss_runs_its_executable_from_its_own_trace_and_lowering(monkeypatch):
+    """A miss runs the executable it compiled or installed from the trace and
+    lowering it holds (JAX's own miss would flatten and abstract every leaf again),
+    where nothing else is asked of the run; the outputs and books are those of JAX's
+    own miss."""
+    if not _jax.DISPATCH:
+        pytest.skip("the public path: each key's calls are JAX's own")
+    es.jit(lambda x: x)(jnp.ones(1))  # the dispatcher's probe, if not run yet
+    with monkeypatch.context() as m:
+        outs, info, compiles, own = _keys_run(m, direct=True)
+    assert own == 0  # five misses, none of them JAX's own
+    with monkeypatch.context() as m:
+        outs2, info2, compiles2, own2 = _keys_run(m, direct=False)
+    assert own2 == 5 and (info, compiles) == (info2, compiles2)
+    assert info.misses == 5 and info.hits == 5 and compiles == (2, 2)
+    for got, want in zip(outs, outs2):
+        assert jax.tree.structure(got) == jax.tree.structure(want)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_maxsize_counts_shapes_as_entries():
     traces = [0]
 

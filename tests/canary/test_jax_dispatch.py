@@ -1,12 +1,14 @@
 """JAX's C++ dispatcher with a miss path of ours, and a lowering that carries the
 executable the next call runs: what each key's hits and its sharing rest on."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from eqx_static import _jax
-from helpers import XlaCompiles
+from helpers import output, run_python, XlaCompiles
 
 
 def test_the_dispatcher_can_be_built():
@@ -86,6 +88,95 @@ def test_a_lowering_holds_the_executable_the_next_call_runs():
         np.testing.assert_array_equal(out, np.asarray(x) * 2)
     assert _jax.lowering_of(object()) is None
     assert _jax.compiled_texts(executable)[0].startswith("HloModule")
+
+
+def _lowered_twice():
+    """A function of a constant and two arguments, its trace and lowering, and its
+    own `jax.jit`'s miss on the same arguments, to compare with."""
+    c = jnp.arange(16.0)  # 64 bytes: hoisted, where JAX hoists constants
+    jitted = jax.jit(lambda x, y: ({"s": x * c + y}, x.sum()))
+    args = (jnp.ones(16), jnp.float32(2.0))
+    traced = jitted.trace(*args)
+    return jitted, traced, traced.lower(), args
+
+
+def runs_as_jax_s_own_miss(hoisted: bool = False) -> None:
+    """`run_lowered` returns what `jit_miss` does (outputs, fastpath data that serve
+    the next call in C++) from a trace and lowering in hand, without JAX's second
+    pass over the arguments; None before the lowering is compiled. `hoisted`: JAX
+    passes the program's constant as an argument of its own."""
+    jitted, traced, lowered, args = _lowered_twice()
+    assert bool(_jax.lowering_of(lowered).const_args) is hoisted
+    assert _jax.run_lowered(traced, lowered, args) is None  # nothing compiled yet
+    lowered.compile()
+    got, want = _jax.run_lowered(traced, lowered, args), _jax.jit_miss(jitted, *args)
+    assert got is not None and got[2] is False and got[1] is not None
+    assert jax.tree.structure(got[0]) == jax.tree.structure(want[0])
+    for a, b in zip(jax.tree.leaves(got[0]), jax.tree.leaves(want[0])):
+        np.testing.assert_array_equal(a, b)
+    calls = []
+
+    def miss(*a):
+        calls.append(1)
+        return got if len(calls) == 1 else _jax.jit_miss(jitted, *a)
+
+    dispatch = _jax.dispatcher("fun", jitted, miss, (), jitted)
+    for _ in range(3):
+        np.testing.assert_array_equal(dispatch(*args)[0]["s"], got[0][0]["s"])
+    assert calls == [1]  # the next calls were served in C++ from its fastpath data
+
+
+def test_a_compiled_lowering_runs_as_jax_s_own_miss_runs_it():
+    runs_as_jax_s_own_miss()
+
+
+def test_the_same_with_the_constants_hoisted_into_arguments():
+    """JAX hoists a program's constants into arguments of their own where
+    `JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS` is on, read at import (JAX means to make
+    it the rule): a process of its own."""
+    code = (
+        "import sys; sys.path[:0] = ['tests']\n"
+        "from canary.test_jax_dispatch import runs_as_jax_s_own_miss\n"
+        "runs_as_jax_s_own_miss(hoisted=True)"
+    )
+    done = run_python(code=code, env={"JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS": "1"})
+    assert done.returncode == 0, output(done)
+
+
+# JAX's own miss checks the outputs or the keys, logs the run, refuses to trace, or
+# profiles the program (PGLE): it is called instead.
+FLAGS = "debug_nans debug_infs debug_key_reuse distributed_debug no_tracing enable_pgle"
+
+
+@pytest.mark.parametrize("flag", FLAGS.split())
+def test_a_lowering_is_not_run_directly_where_jax_s_miss_does_more(flag):
+    _, traced, lowered, args = _lowered_twice()
+    lowered.compile()
+    assert _jax.run_lowered(traced, lowered, args) is not None
+    jax.config.update(f"jax_{flag}", True)
+    try:
+        assert _jax.run_lowered(traced, lowered, args) is None
+    finally:
+        jax.config.update(f"jax_{flag}", False)
+
+
+def test_a_lowering_is_not_run_directly_under_a_trace_or_without_a_name(monkeypatch):
+    _, traced, lowered, args = _lowered_twice()
+    lowered.compile()
+    seen = []
+    jax.grad(lambda x: seen.append(_jax.run_lowered(traced, lowered, args)) or x)(1.0)
+    assert seen == [None]
+    monkeypatch.setattr(_jax, "_run_lost", [])  # as in a process that lacks a name
+    with pytest.warns(RuntimeWarning) as said:
+        assert _jax.run_lowered(object(), lowered, args) is None  # no `_params`
+    assert re.fullmatch(
+        rf"eqx_static: with jax {re.escape(jax.__version__)}, a miss runs its program "
+        r"through JAX's own miss \(AttributeError\(.*\)\): results are unchanged, "
+        r"and a miss costs one more pass over its arguments\. Please report this "
+        r"with your JAX version\.",
+        str(said[0].message),
+    )
+    assert _jax.run_lowered(traced, lowered, args) is None  # said once, then off
 
 
 def test_compile_arguments_hold_what_a_program_is_compiled_with():
