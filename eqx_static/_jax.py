@@ -7,6 +7,7 @@ checks each name, so that a release that changes one reads as "JAX changed"."""
 
 import contextlib
 import importlib
+import inspect
 import logging
 import os
 import re
@@ -261,6 +262,20 @@ _CHECKED_RUN: Final = (
     "debug_nans debug_infs debug_key_reuse distributed_debug no_tracing"
 )
 _config, _core = _jax_module("config"), _jax_module("core")
+# What `run_lowered` hands the fastpath data from, as JAX's own miss does (jax >=
+# 0.10; before, a lowering's constants were passed otherwise: JAX's miss runs it).
+_FASTPATH: Final = (
+    "executable out_tree args_flat out_flat effects consts_for_constvars "
+    "pgle_profiler const_args"
+).split()
+try:
+    _fastpath: Any = _pjit._get_fastpath_data  # pyright: ignore[reportPossiblyUnbound]
+    _params = list(inspect.signature(_fastpath).parameters)
+    RUN_LOWERED = _params == _FASTPATH and hasattr(
+        _pxla.MeshExecutable, "shard_const_args"
+    )
+except (NameError, AttributeError, TypeError, ValueError):  # pragma: no cover
+    RUN_LOWERED = False
 _run_lost: list[str] = []  # said once
 
 
@@ -269,32 +284,40 @@ def run_lowered(traced: Any, lowered: Any, args: tuple) -> tuple | None:
     (`jax.stages.Traced`, `Lowered`) whose executable is compiled: JAX's own miss
     would infer, resolve and lower them again (cache hits, at the cost of a pass
     over every leaf). None where that miss does more than run the executable (a
-    check, a profile, a program of hijax types, a trace in progress) or this JAX
-    lacks a name read here (said once): then call `jit_miss`."""
-    if _run_lost:
+    check, a profile, a program of hijax types, a trace in progress), on a JAX
+    before 0.10, or where this JAX lacks a name read here (said once): then call
+    `jit_miss`. Every name is read before the program runs."""
+    if _run_lost or not RUN_LOWERED:
         return None
     try:
         params, computation = traced._params, lowered._lowering
         compiled, jaxpr = computation._executable, params["jaxpr"]
         flags = [getattr(_config, f).value for f in _CHECKED_RUN.split()]
         plain = not jaxpr.is_high and _core.trace_state_clean()
-        fastpath = _pjit._get_fastpath_data  # pyright: ignore[reportPossiblyUnbound]
-    except (AttributeError, KeyError, NameError, TypeError) as e:
+        if compiled is None or any(flags) or pgle_enabled() or not plain:
+            return None
+        shard, run = compiled.shard_const_args, compiled.unsafe_call
+        tree, consts, constants = (
+            traced.out_tree,
+            traced._consts,
+            computation.const_args,
+        )
+        effects = (jaxpr.effects, jaxpr.consts)  # of the program, for the fastpath
+    except (AttributeError, KeyError, TypeError) as e:
         _run_lost.append("said")
         warnings.warn(
             f"eqx_static: with jax {jax.__version__}, a miss runs its program through "
             f"JAX's own miss ({e!r}): results are unchanged, and a miss costs one "
             "more pass over its arguments. Please report this with your JAX version.",
             RuntimeWarning,
+            stacklevel=2,
         )
         return None
-    if compiled is None or any(flags) or pgle_enabled() or not plain:
-        return None
-    const_args = compiled.shard_const_args(computation.const_args)
-    tree, args_flat = traced.out_tree, [*traced._consts, *args]
-    out_flat = compiled.unsafe_call(*const_args, *args_flat)
-    got = (args_flat, out_flat, jaxpr.effects, jaxpr.consts, None, const_args)
-    return jax.tree.unflatten(tree, out_flat), fastpath(compiled, tree, *got), False
+    const_args = shard(constants)
+    args_flat = [*consts, *args]
+    out_flat = run(*const_args, *args_flat)
+    data = _fastpath(compiled, tree, args_flat, out_flat, *effects, None, const_args)
+    return jax.tree.unflatten(tree, out_flat), data, False
 
 
 def clear(dispatch: Any) -> None:

@@ -100,6 +100,19 @@ def _lowered_twice():
     return jitted, traced, traced.lower(), args
 
 
+# Before jax 0.10 a lowering's constants reach its executable otherwise, and a miss
+# runs through JAX's own.
+needs_run = pytest.mark.skipif(
+    not _jax.RUN_LOWERED, reason="jax < 0.10: a miss runs through JAX's own"
+)
+
+
+def test_a_lowering_can_be_run_as_jax_s_own_miss_runs_it():
+    if tuple(map(int, jax.__version__.split(".")[:2])) < (0, 10):
+        pytest.skip("jax < 0.10: a miss runs through JAX's own")
+    assert _jax.RUN_LOWERED, "JAX changed: _get_fastpath_data or shard_const_args"
+
+
 def runs_as_jax_s_own_miss(hoisted: bool = False) -> None:
     """`run_lowered` returns what `jit_miss` does (outputs, fastpath data that serve
     the next call in C++) from a trace and lowering in hand, without JAX's second
@@ -126,10 +139,12 @@ def runs_as_jax_s_own_miss(hoisted: bool = False) -> None:
     assert calls == [1]  # the next calls were served in C++ from its fastpath data
 
 
+@needs_run
 def test_a_compiled_lowering_runs_as_jax_s_own_miss_runs_it():
     runs_as_jax_s_own_miss()
 
 
+@needs_run
 def test_the_same_with_the_constants_hoisted_into_arguments():
     """JAX hoists a program's constants into arguments of their own where
     `JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS` is on, read at import (JAX means to make
@@ -148,6 +163,7 @@ def test_the_same_with_the_constants_hoisted_into_arguments():
 FLAGS = "debug_nans debug_infs debug_key_reuse distributed_debug no_tracing enable_pgle"
 
 
+@needs_run
 @pytest.mark.parametrize("flag", FLAGS.split())
 def test_a_lowering_is_not_run_directly_where_jax_s_miss_does_more(flag):
     _, traced, lowered, args = _lowered_twice()
@@ -160,6 +176,7 @@ def test_a_lowering_is_not_run_directly_where_jax_s_miss_does_more(flag):
         jax.config.update(f"jax_{flag}", False)
 
 
+@needs_run
 def test_a_lowering_is_not_run_directly_under_a_trace_or_without_a_name(monkeypatch):
     _, traced, lowered, args = _lowered_twice()
     lowered.compile()
