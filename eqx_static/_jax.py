@@ -259,7 +259,7 @@ def jit_miss(jitted: Any, *args: Any) -> tuple:
 # The flags under which JAX's own miss does more than run a lowering's executable:
 # it checks the outputs or the keys, logs the run, or refuses to trace.
 _CHECKED_RUN: Final = (
-    "debug_nans debug_infs debug_key_reuse distributed_debug no_tracing"
+    "debug_nans debug_infs debug_key_reuse distributed_debug no_tracing".split()
 )
 _config, _core = _jax_module("config"), _jax_module("core")
 # What `run_lowered` hands the fastpath data from, as JAX's own miss does (jax >=
@@ -270,10 +270,8 @@ _FASTPATH: Final = (
 ).split()
 try:
     _fastpath: Any = _pjit._get_fastpath_data  # pyright: ignore[reportPossiblyUnbound]
-    _params = list(inspect.signature(_fastpath).parameters)
-    RUN_LOWERED = _params == _FASTPATH and hasattr(
-        _pxla.MeshExecutable, "shard_const_args"
-    )
+    _shards = hasattr(_pxla.MeshExecutable, "shard_const_args")
+    RUN_LOWERED = list(inspect.signature(_fastpath).parameters) == _FASTPATH and _shards
 except (NameError, AttributeError, TypeError, ValueError):  # pragma: no cover
     RUN_LOWERED = False
 _run_lost: list[str] = []  # said once
@@ -292,7 +290,7 @@ def run_lowered(traced: Any, lowered: Any, args: tuple) -> tuple | None:
     try:
         params, computation = traced._params, lowered._lowering
         compiled, jaxpr = computation._executable, params["jaxpr"]
-        flags = [getattr(_config, f).value for f in _CHECKED_RUN.split()]
+        flags = [getattr(_config, f).value for f in _CHECKED_RUN]
         plain = not jaxpr.is_high and _core.trace_state_clean()
         if compiled is None or any(flags) or pgle_enabled() or not plain:
             return None

@@ -203,7 +203,7 @@ def write_problems() -> list[str]:
 
 # Code lines each module may have: set at its count, so that a change that adds
 # lines raises the budget in the same diff and says what they buy. (The bar filed
-# for the package is 3,100 in at most 12 modules; it stands at 4,127 as formatted,
+# for the package is 3,100 in at most 12 modules; it stands at 4,125 as formatted,
 # the features filed beside it included.)
 BUDGET: dict[str, int] = {
     "__init__.py": 40,
@@ -211,7 +211,7 @@ BUDGET: dict[str, int] = {
     "_diverge.py": 166,
     "_fields.py": 317,
     "_guard.py": 244,
-    "_jax.py": 435,
+    "_jax.py": 433,
     "_jit.py": 590,
     "_key.py": 236,
     "_module.py": 493,
