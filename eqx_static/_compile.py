@@ -112,6 +112,11 @@ class Program:
     outline: "Outline"
     number: int
     users: int = 0
+    later: Callable[[], Any] | None = None  # computes `fingerprint`, not yet known
+
+
+# No module's digest: marks the program compiling alone (`Function.alone`).
+_ALONE: Final = b""
 
 
 class Outline(NamedTuple):
@@ -250,6 +255,33 @@ class Function:
         if limit is not None and len(history) >= limit:
             raise _report.budget_error(self.qualname, limit, history, changes, differ)
 
+    def alone(self, mark: list) -> bool:
+        """Whether the program about to be decided is the only one: none is held
+        or compiling. Then it compiles without its fingerprint, which `settle`
+        computes once a second program may be the same; it is marked as compiling
+        (in `mark`, as by `find`) until `unmark`."""
+        with self.lock:
+            if self.held or self.compiling:
+                return False
+            mark.append(_ALONE)
+            self.compiling[_ALONE] = threading.Event()
+            return True
+
+    def settle(self) -> None:
+        """Fingerprint the programs compiled alone, so that `find` sees them: after
+        the one compiling alone, if any, is held."""
+        while (event := self.compiling.get(_ALONE)) is not None:
+            event.wait()
+        with self.lock:
+            later = [p for p in self.held.values() if p.later is not None]
+        for p, fp in [(p, p.later()) for p in later]:  # pyright: ignore
+            with self.lock:
+                if p.later is None:  # another thread settled it
+                    continue
+                p.later, p.fingerprint = None, fp
+                if fp is not None and p.users:
+                    self.programs.setdefault(fp.digest, []).append(p)
+
     def find(self, fp: _sharing.Fingerprint, mark: list) -> Program | None:
         """A program provably the same as `fp`; else `fp` is marked as compiling
         (in `mark`, before the mark is set) until `unmark`, and a `find` of the same
@@ -345,6 +377,7 @@ class Function:
         if p.users:
             return
         self.held.pop(id(p), None)
+        p.later = None  # its lowering, and so its executable, let go
         if p.fingerprint is not None:
             same = self.programs.get(p.fingerprint.digest, [])
             same[:] = [q for q in same if q is not p]
@@ -825,7 +858,6 @@ class _Miss:
         self.why = _report.Why.said(())  # these three: the compile's record
         self.outline = Outline(None, None)  # its program
         self.differ: Any = None
-        self.digest: bytes | None = None  # of the program it compiles
         self.known = self.number = 0  # signatures held when it started; its compile
         self.helper: Any = None
         self.lowered: Any = None
@@ -901,19 +933,23 @@ def _decide(miss: _Miss) -> Program:
     f = miss.f
     lowering = _jax.lowering_of(miss.lowered)
     callbacks, miss.checks = _sharing.host_callbacks(lowering, miss.jit_trace.jaxpr)
-    fp = None if _jax.pgle_enabled() else _sharing.fingerprint(lowering, callbacks)
+    later = None if _jax.pgle_enabled() else _sharing.fingerprint(lowering, callbacks)
     # JAX's lowering cache may give a lowering compiled already (a new sharding
     # that compares equal to one this key ran: `P()`, `P(None)`).
-    program = f.running(lowering)
-    if program is None and fp is not None:
-        program = f.find(fp, miss.mark)  # None: marked, until it is registered
+    program, fp, alone = f.running(lowering), None, False
+    if program is None and later is not None:
+        alone = f.alone(miss.mark)
+        if not alone:
+            f.settle()
+            fp = later()
+            program = None if fp is None else f.find(fp, miss.mark)  # None: marked
     _diverge.check(_for_diverge(miss), lowering, fp, program)  # decided alike
     if program is not None:
         miss.shared = program
         if _jax.env_switch("EQX_STATIC_CHECK_SHARING", False) and program.fingerprint:
             _check_sharing(miss, program)
         return program
-    return _compile(miss, lowering, fp)
+    return _compile(miss, lowering, fp, later if alone else None)
 
 
 def _for_diverge(miss: _Miss) -> _diverge.Miss:
@@ -936,22 +972,24 @@ def _check_sharing(miss: _Miss, program: Program) -> None:
     )
 
 
-def _compile(miss: _Miss, lowering: Any, fp: _sharing.Fingerprint | None) -> Program:
-    """Compile; an unshareable program is compiled by the call that follows (JAX's
-    own miss), still inside the miss that books it. The budget and the log see the
-    compile as it starts: JAX's own cache of executables may serve this lowering
-    (a sharding that lowers to the same program), and then nothing compiles."""
+def _compile(
+    miss: _Miss, lowering: Any, fp: _sharing.Fingerprint | None, later: Any = None
+) -> Program:
+    """Compile; an unshareable program (no `fp`, nor a `later` one) is compiled by
+    the call that follows (JAX's own miss), still inside the miss that books it.
+    The budget and the log see the compile as it starts: JAX's own cache of
+    executables may serve this lowering (a sharding that lowers to the same
+    program), and then nothing compiles."""
     module = None if lowering is None else lowering.stablehlo()
     _record(miss, module, miss.jit_trace.jaxpr)
     miss.due = True
     key = miss.entry.key
-    if fp is None:
+    if fp is None and later is None:
         return Program(key, None, None, miss.outline, 0)
-    miss.digest = fp.digest
     miss.lowered.compile()
     executable = _jax.executable_of(lowering)
     held = None if miss.number else miss.f.running(lowering)
-    return held or Program(key, fp, executable, miss.outline, miss.number)
+    return held or Program(key, fp, executable, miss.outline, miss.number, 0, later)
 
 
 def _record(miss: _Miss, module: Any, jaxpr: Any) -> None:
@@ -1137,7 +1175,6 @@ def _explain_public(miss: _Miss, public: _Public) -> None:
     traced = public.jitted.trace(*miss.leaves)
     lowered = traced.lower()
     lowering, module = _jax.lowering_of(lowered), lowered.compiler_ir("stablehlo")
-    miss.digest = _sharing.digest(module)
     _diverge.check(_for_diverge(miss), lowering, None, None)
     _record(miss, module, traced.jaxpr)
     _plan(miss)
@@ -1196,25 +1233,29 @@ def _on_compile_end(event: str, duration_secs: float, **kwargs: Any) -> None:
         number = len(f.history)
     if m is not None:
         m.number, m.planned = number, False
-    _rewrapped(f, m.digest if number == 1 and m is not None else None)
+    _rewrapped(f, m if number == 1 else None)
 
 
 # The storm of a function wrapped anew in a loop: each wrap is a cache of its own,
 # and compiles the same program again; none compiles twice, so no budget of one
-# function sees it. Counted while the first compiles of new wraps of one code, of
-# one program, follow each other with no other compile of this package between
-# (a test suite's fresh wraps each compile more, or something else, and reset it).
+# function sees it. Counted while the first compiles of new wraps of one code, for
+# one call (its key and signature), follow each other with no other compile of this
+# package between (a test suite's fresh wraps each compile more, or for other calls,
+# and reset it). The call is kept as its hash: a collision can only tell of a loop
+# one wrap early. A compile under a transformation (no structure recorded) is none.
 _rewraps: Final[set[Any]] = set()  # the codes of which a wrap compiled
-_in_a_row: list[Any] = [None, b"", 0]  # the last code, its program, wraps in a row
+_in_a_row: list[Any] = [None, 0, 0]  # the last code, its call's hash, wraps in a row
 
 
-def _rewrapped(f: Function, digest: bytes | None) -> None:
-    if digest is None or f.code is None:
-        _in_a_row[:] = [None, b"", 0]
+def _rewrapped(f: Function, m: _Miss | None) -> None:
+    structure = None if m is None else m.outline.structure
+    if m is None or structure is None or f.code is None:
+        _in_a_row[:] = [None, 0, 0]
         return
     _rewraps.add(f.code)
-    same = _in_a_row[0] is f.code and _in_a_row[1] == digest
-    _in_a_row[:] = [f.code, digest, _in_a_row[2] + 1 if same else 1]
+    call = hash((m.entry.key, m.sig))
+    same = _in_a_row[0] is f.code and _in_a_row[1] == call
+    _in_a_row[:] = [f.code, call, _in_a_row[2] + 1 if same else 1]
     n = _in_a_row[2]
     if f.warn_after is not None and n == f.warn_after:
         _report.logger.warning(

@@ -18,6 +18,7 @@ unshareable, and may be Equinox's error check: such a program is waited for."""
 import functools
 import hashlib
 import re
+from collections.abc import Callable
 from typing import Any, Final, NamedTuple
 
 from . import _jax
@@ -66,9 +67,13 @@ def host_callbacks(lowering: Any, jaxpr: Any) -> tuple[tuple | None, bool]:
     return callbacks, any(checks)
 
 
-def fingerprint(lowering: Any, callbacks: tuple | None) -> Fingerprint | None:
-    """None if the program is not one this module can prove the same as another.
-    `callbacks`: its `host_callbacks`."""
+def fingerprint(
+    lowering: Any, callbacks: tuple | None
+) -> "Callable[[], Fingerprint | None] | None":
+    """None if the program is not one this module can prove the same as another,
+    by its compile arguments or `callbacks` (its `host_callbacks`); else what
+    computes its fingerprint (None if its module has no digest): the module's
+    digest is the cost, paid once another program may be the same."""
     if lowering is None or callbacks is None or not _jax.SHARING:
         return None
     arguments = _jax.compile_arguments(lowering)
@@ -87,8 +92,14 @@ def fingerprint(lowering: Any, callbacks: tuple | None) -> Fingerprint | None:
             compared.append((name, value))
         elif name not in _IGNORED and (name not in _EMPTY or value):
             return None  # unknown, None, an ordered effect, a mutable array, ...
+    return functools.partial(_fingerprint, lowering, tuple(compared), callbacks)
+
+
+def _fingerprint(
+    lowering: Any, arguments: tuple, callbacks: tuple
+) -> Fingerprint | None:
     program = digest(lowering.stablehlo())
-    return None if program is None else Fingerprint(program, tuple(compared), callbacks)
+    return None if program is None else Fingerprint(program, arguments, callbacks)
 
 
 def same_program(a: Fingerprint, b: Fingerprint) -> bool:

@@ -365,10 +365,12 @@ def _interrupt_once_after(function: str, filename: str):
 
 
 @pytest.mark.sharing
-def test_an_interrupt_right_after_a_program_is_marked_leaves_no_mark():
+@pytest.mark.parametrize("marker", ["alone", "find"])
+def test_an_interrupt_right_after_a_program_is_marked_leaves_no_mark(marker):
     """Ctrl-C lands just after a new program is marked as being compiled (the
-    marker returns): a later first call of another key with the same program must
-    not wait for a compile that will never finish."""
+    marker returns): the function's first program (`alone`), or one after another
+    (`find`). A later first call of another key with the same program must not
+    wait for a compile that will never finish."""
     import sys
     import threading
 
@@ -376,7 +378,9 @@ def test_an_interrupt_right_after_a_program_is_marked_leaves_no_mark():
     def f(x, tag):
         return x * 2
 
-    trace, fired = _interrupt_once_after("find", "_compile.py")
+    if marker == "find":
+        f(X[:1], "z")  # another program held: the next is looked for
+    trace, fired = _interrupt_once_after(marker, "_compile.py")
     sys.settrace(trace)
     try:
         with pytest.raises(KeyboardInterrupt):

@@ -512,7 +512,8 @@ def test_a_text_that_cannot_be_made_canonical_is_never_shared(monkeypatch):
     from eqx_static import _sharing
 
     monkeypatch.setattr(_sharing, "digest", lambda module: None)
-    assert _sharing.fingerprint(_lowered(lambda x: x * 2), ()) is None
+    later = _sharing.fingerprint(_lowered(lambda x: x * 2), ())
+    assert later is not None and later() is None
     _two_keys_of_one_program_compile_twice()
 
 
@@ -569,7 +570,8 @@ def test_the_fingerprint_holds_the_compile_arguments():
     from eqx_static._sharing import fingerprint
 
     def arguments(**options):
-        fp = fingerprint(_lowered(lambda x: x * 2, **options), ())
+        later = fingerprint(_lowered(lambda x: x * 2, **options), ())
+        fp = None if later is None else later()
         assert fp is not None
         return dict(fp.arguments)
 
@@ -1043,3 +1045,49 @@ def test_callbacks_in_another_order_are_another_program():
     got = [float(f(x, flip)) for flip in (False, True)]
     assert got == [float(swapped(x, flip)) for flip in (False, True)]
     assert f.compile_info().compiles == 2
+
+
+@pytest.mark.sharing
+def test_a_function_s_only_program_is_fingerprinted_once_a_second_may_share_it(
+    monkeypatch,
+):
+    """The first program compiles without its module's digest (no other program
+    can be the same); the first call of a second key computes both, and shares."""
+    from eqx_static import _sharing
+
+    digests = []
+    digest = _sharing.digest
+    monkeypatch.setattr(_sharing, "digest", lambda m: digests.append(1) or digest(m))
+
+    @es.jit
+    def f(x, tag):
+        return x * 2
+
+    x = jnp.float32(1.5)
+    assert float(f(x, "a")) == 3.0 and digests == []
+    assert float(f(x, "b")) == 3.0 and len(digests) == 2
+    assert f.compile_info()[:2] == (1, 1)
+
+
+@pytest.mark.sharing
+def test_keys_of_one_program_called_first_together_compile_it_once():
+    """Eight threads make the first calls of eight keys of one program at once: one
+    compiles it alone, and the others wait for it, and share it."""
+    import concurrent.futures
+    import threading
+
+    @es.jit
+    def f(x, tag):
+        return x * 2
+
+    x, barrier = jnp.float32(1.5), threading.Barrier(8)
+    compiles = XlaCompiles()
+
+    def first(tag: int) -> float:
+        barrier.wait()
+        return float(f(x, tag))
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(first, range(8))) == [3.0] * 8
+    assert f.compile_info()[:2] == (1, 1) and compiles.of("f") == 1
+    assert f.cache_info().misses == 8
