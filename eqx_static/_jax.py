@@ -116,41 +116,38 @@ def jit_is_replaced() -> bool:
     return jax.jit is not jax_jit
 
 
+_options: Any = jax.config  # read by its options' names
+
+
 def jit_disabled() -> bool:
     """Whether `jax.disable_jit()` is on: `jax.jit` then calls its function."""
-    return bool(jax.config.jax_disable_jit)  # pyright: ignore
+    return bool(_options.jax_disable_jit)
 
 
 def pgle_enabled() -> bool:
     """Whether JAX profiles programs and compiles them again with the profile."""
-    config: Any = jax.config
-    return bool(config.jax_enable_pgle) and config.jax_pgle_profiling_runs > 0
+    return bool(_options.jax_enable_pgle) and _options.jax_pgle_profiling_runs > 0
 
 
 # ----------------------------------------------------------------------------------
 # JAX's private names, each with what happens without it.
 
-# Without JAX's trace state, no call is under a transformation (tracer arguments
-# are still seen; closures over them are not) nor in reverse mode (a traced loop
-# bound is then named by JAX's own error).
-try:
-    from jax._src import core as _core
-
-    _trace_ctx, _EvalTrace = _core.trace_ctx, _core.EvalTrace
-except (ImportError, AttributeError):  # pragma: no cover
-    _trace_ctx = _EvalTrace = None
+# Without JAX's trace state (`trace_ctx` and `EvalTrace` both), no call is under a
+# transformation (tracer arguments are still seen; closures over them are not) nor
+# in reverse mode (a traced loop bound is then named by JAX's own error).
+_core, _config, _lib = map(_jax_module, ("core", "config", "lib"))
+_trace_ctx = getattr(_core, "trace_ctx", None) if hasattr(_core, "EvalTrace") else None
 
 
 def under_transformation() -> bool:
     """Whether a call here is bound into a trace (`grad`, `vmap`, an outer `jit`),
     concrete arguments or not: it may close over that trace's values."""
-    return _trace_ctx is not None and type(_trace_ctx.trace) is not _EvalTrace
+    return _trace_ctx is not None and type(_trace_ctx.trace) is not _core.EvalTrace
 
 
 def reverse_mode() -> bool:
     """Whether a call here is being linearized for reverse mode (`jax.grad`)."""
-    trace = None if _trace_ctx is None else _trace_ctx.trace
-    return type(trace).__name__ == "LinearizeTrace"
+    return type(getattr(_trace_ctx, "trace", None)).__name__ == "LinearizeTrace"
 
 
 _traceback_util = _jax_module("traceback_util")
@@ -181,11 +178,9 @@ def api_boundary(f: _F) -> _F:
 
 
 def _trace_context() -> Any:  # pragma: no cover (where JAX's is gone)
-    config: Any = jax.config
-    return (config.jax_enable_x64, config.jax_default_device)
+    return (_options.jax_enable_x64, _options.jax_default_device)
 
 
-_config = _jax_module("config")
 trace_context: Callable[[], Any] = getattr(_config, "trace_context", _trace_context)
 
 
@@ -195,23 +190,17 @@ trace_context: Callable[[], Any] = getattr(_config, "trace_context", _trace_cont
 _why_not = ""
 _CPP_KEYS: Final = (
     "donate_argnums donate_argnames device backend in_shardings_treedef "
-    "in_shardings_leaves out_shardings_treedef out_shardings_leaves "
-    "in_layouts_treedef in_layouts_leaves out_layouts_treedef out_layouts_leaves "
-    "compiler_options_kvs"
+    "in_shardings_leaves out_shardings_treedef out_shardings_leaves in_layouts_treedef "
+    "in_layouts_leaves out_layouts_treedef out_layouts_leaves compiler_options_kvs"
 ).split()
 
 try:
     from jax._src import pjit as _pjit, tree_util as _tree_util
     from jax._src.interpreters import pxla as _pxla
 
-    try:  # jax >= 0.10
-        from jax._src.lib import _jax as _jaxlib
-
-        _make_pjit: Callable[..., Any] = _jaxlib.pjit
-    except ImportError:  # jax 0.8, 0.9
-        from jax._src.lib import xla_client as _xc
-
-        _make_pjit = _xc._xla.pjit  # pyright: ignore[reportAttributeAccessIssue]
+    # JAX's extension: `lib._jax` in jax >= 0.10, `lib.xla_client._xla` in 0.8, 0.9.
+    _extension: Any = getattr(_lib, "_jax", None) or _lib.xla_client._xla
+    _make_pjit: Callable[..., Any] = _extension.pjit
     _CacheKeys, _cpp_cache = _pxla.JitGlobalCppCacheKeys, _pjit._get_cpp_global_cache
     _registry, _shard_arg = _tree_util.dispatch_registry, _pxla.cc_shard_arg
     _info = jax_jit(abs)._jit_info  # pyright: ignore[reportAttributeAccessIssue]
@@ -258,10 +247,7 @@ def jit_miss(jitted: Any, *args: Any) -> tuple:
 
 # The flags under which JAX's own miss does more than run a lowering's executable:
 # it checks the outputs or the keys, logs the run, or refuses to trace.
-_CHECKED_RUN: Final = (
-    "debug_nans debug_infs debug_key_reuse distributed_debug no_tracing".split()
-)
-_config, _core = _jax_module("config"), _jax_module("core")
+_CHECKED: Final = "debug_nans debug_infs debug_key_reuse distributed_debug no_tracing"
 # What `run_lowered` hands the fastpath data from, as JAX's own miss does (jax >=
 # 0.10; before, a lowering's constants were passed otherwise: JAX's miss runs it).
 _FASTPATH: Final = (
@@ -290,25 +276,19 @@ def run_lowered(traced: Any, lowered: Any, args: tuple) -> tuple | None:
     try:
         params, computation = traced._params, lowered._lowering
         compiled, jaxpr = computation._executable, params["jaxpr"]
-        flags = [getattr(_config, f).value for f in _CHECKED_RUN]
+        flags = [getattr(_config, f).value for f in _CHECKED.split()]
         plain = not jaxpr.is_high and _core.trace_state_clean()
         if compiled is None or any(flags) or pgle_enabled() or not plain:
             return None
         shard, run = compiled.shard_const_args, compiled.unsafe_call
-        tree, consts, constants = (
-            traced.out_tree,
-            traced._consts,
-            computation.const_args,
-        )
+        tree, consts = traced.out_tree, traced._consts
+        constants = computation.const_args
         effects = (jaxpr.effects, jaxpr.consts)  # of the program, for the fastpath
     except (AttributeError, KeyError, TypeError) as e:
         _run_lost.append("said")
-        warnings.warn(
-            f"eqx_static: with jax {jax.__version__}, a miss runs its program through "
-            f"JAX's own miss ({e!r}): results are unchanged, and a miss costs one "
-            "more pass over its arguments. Please report this with your JAX version.",
-            RuntimeWarning,
-            stacklevel=2,
+        _warn(
+            f"a miss runs its program through JAX's own miss ({e!r}): results are "
+            "unchanged, and a miss costs one more pass over its arguments"
         )
         return None
     const_args = shard(constants)
@@ -362,7 +342,7 @@ def no_dispatcher(why: str) -> None:
     global DISPATCH, SHARING
     if DISPATCH:
         DISPATCH = SHARING = False
-        _warn(f"its dispatcher cannot be built here ({why})")
+        _warn(f"its dispatcher cannot be built here ({why}){_OWN}")
 
 
 # A lowering (`Lowered._lowering`, a `pxla.MeshComputation`) holds what `jax.jit`
@@ -404,39 +384,38 @@ def set_executable(lowering: Any, executable: Any) -> None:
     lowering._executable = executable
 
 
-try:  # the printers the sharing check reads a program with: MLIR's, then XLA's
-    from jax._src.lib.mlir import ir as _ir
-
-    def string_value(attribute: Any) -> str:
-        """The string an MLIR string attribute holds (a function's symbol name)."""
-        return _ir.StringAttr(attribute).value
-
-    def large_constants(op: Any, limit: int) -> list:
-        """The dense constants that `op` and the operations inside it hold, in a
-        fixed order, which the printer elides at `limit` (not a splat, more
-        elements); None for one this cannot read (a resource, whose data is not in
-        the module). Walked here, not by MLIR's `walk`: an error in its callback
-        aborts. Reading a constant of complex numbers aborts: the caller checks the
-        module's element types first."""
-        found: list = []
-        todo = [op]
-        while todo:
-            inner = todo.pop()
-            attributes = inner.attributes
-            for i in range(len(attributes)):
-                a = attributes[i].attr
-                if isinstance(a, _ir.DenseResourceElementsAttr):
-                    found.append(None)
-                elif isinstance(a, _ir.DenseElementsAttr) and not a.is_splat:
-                    found.extend([a] if len(a) > limit else [])
-            for region in inner.regions:
-                for block in region.blocks:
-                    todo.extend(o.operation for o in block.operations)
-        return found
+# The printers the sharing check reads a program with: MLIR's, then XLA's. Without
+# them, sharing is off (told below, once `stop_sharing` is defined).
+_ir: Any = getattr(_jax_module("lib.mlir"), "ir", None)
 
 
-except (ImportError, AttributeError):  # pragma: no cover
-    _ir = None  # told below, once `stop_sharing` is defined
+def string_value(attribute: Any) -> str:
+    """The string an MLIR string attribute holds (a function's symbol name)."""
+    return _ir.StringAttr(attribute).value
+
+
+def large_constants(op: Any, limit: int) -> list:
+    """The dense constants that `op` and the operations inside it hold, in a
+    fixed order, which the printer elides at `limit` (not a splat, more
+    elements); None for one this cannot read (a resource, whose data is not in
+    the module). Walked here, not by MLIR's `walk`: an error in its callback
+    aborts. Reading a constant of complex numbers aborts: the caller checks the
+    module's element types first."""
+    found: list = []
+    todo = [op]
+    while todo:
+        inner = todo.pop()
+        attributes = inner.attributes
+        for i in range(len(attributes)):
+            a = attributes[i].attr
+            if isinstance(a, _ir.DenseResourceElementsAttr):
+                found.append(None)
+            elif isinstance(a, _ir.DenseElementsAttr) and not a.is_splat:
+                found.extend([a] if len(a) > limit else [])
+        for region in inner.regions:
+            for block in region.blocks:
+                todo.extend(o.operation for o in block.operations)
+    return found
 
 
 def xla_executable(executable: Any) -> Any:
@@ -445,9 +424,7 @@ def xla_executable(executable: Any) -> Any:
 
 
 try:  # `hlo` in jax >= 0.9; in older ones, the extension itself
-    from jax._src import lib as _lib
-
-    _hlo: Any = getattr(_lib, "hlo", None) or _lib.xla_client._xla  # pyright: ignore
+    _hlo: Any = getattr(_lib, "hlo", None) or _lib.xla_client._xla
     # XLA's canonical printing (names numbered in order, no metadata), every
     # constant in full (by default, a constant of over 10 elements is `{...}`).
     _hlo_options: Any = _hlo.HloPrintOptions.canonical()
@@ -472,17 +449,25 @@ def stop_sharing(why: str) -> None:
     global SHARING
     if SHARING:
         SHARING = False
-        _warn(f"{why}, so es.jit stops sharing programs between keys in this process")
+        stop = "es.jit stops sharing programs between keys in this process"
+        _warn(f"{why}, so {stop}{_OWN}")
 
 
 def _warn(what: str) -> None:
+    """Warn, at the caller's caller, of what this JAX lacks and what follows."""
     warnings.warn(
-        f"eqx_static: with jax {jax.__version__}, {what} (each key compiles its own "
-        "program, as under `eqx.filter_jit`; results are unchanged). Please report "
-        "this with your JAX version.",
+        f"eqx_static: with jax {jax.__version__}, {what}. Please report this with "
+        "your JAX version.",
         RuntimeWarning,
         stacklevel=3,
     )
+
+
+# What follows where the per-key dispatchers or sharing are off.
+_OWN: Final = (
+    " (each key compiles its own program, as under `eqx.filter_jit`; results are "
+    "unchanged)"
+)
 
 
 # The package's environment variables, each read through one of these two.
@@ -522,7 +507,7 @@ PUBLIC: Final = env_switch("EQX_STATIC_PUBLIC_JIT", False)
 if PUBLIC:
     DISPATCH = SHARING = False
 elif not DISPATCH:  # pragma: no cover
-    _warn(f"its dispatcher cannot be built here ({_why_not})")
+    _warn(f"its dispatcher cannot be built here ({_why_not}){_OWN}")
 _probed = not DISPATCH
 
 
@@ -590,13 +575,10 @@ def kv_store() -> Any:
         return client
     if not _store_lost and (_runtime is None or client is not None):
         _store_lost.append("said")
-        warnings.warn(
-            f"eqx_static: with jax {jax.__version__}, JAX's distributed key-value "
-            f"store lacks {missing or ['global_state']}, so processes that diverge at "
-            "a miss are not checked (a divergence waits in a collective). Please "
-            "report this with your JAX version.",
-            RuntimeWarning,
-            stacklevel=2,
+        _warn(
+            f"JAX's distributed key-value store lacks {missing or ['global_state']}, "
+            "so processes that diverge at a miss are not checked (a divergence waits "
+            "in a collective)"
         )
     return None
 
@@ -730,7 +712,7 @@ _NamedDim: Final = _private("jaxtyping._array_types", "_NamedDim")
 
 def is_named_dim(dim: Any) -> bool:
     """Whether a dimension of a jaxtyping annotation is a plain named one (`"n"`)."""
-    return _NamedDim is not None and type(dim) is _NamedDim
+    return type(dim) is _NamedDim  # never None's type
 
 
 def jaxtyped_class(cls: type) -> bool:
