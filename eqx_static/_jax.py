@@ -173,8 +173,7 @@ _F = TypeVar("_F", bound=Callable)
 def api_boundary(f: _F) -> _F:
     """`f`, below which an error raised in the user's function shows JAX's filtered
     traceback: the frames of the files left out (ours, JAX's) dropped."""
-    boundary = getattr(_traceback_util, "api_boundary", None)
-    return f if boundary is None else boundary(f)
+    return getattr(_traceback_util, "api_boundary", lambda g: g)(f)
 
 
 def _trace_context() -> Any:  # pragma: no cover (where JAX's is gone)
@@ -184,10 +183,62 @@ def _trace_context() -> Any:  # pragma: no cover (where JAX's is gone)
 trace_context: Callable[[], Any] = getattr(_config, "trace_context", _trace_context)
 
 
+def _warn(what: str) -> None:
+    """Warn, at the caller's caller, of what this JAX lacks and what follows."""
+    warnings.warn(
+        f"eqx_static: with jax {jax.__version__}, {what}. Please report this with "
+        "your JAX version.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+# What follows where the per-key dispatchers or sharing are off.
+_OWN: Final = (
+    " (each key compiles its own program, as under `eqx.filter_jit`; results are "
+    "unchanged)"
+)
+
+
+# The package's environment variables, each read through one of these two.
+
+
+def env_switch(name: str, default: bool) -> bool:
+    """An on/off environment variable: `1` on, `0` off; unset or empty, `default`."""
+    value = os.environ.get(name, "").strip()
+    if value in ("", "0", "1"):
+        return value == "1" if value else default
+    on = "on" if default else "off"
+    raise _bad_env(name, "a switch", "`1` (on) or `0` (off)", on)
+
+
+def env_seconds(name: str, default: float) -> float:
+    """A number of seconds greater than 0 from the environment; unset, `default`."""
+    value = os.environ.get(name, "")
+    if not value.strip():
+        return default
+    if re.fullmatch(r"\s*(\d+\.?\d*|\.\d+)\s*", value) and float(value) > 0:
+        return float(value)
+    accepted = "a number greater than 0 (`1200`, `2.5`)"
+    raise _bad_env(name, "a number of seconds", accepted, f"{default:g}")
+
+
+def _bad_env(name: str, what: str, accepted: str, default: str) -> Exception:
+    value = os.environ[name]
+    return ValueError(
+        f"The environment variable {name}={value!r} is not {what} eqx_static reads: "
+        f"set it to {accepted}, or unset it (then it is {default})."
+    )
+
+
+# `EQX_STATIC_PUBLIC_JIT=1`: every key on a public `jax.jit`, as where the private
+# names are missing (what CI runs the suite under, to keep that path first-class).
+PUBLIC: Final = env_switch("EQX_STATIC_PUBLIC_JIT", False)
+
+
 # The C++ dispatcher of a `jax.jit` (`PjitFunction`), built as `pjit._cpp_pjit`
 # builds one, with a miss path of ours. A hit is JAX's C++; a miss calls
 # `cache_miss(*args)`, which returns what JAX's own miss returns (`jit_miss`).
-_why_not = ""
 _CPP_KEYS: Final = (
     "donate_argnums donate_argnames device backend in_shardings_treedef "
     "in_shardings_leaves out_shardings_treedef out_shardings_leaves in_layouts_treedef "
@@ -208,9 +259,11 @@ try:
     _missing = [k for k in _needed if not hasattr(_info, k)]
     if _missing or not hasattr(jax_jit(abs), "_cache_miss"):
         raise AttributeError(f"`jax.jit(f)` lacks {_missing or ['_cache_miss']}")
-    DISPATCH = True
+    DISPATCH = not PUBLIC  # `EQX_STATIC_PUBLIC_JIT=1`: as where it cannot be built
 except (ImportError, AttributeError) as e:  # pragma: no cover
-    DISPATCH, _why_not = False, str(e)
+    DISPATCH = False
+    if not PUBLIC:
+        _warn(f"its dispatcher cannot be built here ({e}){_OWN}")
 
 
 def dispatcher(
@@ -453,61 +506,6 @@ def stop_sharing(why: str) -> None:
         _warn(f"{why}, so {stop}{_OWN}")
 
 
-def _warn(what: str) -> None:
-    """Warn, at the caller's caller, of what this JAX lacks and what follows."""
-    warnings.warn(
-        f"eqx_static: with jax {jax.__version__}, {what}. Please report this with "
-        "your JAX version.",
-        RuntimeWarning,
-        stacklevel=3,
-    )
-
-
-# What follows where the per-key dispatchers or sharing are off.
-_OWN: Final = (
-    " (each key compiles its own program, as under `eqx.filter_jit`; results are "
-    "unchanged)"
-)
-
-
-# The package's environment variables, each read through one of these two.
-
-
-def env_switch(name: str, default: bool) -> bool:
-    """An on/off environment variable: `1` on, `0` off; unset or empty, `default`."""
-    value = os.environ.get(name, "").strip()
-    if value in ("", "0", "1"):
-        return value == "1" if value else default
-    on = "on" if default else "off"
-    raise _bad_env(name, "a switch", "`1` (on) or `0` (off)", on)
-
-
-def env_seconds(name: str, default: float) -> float:
-    """A number of seconds greater than 0 from the environment; unset, `default`."""
-    value = os.environ.get(name, "")
-    if not value.strip():
-        return default
-    if re.fullmatch(r"\s*(\d+\.?\d*|\.\d+)\s*", value) and float(value) > 0:
-        return float(value)
-    accepted = "a number greater than 0 (`1200`, `2.5`)"
-    raise _bad_env(name, "a number of seconds", accepted, f"{default:g}")
-
-
-def _bad_env(name: str, what: str, accepted: str, default: str) -> Exception:
-    value = os.environ[name]
-    return ValueError(
-        f"The environment variable {name}={value!r} is not {what} eqx_static reads: "
-        f"set it to {accepted}, or unset it (then it is {default})."
-    )
-
-
-# `EQX_STATIC_PUBLIC_JIT=1`: every key on a public `jax.jit`, as where the private
-# names are missing (what CI runs the suite under, to keep that path first-class).
-PUBLIC: Final = env_switch("EQX_STATIC_PUBLIC_JIT", False)
-if PUBLIC:
-    DISPATCH = SHARING = False
-elif not DISPATCH:  # pragma: no cover
-    _warn(f"its dispatcher cannot be built here ({_why_not}){_OWN}")
 _probed = not DISPATCH
 
 
@@ -637,8 +635,7 @@ def callbacks_in(jaxpr: Any) -> list[tuple[Callable, Any]] | None:
     stack = _dce(inner, [True] * len(inner.outvars))[0].eqns[::-1]
     while stack:  # each equation, then those of the jaxprs it holds, in order
         eqn = stack.pop()
-        key = _lowered_once(eqn)
-        if key is not None and key in lowered:
+        if (key := _lowered_once(eqn)) is not None and key in lowered:
             continue
         lowered.add(key)
         host = eqn.params.get("callback")
@@ -718,6 +715,5 @@ def is_named_dim(dim: Any) -> bool:
 def jaxtyped_class(cls: type) -> bool:
     """Whether `cls` is `@jaxtyped`: nothing marks the class, but its `__init__` is
     then jaxtyping's wrapper."""
-    init = getattr(cls, "__init__", None)
-    module = getattr(init, "__globals__", {}).get("__name__")
+    module = getattr(cls.__init__, "__globals__", {}).get("__name__")
     return module == jaxtyping.jaxtyped.__module__
