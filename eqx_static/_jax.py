@@ -39,10 +39,8 @@ def _private(module: str, name: str, fallback: Any = None) -> Any:
 
 def _jax_module(name: str) -> Any:
     """A private module of JAX's (`jax._src.<name>`), or None where it is gone."""
-    try:
+    with contextlib.suppress(ImportError):
         return importlib.import_module(f"jax._src.{name}")
-    except ImportError:  # pragma: no cover
-        return None
 
 
 # `eqx.filter_jit` turns a failed `eqx.error_if` callback into an
@@ -86,15 +84,15 @@ BOUND_METHOD_FIELDS: Final = tuple(
 )
 
 
+# Here and below, `getattr(gone, name, no_op)(...)` is a call that does nothing where
+# the private name is gone.
 def allow_assignments(module: Any) -> None:
     """Let `module` assign its fields, as Equinox lets one in its `__init__`."""
-    if _initialising is not None:
-        _initialising.add(module)
+    getattr(_initialising, "add", lambda m: None)(module)
 
 
 def forbid_assignments(module: Any) -> None:
-    if _initialising is not None:
-        _initialising.remove(module)
+    getattr(_initialising, "remove", lambda m: None)(module)
 
 
 # ----------------------------------------------------------------------------------
@@ -155,8 +153,7 @@ _traceback_util = _jax_module("traceback_util")
 
 def hide_frames(file: str) -> None:
     """Leave `file`'s frames out of the tracebacks JAX filters, as Equinox does."""
-    if hasattr(_traceback_util, "register_exclusion"):
-        _traceback_util.register_exclusion(file)  # pyright: ignore
+    getattr(_traceback_util, "register_exclusion", lambda f: None)(file)
 
 
 # The generated code (a wrapper's signature, the guards) is compiled as files of
