@@ -45,13 +45,14 @@ from ._jax import BOUND_METHOD_FIELDS, BoundMethod, is_named_dim, jaxtyped_class
 
 
 def unknown_field_error(
-    cls: type, name: str, names: Collection[str], helper: str | None = None
+    cls: type, name: str, names: Collection[str], kind: "Kind" = "any"
 ) -> AttributeError:
-    """An unknown field's error, naming the fields `helper` takes (all if None)."""
+    """An unknown field's error, naming the fields `with_<kind>` takes (all for
+    "any")."""
     close = difflib.get_close_matches(name, list(names), n=1, cutoff=0.5)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     valid = ", ".join(repr(n) for n in names) or "(none)"
-    which = f"The fields `{helper}` takes are" if helper else "Its fields are"
+    which = "Its fields are" if kind == "any" else f"The fields `with_{kind}` takes are"
     return AttributeError(
         f"`{cls.__qualname__}` has no field {name!r}.{hint} {which}: {valid}."
     )
@@ -143,7 +144,7 @@ def convert_and_check(
     static ones are hashable; dynamic ones are stored as data (`_as_data`) and match
     their jaxtyping annotations (in a module stacked by `eqx.filter_vmap`: the
     `current` value's shape and dtype)."""
-    out, floats, cls = {}, {}, info.cls
+    out, floats, cls, anns = {}, {}, info.cls, info.annotations
     for name, value in changes.items():
         if name in convert and name in info.converters:
             value = info.converters[name](value)
@@ -159,8 +160,7 @@ def convert_and_check(
         else:
             try:
                 if info.stores_arrays:
-                    kind = info.annotations.get(name)
-                    value = _as_data(cls, name, value, kind, floats)
+                    value = _as_data(cls, name, value, anns.get(name), floats)
             except RecursionError:
                 if (path := cycle_in(value)) is None:
                     raise
@@ -273,9 +273,7 @@ def _beartype() -> Typechecker:
 def check_fields(module: object) -> None:
     """Type-check every annotated field of `module` in one jaxtyping scope."""
     cls = type(module)
-    try:
-        checker = _checkers[cls]
-    except KeyError:
+    if (checker := _checkers.get(cls, False)) is False:  # None: no checks
         checker = _checkers[cls] = _make_checker(cls)
     if checker is None:
         return
@@ -425,16 +423,15 @@ class Module(eqx.Module):
         cls, *, typecheck: "bool | Typechecker | None" = None, **kwargs: Any
     ) -> None:
         super().__init_subclass__(**kwargs)
-        if typecheck is None:
-            return
         if typecheck is True:
             typecheck = _beartype()
-        elif typecheck is not False and not callable(typecheck):
+        elif not (typecheck is None or typecheck is False or callable(typecheck)):
             raise TypeError(
                 f"`typecheck=` on `{cls.__qualname__}` takes True, False or a "
                 f"typechecker such as `beartype.beartype`; got {typecheck!r}."
             )
-        _options[cls] = None if typecheck is False else typecheck
+        if typecheck is not None:
+            _options[cls] = None if typecheck is False else typecheck
 
     def __check_init__(self) -> None:
         # At construction only (updates check what they change), when `__init__`
@@ -442,8 +439,7 @@ class Module(eqx.Module):
         # own `__check_init__`s: it runs them in MRO order). An unset field gets its
         # plain default, and numbers in dynamic fields are stored as arrays.
         info, d = field_info(type(self)), instance_dict(self)
-        for name, default in info.defaults.items():
-            d.setdefault(name, default)
+        d.update(info.defaults | d)  # `d`'s own values win
         d.update(convert_and_check(info, {n: d[n] for n in info.names if n in d}, ()))
         check_fields(self)
 
@@ -671,9 +667,8 @@ def apply_trie(obj: Any, trie: dict, kind: Kind, path: tuple, outer: str) -> Any
                 "which takes both kinds)."
             )
     t: Any = type(obj)
-    if isinstance(obj, tuple) and hasattr(obj, "_make"):  # a named tuple
-        return t._make(items)
-    return items if t is dict or t is list else t(items)
+    named = isinstance(obj, tuple) and hasattr(obj, "_make")  # a named tuple
+    return t._make(items) if named else t(items)
 
 
 def _container_key(obj: Any, seg: str, path: tuple) -> Any:
@@ -705,10 +700,8 @@ def rebuild(
     obj: eqx.Module, info: FieldInfo, values: Mapping[str, Any], direct: Collection[str]
 ) -> Any:
     """A copy of `obj` with `values` set, converted if `direct`, and checked."""
-    old = instance_dict(obj)
-    values = convert_and_check(info, values, direct, old)
-    new = object.__new__(info.cls)
-    instance_dict(new).update(old, **values)
+    old, new = instance_dict(obj), object.__new__(info.cls)
+    instance_dict(new).update(old, **convert_and_check(info, values, direct, old))
     run_check_inits(info, new)
     return new
 
@@ -721,8 +714,7 @@ def _check_field(
     bool, a string, a function) for another such; `with_dynamic` a dynamic field."""
     if name not in info.static and name not in info.dynamic:
         takes = [n for n in info.names if _takes(info, d, n, kind)]
-        helper = None if kind == "any" else f"with_{kind}"
-        raise unknown_field_error(info.cls, name, takes, helper)
+        raise unknown_field_error(info.cls, name, takes, kind)
     if _takes(info, d, name, kind):
         if not (kind == "static" and name in info.dynamic and not _leaf(value)):
             return

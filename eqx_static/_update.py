@@ -41,11 +41,10 @@ class _Unread(dict):
     def on_read(self, module: Any, name: str) -> dict:
         """Copy what the field `name` (every field, for `__dict__`) holds; once none
         is pending, give `module` a plain dict."""
-        for k in list(self.pending) if name == "__dict__" else [name]:
-            if k in self.pending:
-                self.pending.discard(k)
-                if self[k] is self.start[k]:  # not assigned since: still shared
-                    self[k] = self.start[k] = _fresh(self[k], self.copies)
+        for k in list(self.pending) if name == "__dict__" else self.pending & {name}:
+            self.pending.discard(k)
+            if self[k] is self.start[k]:  # not assigned since: still shared
+                self[k] = self.start[k] = _fresh(self[k], self.copies)
         if self.pending:
             return self
         _DICT.__set__(module, d := dict(self))
@@ -276,8 +275,8 @@ def _freeze(copies: list[_Copy]) -> None:
         if type(d) is _Unread:  # fields never read: no copy is made of them now
             _DICT.__set__(copy, d := dict(d))
         assigned = {k for k, v in d.items() if k not in start or v is not start[k]}
-        for k in d:  # an assigned value may hold copies too: `m2.a = m2.layers`
-            d[k] = _restore(d[k], unchanged, before.get(k))
+        # An assigned value may hold copies too: `m2.a = m2.layers`.
+        d.update({k: _restore(v, unchanged, before.get(k)) for k, v in d.items()})
         info = field_info(type(copy))
         # Assigned fields, and containers changed in place (their numbers are stored
         # as arrays and checked too; converters run on assigned values only).
