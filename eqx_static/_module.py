@@ -273,7 +273,9 @@ def _beartype() -> Typechecker:
 def check_fields(module: object) -> None:
     """Type-check every annotated field of `module` in one jaxtyping scope."""
     cls = type(module)
-    if (checker := _checkers.get(cls, False)) is False:  # None: no checks
+    try:
+        checker = _checkers[cls]
+    except KeyError:
         checker = _checkers[cls] = _make_checker(cls)
     if checker is None:
         return
@@ -667,8 +669,9 @@ def apply_trie(obj: Any, trie: dict, kind: Kind, path: tuple, outer: str) -> Any
                 "which takes both kinds)."
             )
     t: Any = type(obj)
-    named = isinstance(obj, tuple) and hasattr(obj, "_make")  # a named tuple
-    return t._make(items) if named else t(items)
+    if isinstance(obj, tuple) and hasattr(obj, "_make"):  # a named tuple
+        return t._make(items)
+    return items if t is dict or t is list else t(items)
 
 
 def _container_key(obj: Any, seg: str, path: tuple) -> Any:
