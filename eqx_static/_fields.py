@@ -69,12 +69,10 @@ class FieldInfo:
             for k in cls.__mro__
             if "__check_init__" in k.__dict__ and not _is_es_module(k)
         )
-        self.annotations = _annotations(cls, set(self.names))
+        anns = self.annotations = _annotations(cls, set(self.names))
         # Dynamic fields annotated with a jaxtyping array type: values are checked.
         self.array_annotations = {
-            k: a
-            for k, a in self.annotations.items()
-            if k in self.dynamic and is_array_annotation(a)
+            k: anns[k] for k in self.dynamic_names if is_array_annotation(anns.get(k))
         }
         self.stores_arrays = any(map(_is_es_module, cls.__mro__))
         self.get_static = _getter(self.static_names)
@@ -328,9 +326,8 @@ def fixed_form(v: Any, mutable: bool = False) -> tuple[tuple, bool]:
             out += _mutable_form(x, stack, met)
             fixed = False
         elif (names := _field_names(t)) is not None:
-            values = [getattr(x, n, UNSET) for n in names]
-            out.append(len(values))
-            stack += reversed(values)
+            out.append(len(names))
+            stack += reversed([getattr(x, n, UNSET) for n in names])
             fixed = False  # its fields can be set with `object.__setattr__`
         else:
             hash(x)  # its own `==` and hash: `TypeError` if it has none
@@ -409,7 +406,8 @@ def is_array_type(t: type) -> bool:
 # by the guards it makes), and the search for a value inside itself.
 
 # How values of a type are walked, decided once per type.
-IS_ARRAY, IS_MODULE, IS_LIST, IS_DICT, IS_NONE, IS_NAMED, IS_OTHER = range(7)
+# (None is 0, so that `kinds.get(t) or kind_of(t, v)` looks a type up once.)
+IS_ARRAY, IS_MODULE, IS_LIST, IS_DICT, IS_NONE, IS_NAMED, IS_OTHER = range(1, 8)
 kinds: Final[dict[type, int]] = {}
 _BUILTIN: Final = {tuple: IS_LIST, list: IS_LIST, dict: IS_DICT, type(None): IS_NONE}
 # A tuple subclass is indexed as JAX's flatten reads it unless it has one of these.
@@ -418,13 +416,10 @@ _READS: Final = ("__getitem__", "__iter__", "__len__", "__reversed__")
 
 def kind_of(t: type, v: Any) -> int:
     """How a value of type `t` is walked (`v` is one): decided once per type."""
-    if is_module_type(t):
-        k = IS_MODULE
-    elif is_array_type(t):
+    k = IS_MODULE if is_module_type(t) else _BUILTIN.get(t, IS_OTHER)
+    if k == IS_OTHER and is_array_type(t):
         k = IS_ARRAY
-    else:
-        k = _BUILTIN.get(t, IS_OTHER)
-    if k == IS_OTHER and issubclass(t, tuple):
+    elif k == IS_OTHER and issubclass(t, tuple):
         as_stored = all(getattr(t, r, None) is getattr(tuple, r, None) for r in _READS)
         if as_stored and one_level(v)[1].node_data() == (t, None):
             k = IS_NAMED  # a named tuple, which JAX flattens as its items
@@ -478,15 +473,12 @@ def children(v: Any) -> list[tuple[str, Any]]:
         return [(f"[{k!r}]", x) for k, x in v.items() if type(x) not in _ATOMS]
     if is_module_type(t):
         return [(f".{k}", x) for k, x in instance_dict(v).items()]
-    k = kinds[t] if t in kinds else kind_of(t, v)
+    k = kinds.get(t) or kind_of(t, v)
     if k == IS_LIST or k == IS_NAMED:
         return [(f"[{i}]", x) for i, x in enumerate(v) if type(x) not in _ATOMS]
-    if k != IS_OTHER:
-        return []
-    try:
-        flat = one_level(v)[0]
-    except Exception:  # not a pytree JAX can open one level of
-        return []
-    if len(flat) == 1 and flat[0] is v:  # a leaf
-        return []
-    return [(f"[{i}]", x) for i, x in enumerate(flat)]
+    if k == IS_OTHER:
+        with contextlib.suppress(Exception):  # else not a pytree JAX can open
+            flat = one_level(v)[0]
+            if len(flat) != 1 or flat[0] is not v:  # not a leaf
+                return [(f"[{i}]", x) for i, x in enumerate(flat)]
+    return []

@@ -202,18 +202,14 @@ class _Writer:
             if fetched:
                 reads = ", ".join(f"{d}[{k!r}]" for k in names)
                 self.fetch(f"{', '.join(fetched)},", f"{reads},")
-            checks = [
-                self.static(s, tok, vd[k])
-                for s, tok, k in zip(statics, n.statics, info.static_names)
-            ]
+            checks = list(map(self.static, statics, n.statics, info.get_static(vd)))
             if n.children == -1:
                 checks += [f"type({f}) in AT" for f in dynamic]
                 self.leaves += dynamic
             if checks:
                 self.fail_if(f"not ({' and '.join(checks)})")
-        if n.children == -1:  # the leaves, checked above
-            return []
-        return [(e, vd[k]) for e, k in zip(dynamic, _key.steps(n))]
+        # Below it, its dynamic fields; or none: the leaves, checked above.
+        return [] if n.children == -1 else list(zip(dynamic, info.get_dynamic(vd)))
 
 
 def _frozen(key: Key, i: int, j: int) -> bool:

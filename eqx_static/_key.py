@@ -1,5 +1,5 @@
-"""The compile key: how a call's values become one (`walk`, `Layout`), and how it
-is read back, node by node (`node_at`, `steps`, `visits`).
+"""The compile key: how a call's values become one (`key_and_leaves`, `Layout`),
+and how it is read back, node by node (`node_at`, `steps`, `visits`).
 
 A key is one flat tuple: the tokens of a call's values (the function's parameters
 in order: `Layout`, which the key does not hold: each function has its own cache),
@@ -17,10 +17,11 @@ value). A node is self-delimiting:
   followed by their children.
 
 Flat, the key hashes and compares without recursion, however deep the nesting.
-`walk` writes this grammar; `node_at`, `end_of` and `steps` read it back, for the
-explanations' paths (`visits`) and the guards' checks (`_guard`) alike."""
+`key_and_leaves` writes this grammar; `node_at`, `end_of` and `steps` read it
+back, for the explanations' paths (`visits`) and the guards' checks (`_guard`)
+alike."""
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, NamedTuple
 
 from ._fields import (
@@ -69,28 +70,28 @@ class CyclicValue(ValueError):  # noqa: N818  (reworded by the caller, never sho
 _CHECK_CYCLES_AFTER: Final = 100_000  # tokens; then at twice as many, and so on
 
 
-def walk(values: Iterable[Any], tokens: list, leaves: list) -> None:
-    """Append the tokens and traced leaves of `values`, in preorder."""
+def key_and_leaves(values: tuple) -> tuple[Key, list]:
+    """The key of a call's values (its parameters in order: `Layout`) and its
+    traced leaves, in preorder (`UnhashableError`, `CyclicValue`)."""
+    tokens: list[Any] = []
+    leaves: list[Any] = []
     stack = list(values)[::-1]
-    limit = len(tokens) + _CHECK_CYCLES_AFTER
+    limit = _CHECK_CYCLES_AFTER
     while stack:
         v = stack.pop()
         t = type(v)
-        k = kinds.get(t)
-        if k is None:
-            k = kind_of(t, v)
+        k = kinds.get(t) or kind_of(t, v)  # no kind is 0
         if k == IS_ARRAY:
             tokens.append(LEAF)
             leaves.append(v)
         elif k == IS_MODULE:
             _module(v, field_info(t), tokens, leaves, stack)
-        elif k == IS_LIST:
-            if all_arrays(v):
-                tokens.append((ARRAYS, t, len(v)))
-                leaves += v
-            else:
-                tokens.append((SEQ, t, len(v)))
-                stack += reversed(v)
+        elif k == IS_LIST and all_arrays(v):
+            tokens.append((ARRAYS, t, len(v)))
+            leaves += v
+        elif k == IS_LIST or k == IS_NAMED:
+            tokens.append((SEQ if k == IS_LIST else NAMED, t, len(v)))
+            stack += reversed(v)
         elif k == IS_NONE:
             tokens.append(None)
         elif k == IS_DICT:
@@ -101,15 +102,13 @@ def walk(values: Iterable[Any], tokens: list, leaves: list) -> None:
                 continue
             tokens.append((DICT, tuple(map(token, keys)), len(keys)))
             stack += [v[key] for key in reversed(keys)]
-        elif k == IS_NAMED:
-            tokens.append((NAMED, t, len(v)))
-            stack += reversed(v)
         else:
             _other(v, tokens, stack)
         if len(tokens) > limit:  # so a finite walk checks at most twice its length
             if (path := cycle_in(list(values))) is not None:
                 raise CyclicValue(path)
             limit = 2 * len(tokens)
+    return tuple(tokens), leaves
 
 
 def all_arrays(values: Any) -> bool:
@@ -208,15 +207,6 @@ class Layout(NamedTuple):
 GENERIC: Final = Layout(("args", "kwargs"), 0, 0, 1)
 
 
-def key_and_leaves(values: tuple) -> tuple[Key, list]:
-    """The key of a call's values (its parameters in order: `Layout`) and its
-    traced leaves (`UnhashableError`, `CyclicValue`)."""
-    tokens: list[Any] = []
-    leaves: list[Any] = []
-    walk(values, tokens, leaves)
-    return tuple(tokens), leaves
-
-
 # ----------------------------------------------------------------------------------
 # Reading a key back: its nodes, with their paths.
 
@@ -245,9 +235,8 @@ def node_at(key: Key, i: int) -> Node:
         return Node("module", tok, statics, n, 0, j)
     if type(tok) is tuple:
         n = tok[1].num_leaves if tok[0] is TREE else tok[2]
-        if tok[0] is ARRAYS:
-            return Node(ARRAYS.name, tok, (), 0, n, i + 1)
-        return Node(tok[0].name, tok, (), n, 0, i + 1)
+        children, leaves = (0, n) if tok[0] is ARRAYS else (n, 0)
+        return Node(tok[0].name, tok, (), children, leaves, i + 1)
     kind = "None" if tok is None else "unset" if tok is UNSET else "static"
     return Node(kind, tok, (), 0, 0, i + 1)
 
@@ -276,16 +265,16 @@ def ends(key: Key) -> dict[int, int]:
     """`end_of(key, i)` for every node of `key`, by `i`, in one pass (a writer that
     asked `end_of` at each node of a chain would read it all once per node)."""
     out: dict[int, int] = {}
-    open_nodes: list[list[int]] = []  # [where it starts, children still to come]
+    # [where it starts, children still to come], under a root that never closes
+    open_nodes: list[list[int]] = [[-1, -1]]
     i = 0
     while i < len(key):
         n = node_at(key, i)
         open_nodes.append([i, max(n.children, 0)])
         i = n.next
-        while open_nodes and open_nodes[-1][1] == 0:
+        while open_nodes[-1][1] == 0:
             out[open_nodes.pop()[0]] = i
-            if open_nodes:
-                open_nodes[-1][1] -= 1
+            open_nodes[-1][1] -= 1
     return out
 
 
@@ -333,8 +322,7 @@ def _labels(path: str, node: Node, cls: Any, field: Any) -> list[tuple]:
     """The path, module class and field of each node below `node`."""
     below = steps(node)
     if node.kind == "module":
-        info = module_info(node.head)
-        return [(f"{path}.{k}", info.cls, k) for k in below]
+        return [(f"{path}.{k}", module_info(node.head).cls, k) for k in below]
     names = getattr(node.head[1], "_fields", ()) if node.kind == NAMED.name else ()
     if names and len(names) == len(below):  # by name, as JAX's paths name them
         return [(f"{path}.{k}", cls, field) for k in names]
