@@ -314,7 +314,7 @@ class Function:
             held = list(self.held.values())
         return next((p for p in held if _jax.xla_executable(p.executable) is xla), None)
 
-    def add_run(self, entry: Entry, sig: tuple, program: Program) -> None:
+    def add_run(self, entry: Entry, sig: tuple[Any, Any], program: Program) -> None:
         """`entry` runs `program` for `sig`; past `maxsize`, evict other keys."""
         with self.lock:
             if self.entries.setdefault(entry.key, entry) is not entry:

@@ -357,9 +357,9 @@ def _mutable_form(x: Any, stack: list, met: dict[int, tuple[int, Any]]) -> tuple
             return (_MET, met[id(x)][0])
         met[id(x)] = (len(met), x)  # kept, so that no other value takes its `id`
         if t is list:
-            parts = list(x)
+            parts = list(x)  # pyright: ignore (narrowed by `is_dataclass` above)
         elif t is dict:
-            parts = [part for item in x.items() for part in item]
+            parts = [part for item in x.items() for part in item]  # pyright: ignore
         else:
             parts = [getattr(x, f.name, UNSET) for f in dataclasses.fields(x)]
         stack += reversed(parts)

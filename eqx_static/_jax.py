@@ -305,8 +305,8 @@ _FASTPATH: Final = (
     "pgle_profiler const_args"
 ).split()
 try:
-    _fastpath: Any = _pjit._get_fastpath_data  # pyright: ignore[reportPossiblyUnbound]
-    _shards = hasattr(_pxla.MeshExecutable, "shard_const_args")
+    _fastpath: Any = _pjit._get_fastpath_data  # pyright: ignore
+    _shards = hasattr(_pxla.MeshExecutable, "shard_const_args")  # pyright: ignore
     RUN_LOWERED = list(inspect.signature(_fastpath).parameters) == _FASTPATH and _shards
 except (NameError, AttributeError, TypeError, ValueError):  # pragma: no cover
     RUN_LOWERED = False

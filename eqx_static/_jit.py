@@ -268,7 +268,7 @@ class _Slots(dict):
             table = choose.es_table  # pyright: ignore[reportFunctionMemberAccess]
             kept = (*table.get(value, ()), guard)
             for old in kept[:-_MAX_GUARDS]:  # pushed out: it waits longer (`due`)
-                self._forget(old.es_entry)
+                self._forget(old.es_entry)  # pyright: ignore
             table[value] = kept[-_MAX_GUARDS:]
             self.held[id(entry)] = (cls, value, guard)
             self.setdefault(cls, []).append(guard)

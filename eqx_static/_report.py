@@ -2,8 +2,8 @@
 programs differ, the compile budget (`RecompileError`), the storm warning, and the
 errors a compiled call raises (a traced value used as a Python one; `eqx.error_if`
 at run time, as `eqx.filter_jit` reports it). All of it reads structured records:
-a key's nodes (`_key.key_and_leaves`), the `Change`s between two keys, and each program's
-per-operation summary (`ops_of`)."""
+a key's nodes (`_key.key_and_leaves`), the `Change`s between two keys, and each
+program's per-operation summary (`ops_of`)."""
 
 import collections
 import contextlib

@@ -245,8 +245,9 @@ def _on_copies(f: Any) -> Any:
 
     def method(self: Any, *args: Any) -> Any:
         # a list's copies are stored in it as well
-        copies, args = self[:], [a[:] if isinstance(a, _Lazy) else a for a in args]
-        return f(copies if type(self) is _EditTuple else self, *args)
+        copies = self[:]
+        rest = [a[:] if isinstance(a, _Lazy) else a for a in args]  # pyright: ignore
+        return f(copies if type(self) is _EditTuple else self, *rest)
 
     return method
 
@@ -261,8 +262,10 @@ for _cls, _names in [
 
 
 # Inside the block, JAX sees them as the tuple and list they stand for.
-jtu.register_pytree_node(_EditTuple, lambda t: (tuple(t), None), lambda _, c: tuple(c))
-jtu.register_pytree_node(_EditList, lambda t: (list(t), None), lambda _, c: list(c))
+for _cls, _as in [(_EditTuple, tuple), (_EditList, list)]:
+    jtu.register_pytree_node(
+        _cls, lambda t, a=_as: (a(t), None), lambda _, c, a=_as: a(c)
+    )
 
 
 def _freeze(copies: list[_Copy]) -> None:

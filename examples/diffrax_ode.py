@@ -90,7 +90,7 @@ def main() -> int:
     zeta = 0.3
 
     failures: list[str] = []
-    field = Oscillator(omega=1.0, zeta=zeta, damped=False)
+    field = Oscillator(omega=1.0, zeta=zeta, damped=False)  # pyright: ignore (floats)
     for damped in (False, True):
         field = field.with_static(damped=damped)
         worst = 0.0

@@ -75,7 +75,7 @@ def main() -> int:
 
     x_value = 2.0
     x = jnp.array(x_value)
-    c = Child(dp=2.0, sp=False, dc=3.0, sc=False)
+    c = Child(dp=2.0, sp=False, dc=3.0, sc=False)  # pyright: ignore (floats)
     info = Child.__call__.cache_info
 
     steps: list[tuple[str, Callable[[Child], Child]]] = [

@@ -203,21 +203,21 @@ def write_problems() -> list[str]:
 
 # Code lines each module may have: set at its count, so that a change that adds
 # lines raises the budget in the same diff and says what they buy. (The bar filed
-# for the package is 3,100 in at most 12 modules; it stands at 4,159 as formatted,
+# for the package is 3,100 in at most 12 modules; it stands at 4,095 as formatted,
 # the features filed beside it included.)
 BUDGET: dict[str, int] = {
     "__init__.py": 40,
     "_compile.py": 813,
     "_diverge.py": 166,
-    "_fields.py": 317,
-    "_guard.py": 244,
-    "_jax.py": 433,
+    "_fields.py": 308,
+    "_guard.py": 239,
+    "_jax.py": 399,
     "_jit.py": 590,
-    "_key.py": 236,
-    "_module.py": 493,
+    "_key.py": 225,
+    "_module.py": 487,
     "_report.py": 495,
     "_sharing.py": 146,
-    "_update.py": 186,
+    "_update.py": 187,
 }
 MAX_MODULES = 12
 
