@@ -118,6 +118,27 @@ def test_a_constant_says_so_and_where_it_enters(caplog):
     )
 
 
+def test_a_program_never_shared_is_still_told_where_it_differs(capfd, caplog):
+    """A `jax.debug.print` makes a program unshareable, compiled by JAX's own miss:
+    its operations are recorded all the same, and the next compile names where the
+    programs differ."""
+
+    @es.jit
+    def f(x, n):
+        jax.debug.print("x {}", x)
+        return x * n  # the constant
+
+    with caplog.at_level(logging.INFO, logger="eqx_static"):
+        f(X, 1)
+        f(X, 2)
+    (line,) = _compile_lines(caplog)
+    where = f"{HERE}:{_line(f.fn, '# the constant')} in f (mul)"
+    assert line.endswith(
+        f"argument n changed 1 -> 2; the programs differ only in a constant, at {where}"
+    )
+    assert capfd.readouterr().out.count("x [1. 1. 1.]") == 2
+
+
 def test_the_same_location_in_recompile_error_and_storm_warning(caplog):
     budgeted = es.jit(max_compiles=1)(Act.__call__.fn)
     m = Act(jnp.ones(3), "relu")
