@@ -604,6 +604,15 @@ def test_a_function_wrapped_anew_in_a_loop_is_told_once(caplog):
     ]
 
 
+def test_wraps_compiled_only_under_a_transformation_are_not_counted(caplog):
+    """A wrap whose first compile is JAX's, of a transformed program (`jax.vmap`
+    of a new wrap each step): not counted as a loop, as it was not before."""
+    with caplog.at_level(logging.WARNING, logger="eqx_static"):
+        for _ in range(10):
+            jax.vmap(es.jit(lambda x: x * 2))(X)
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+
+
 def test_fresh_wraps_that_compile_other_programs_are_not_a_loop(caplog):
     """A test suite wraps a fresh function per test, and each test compiles more,
     or another program: no warning, however many times the code is wrapped."""
