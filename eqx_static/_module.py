@@ -441,7 +441,8 @@ class Module(eqx.Module):
         # own `__check_init__`s: it runs them in MRO order). An unset field gets its
         # plain default, and numbers in dynamic fields are stored as arrays.
         info, d = field_info(type(self)), instance_dict(self)
-        d.update(info.defaults | d)  # `d`'s own values win
+        for name, default in info.defaults.items():
+            d.setdefault(name, default)
         d.update(convert_and_check(info, {n: d[n] for n in info.names if n in d}, ()))
         check_fields(self)
 

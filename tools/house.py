@@ -203,7 +203,7 @@ def write_problems() -> list[str]:
 
 # Code lines each module may have: set at its count, so that a change that adds
 # lines raises the budget in the same diff and says what they buy. (The bar filed
-# for the package is 3,100 in at most 12 modules; it stands at 4,095 as formatted,
+# for the package is 3,100 in at most 12 modules; it stands at 4,096 as formatted,
 # the features filed beside it included.)
 BUDGET: dict[str, int] = {
     "__init__.py": 40,
@@ -214,7 +214,7 @@ BUDGET: dict[str, int] = {
     "_jax.py": 399,
     "_jit.py": 590,
     "_key.py": 225,
-    "_module.py": 487,
+    "_module.py": 488,
     "_report.py": 495,
     "_sharing.py": 146,
     "_update.py": 187,
