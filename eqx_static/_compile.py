@@ -272,11 +272,11 @@ class Function:
         the one compiling alone, if any, is held."""
         while (event := self.compiling.get(_ALONE)) is not None:
             event.wait()
-        with self.lock:
-            later = [p for p in self.held.values() if p.later is not None]
-        for p, fp in [(p, p.later()) for p in later]:  # pyright: ignore
+        with self.lock:  # each one's function read here: another thread clears it
+            later = [(p, p.later) for p in self.held.values() if p.later is not None]
+        for p, fp in [(p, compute()) for p, compute in later]:  # pyright: ignore
             with self.lock:
-                if p.later is None:  # another thread settled it
+                if p.later is None:  # another thread settled it, or it was released
                     continue
                 p.later, p.fingerprint = None, fp
                 if fp is not None and p.users:
@@ -1248,8 +1248,7 @@ _in_a_row: list[Any] = [None, 0, 0]  # the last code, its call's hash, wraps in 
 
 
 def _rewrapped(f: Function, m: _Miss | None) -> None:
-    structure = None if m is None else m.outline.structure
-    if m is None or structure is None or f.code is None:
+    if m is None or m.outline.structure is None or f.code is None:
         _in_a_row[:] = [None, 0, 0]
         return
     _rewraps.add(f.code)
