@@ -41,10 +41,11 @@ class _Unread(dict):
     def on_read(self, module: Any, name: str) -> dict:
         """Copy what the field `name` (every field, for `__dict__`) holds; once none
         is pending, give `module` a plain dict."""
-        for k in list(self.pending) if name == "__dict__" else self.pending & {name}:
-            self.pending.discard(k)
-            if self[k] is self.start[k]:  # not assigned since: still shared
-                self[k] = self.start[k] = _fresh(self[k], self.copies)
+        for k in list(self.pending) if name == "__dict__" else [name]:
+            if k in self.pending:
+                self.pending.discard(k)
+                if self[k] is self.start[k]:  # not assigned since: still shared
+                    self[k] = self.start[k] = _fresh(self[k], self.copies)
         if self.pending:
             return self
         _DICT.__set__(module, d := dict(self))

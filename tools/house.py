@@ -207,7 +207,7 @@ def write_problems() -> list[str]:
 # the features filed beside it included.)
 BUDGET: dict[str, int] = {
     "__init__.py": 40,
-    "_compile.py": 813,
+    "_compile.py": 812,
     "_diverge.py": 166,
     "_fields.py": 308,
     "_guard.py": 239,
@@ -217,7 +217,7 @@ BUDGET: dict[str, int] = {
     "_module.py": 488,
     "_report.py": 495,
     "_sharing.py": 146,
-    "_update.py": 187,
+    "_update.py": 188,
 }
 MAX_MODULES = 12
 
