@@ -105,6 +105,20 @@ def test_the_compile_line_names_where_the_programs_first_differ(
     assert line.endswith(f"; the programs first differ at {where}")
 
 
+def _says_a_constant_differs(caplog, f: Any, arg: str, mark: str, op: str) -> None:
+    """`f(X, 1)`, then `f(X, 2)`: the one compile line says `arg` changed and only a
+    constant differs, entering at the line of `f`'s source marked `mark` (in `op`)."""
+    with caplog.at_level(logging.INFO, logger="eqx_static"):
+        f(X, 1)
+        f(X, 2)
+    (line,) = _compile_lines(caplog)
+    where = f"{HERE}:{_line(f.fn, mark)} in {f.fn.__name__} ({op})"
+    assert line.endswith(
+        f"argument {arg} changed 1 -> 2; the programs differ only in a constant, at "
+        f"{where}"
+    )
+
+
 def test_a_constant_says_so_and_where_it_enters(caplog):
     Const.__call__.cache_clear()
     with caplog.at_level(logging.INFO, logger="eqx_static"):
@@ -128,14 +142,7 @@ def test_a_program_never_shared_is_still_told_where_it_differs(capfd, caplog):
         jax.debug.print("x {}", x)
         return x * n  # the constant
 
-    with caplog.at_level(logging.INFO, logger="eqx_static"):
-        f(X, 1)
-        f(X, 2)
-    (line,) = _compile_lines(caplog)
-    where = f"{HERE}:{_line(f.fn, '# the constant')} in f (mul)"
-    assert line.endswith(
-        f"argument n changed 1 -> 2; the programs differ only in a constant, at {where}"
-    )
+    _says_a_constant_differs(caplog, f, "n", "# the constant", "mul")
     assert capfd.readouterr().out.count("x [1. 1. 1.]") == 2
 
 
@@ -331,14 +338,7 @@ def test_an_array_constant_says_where_it_enters(caplog):
     """A NumPy array built while tracing is a constant of the program (not a
     literal): its bytes tell the programs apart, at the line where it enters."""
     _table.cache_clear()
-    with caplog.at_level(logging.INFO, logger="eqx_static"):
-        _table(X, 1)
-        _table(X, 2)
-    (line,) = _compile_lines(caplog)
-    where = f"{HERE}:{_line(_table.fn, '# an array constant')} in _table (add)"
-    assert line.endswith(
-        f"argument k changed 1 -> 2; the programs differ only in a constant, at {where}"
-    )
+    _says_a_constant_differs(caplog, _table, "k", "# an array constant", "add")
 
 
 @es.jit
