@@ -47,6 +47,7 @@ import eqx_static as es
 import jax
 import jax.numpy as jnp
 import models
+from eqx_static._key import key_and_leaves
 
 
 GROUP = "call"
@@ -378,6 +379,13 @@ def _keys_in_use(rep: h.Report, s: h.Settings) -> None:
             k: h.fresh(lambda a: raw(a, x), _in_turn(v))
             for k, v in eqx_patterns.items()
         },
+        **{  # each instance's own key's dispatcher, called with its leaves: no guard
+            k: h.fresh(lambda a: a[0](*a[1]), _in_turn(_dispatchers(patterns[p], x)))
+            for k, p in (
+                (f"{n} dispatchers", f"{n} keys"),
+                (f"one dispatcher x{n}", f"one key x{n}"),
+            )
+        },
     }
     t = h.compare(variants, s, raw=rep.raw, key="call.keys_in_use")
     samples = rep.raw["call.keys_in_use"]["samples_s"]
@@ -399,6 +407,13 @@ def _keys_in_use(rep: h.Report, s: h.Settings) -> None:
             t, num, den, "fresh", ("<=", 1.1), readme=False, note=note,
         )  # fmt: skip
     rep.compare_row(
+        GROUP, f"call.keys{n}_in_use.dispatchers",
+        f"{n} keys of one class in use, their dispatchers called alone (no guard): "
+        f"{n} dispatchers / one dispatcher x{n} (shown: the part JAX's own "
+        "dispatcher takes, one per key)",
+        t, f"{n} dispatchers", f"one dispatcher x{n}", "fresh", readme=False,
+    )  # fmt: skip
+    rep.compare_row(
         GROUP, f"call.keys{n}_in_use.raw",
         f"{n} keys of one class in use: jax.jit / jax.jit one key x{n} (shown)",
         t, f"jax.jit {n} keys", f"jax.jit one key x{n}", "fresh", readme=False,
@@ -407,6 +422,14 @@ def _keys_in_use(rep: h.Report, s: h.Settings) -> None:
         GROUP, f"call.keys{n}_in_use.vs_raw", f"{n} keys of one class in use: es.jit / jax.jit",
         t, f"{n} keys", f"jax.jit {n} keys", "fresh", readme=False,
     )  # fmt: skip
+
+
+def _dispatchers(instances: list[Any], x: jax.Array) -> list[tuple[Any, list]]:
+    """Each instance's key's own dispatcher (what its guard calls), and the leaves
+    it is called with."""
+    f = type(instances[0]).__call__.es_jit.f
+    pairs = [key_and_leaves((a, x)) for a in instances]
+    return [(f.entries[key].call, leaves) for key, leaves in pairs]
 
 
 def _in_turn(instances: list[Any]) -> Callable[[], Any]:

@@ -429,7 +429,9 @@ def _fingerprint_cpu(body: Callable, x: jax.Array) -> float:
     traced = jax.jit(body).trace(x)
     lowering = _jax.lowering_of(traced.lower())
     t0 = time.process_time()
-    later = _sharing.fingerprint(lowering, _sharing.host_callbacks(lowering, traced.jaxpr)[0])
+    later = _sharing.fingerprint(
+        lowering, _sharing.host_callbacks(lowering, traced.jaxpr)[0]
+    )
     assert later is not None and later() is not None
     return time.process_time() - t0
 

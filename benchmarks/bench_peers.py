@@ -14,7 +14,9 @@
   the method of a `flax.struct` and of a `jax_dataclasses` dataclass with the same
   fields (the static ones `pytree_node=False` / `jdc.Static`) and the same body,
   all fresh; each ratio the median of the per-round ratios, with their 25th-75th
-  percentiles (target: es.jit <= flax.struct + jax.jit).
+  percentiles (target: es.jit <= flax.struct + jax.jit); and beside them the
+  least a hit in Python can pay: a function written for the model that reads its
+  leaves field by field, checking nothing, and calls `jax.jit` on them, flat.
 """
 
 import dataclasses
@@ -28,6 +30,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import models
+from eqx_static._fields import instance_dict
 
 
 try:
@@ -221,6 +224,7 @@ CALLS: list[tuple[str, str, Callable[[], tuple[Any, ...]], Callable[[], Any]]] =
     ("chain50", "a chain of modules 50 deep", _with_x(lambda: models.chain(50)), _raw),
 ]
 PEERS = {"flax.struct": "flax.struct + jax.jit", "jdc": "jax_dataclasses + jax.jit"}
+NAMES = {**PEERS, "reader": "a reader of the leaves, no check, + jax.jit, flat"}
 
 
 def _peer(obj: Any, kind: str, classes: dict[type, type]) -> Any:
@@ -251,6 +255,32 @@ def _peer(obj: Any, kind: str, classes: dict[type, type]) -> Any:
     return classes[cls](**fields)
 
 
+def _reader(m: Any, x: Any) -> Callable[[Any], Any]:
+    """The least a hit in Python pays for `m(x)`: a function written for `m`'s
+    fields that reads its array leaves through each module's `__dict__`, checks
+    nothing, and calls one `jax.jit` on them, flat (in `jax.tree.leaves`' order)."""
+    lines, count = [], iter(range(1, 10**6))
+
+    def read(expr: str, v: Any) -> list[str]:
+        if eqx.is_array(v):
+            return [expr]
+        if not isinstance(v, eqx.Module):
+            return []
+        d = f"d{next(count)}"
+        lines.append(f"{d} = DICT({expr})")
+        fields = [f.name for f in dataclasses.fields(v) if not f.metadata.get("static")]
+        return [e for k in fields for e in read(f"{d}[{k!r}]", getattr(v, k))]
+
+    leaves = read("a", m)
+    treedef = jax.tree.structure(m)
+    flat = jax.jit(lambda leaves, x: jax.tree.unflatten(treedef, leaves)(x))
+    body = "\n    ".join([*lines, f"return FLAT([{', '.join(leaves)}], X)"])
+    ns = {"DICT": instance_dict, "FLAT": flat, "X": x}
+    exec(f"def reader(a):\n    {body}\n", ns)
+    jax.block_until_ready(ns["reader"](m))
+    return ns["reader"]
+
+
 def _calls(rep: h.Report, s: h.Settings) -> None:
     """The call group's models: es.jit, raw jax.jit on the eqx.Module and the peers'
     dataclasses + jax.jit, fresh, in one comparison each."""
@@ -260,6 +290,7 @@ def _calls(rep: h.Report, s: h.Settings) -> None:
         raw = raw_jit()
         v = {
             "es.jit": h.fresh(lambda a, xm=xm: a(xm), lambda m=m: models.tree_copy(m)),
+            "reader": h.fresh(_reader(m, xm), lambda m=m: models.tree_copy(m)),
             "jax.jit": h.fresh(
                 lambda a, raw=raw, xm=xm: raw(a, xm), lambda p=p: models.tree_copy(p)
             ),
@@ -289,6 +320,7 @@ def _calls(rep: h.Report, s: h.Settings) -> None:
         rows += [(k.split(".")[0], k, "jax.jit", None) for k in PEERS if k in v]
         if "flax.struct" in v:
             rows.append(("es_vs_flax", "es.jit", "flax.struct", ("<=", 1.0)))
+            rows.append(("reader_vs_flax", "reader", "flax.struct", None))
         for row_key, num, den, target in rows:
             _paired_row(rep, f"{name}.{row_key}", label, samples, num, den, target)
         for kind, why in skipped.items():
@@ -305,7 +337,7 @@ def _paired_row(
     rounds), each variant's median beside it, the 25th-75th percentiles in a note."""
     ratios = [a / b for a, b in zip(samples[num], samples[den], strict=True)]
     q1, median, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
-    names = {k: PEERS.get(k, k) for k in (num, den)}
+    names = {k: NAMES.get(k, k) for k in (num, den)}
     t = {names[k]: statistics.median(samples[k]) for k in (num, den)}
     rep.compare_row(
         GROUP, key, f"{label}: {names[num]} / {names[den]}{' on eqx.Module' if den == 'jax.jit' else ''}",
