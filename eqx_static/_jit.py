@@ -232,7 +232,7 @@ class _Slots(dict):
     def __init__(self) -> None:
         super().__init__()
         self.pick: dict[type | None, Callable] = {}
-        self.choosers: dict[type | None, tuple[Callable, Callable]] = {}
+        self.choosers: dict[type | None, tuple[Callable, Callable, dict]] = {}
         self.held: dict[int, tuple[Any, Any, Callable]] = {}  # by `id(entry)`
         self.waits: dict[int, list[int]] = {}  # by `id(entry)`: [calls, needed]
         self.lock = threading.Lock()  # held for no user code but a static's hash
@@ -253,7 +253,7 @@ class _Slots(dict):
         cls: type | None,
         guard: Callable,
         values: tuple,
-        chooser: Callable[[], tuple[Callable, Callable]],
+        chooser: Callable[[], tuple[Callable, Callable, dict]],
     ) -> None:
         """Hold `guard`, made from `values`, for the calls of `cls` (their chooser
         made by `chooser` if need be), under the lookup value of `values`; one
@@ -264,8 +264,8 @@ class _Slots(dict):
                 return
             if cls not in self.choosers:
                 self.choosers[cls] = chooser()
-            value, choose = self._lookup(cls, values), self.choosers[cls][1]
-            table = choose.es_table  # pyright: ignore[reportFunctionMemberAccess]
+            _, choose, table = self.choosers[cls]
+            value = self._lookup(cls, values)
             kept = (*table.get(value, ()), guard)
             for old in kept[:-_MAX_GUARDS]:  # pushed out: it waits longer (`due`)
                 self._forget(old.es_entry)  # pyright: ignore
@@ -284,7 +284,7 @@ class _Slots(dict):
         if (held := self.held.pop(id(entry), None)) is None:
             return
         cls, value, guard = held
-        table = self.choosers[cls][1].es_table  # pyright: ignore
+        table = self.choosers[cls][2]
         table[value] = tuple(g for g in table[value] if g is not guard)
         if not table[value]:
             del table[value]
@@ -297,19 +297,19 @@ class _Slots(dict):
     def _lookup(self, cls: type | None, values: tuple) -> Any:
         """The value `values` are looked up by, as the chooser of `cls` finds it:
         `OTHERS` for one its table cannot hold (no hash, an `__eq__` that raises)."""
-        at, choose = self.choosers[cls]
+        at, _, table = self.choosers[cls]
         try:
-            choose.es_table.get(value := at(*values))  # pyright: ignore
+            table.get(value := at(*values))
             return value
         except Exception:
             return _guard.OTHERS
 
     def tried(self, cls: type | None, values: tuple) -> Any:
         """The guards a call of `cls` with `values` tries, as `pick[cls]` finds them."""
-        if len(self.get(cls, ())) < 2:
-            return self.get(cls, ())
-        table = self.choosers[cls][1].es_table  # pyright: ignore
-        return table.get(self._lookup(cls, values), ())
+        guards = self.get(cls, [])
+        if len(guards) < 2:
+            return guards
+        return self.choosers[cls][2].get(self._lookup(cls, values), ())
 
     def clear(self) -> None:
         with self.lock:
