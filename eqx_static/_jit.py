@@ -317,9 +317,6 @@ class _Slots(dict):
             for d in (self.pick, self.choosers, self.held, self.waits):
                 d.clear()
 
-    def __reduce__(self) -> Any:  # a copy of the wrapper starts with none
-        return (_Slots, ())
-
 
 class _Jit(functools.partial, Generic[_P, _R]):
     """The wrapper returned by [`eqx_static.jit`][]. Calling it calls a function
@@ -537,12 +534,7 @@ class _Jit(functools.partial, Generic[_P, _R]):
         """Lower the call for these arguments ahead of time: JAX's `as_text()` and
         `cost_analysis()`, and `compile()`, whose result takes the wrapper's
         arguments."""
-        return self.lower_bound((), args, kwargs)
-
-    def lower_bound(self, bound: tuple, args: tuple, kwargs: dict) -> "Lowered":
-        """`lower` for a method bound to `bound`, for the arguments after it."""
-        call = self.leaves_of((*bound, *args), kwargs)
-        return Lowered(lower_call(self.f, call), self, call.entry.key, bound)
+        return Lowered(self, (), args, kwargs)
 
     def cache_info(self) -> CacheInfo:
         """Hits, misses, `maxsize` and the compiled signatures held."""
@@ -713,7 +705,7 @@ class BoundJit(functools.partial):
 
     def lower(self, *args: Any, **kwargs: Any) -> "Lowered":
         """Lower the call for these arguments ahead of time; see `es.jit`."""
-        return self.__func__.lower_bound((self.__self__,), args, kwargs)
+        return Lowered(self.__func__, (self.__self__,), args, kwargs)
 
     def __reduce__(self) -> Any:
         return (_rebind, (self.__func__, self.__self__))
@@ -771,10 +763,11 @@ class Lowered:
         ```
     """
 
-    def __init__(self, lowered: Any, wrapper: _Jit, key: Key, bound: tuple):
-        self.lowered = self._jax = lowered
+    def __init__(self, wrapper: _Jit, bound: tuple, args: tuple, kwargs: dict):
         # `bound` is `(m,)` for `m.f.lower(x)`: the compiled call takes `x`.
-        self._wrapper, self._key, self._bound = wrapper, key, bound
+        call = wrapper.leaves_of((*bound, *args), kwargs)
+        self.lowered = self._jax = lower_call(wrapper.f, call)
+        self._wrapper, self._key, self._bound = wrapper, call.entry.key, bound
 
     def as_text(self, *args: Any, **kwargs: Any) -> str:
         """JAX's `as_text`."""
