@@ -330,7 +330,6 @@ class _Jit(functools.partial, Generic[_P, _R]):
     hot: Callable
     _is_static: bool
     _options: tuple
-    _layout: Layout
     _fn_leaves: list
     _fn_check: Callable
     _bind: Callable
@@ -355,12 +354,12 @@ class _Jit(functools.partial, Generic[_P, _R]):
         owns: dict[str, tuple[Any, Own]] = {}
         f, fn_leaves = _function(fn, layout, options)
         binder = _binder(fn, params, params, f.donate != "none", owns)
-        hot, bind = _hot(f, layout, binder, {"_es_runtime": eqx.EquinoxRuntimeError})
+        hot, bind = _hot(f, binder, {"_es_runtime": eqx.EquinoxRuntimeError})
         self = super().__new__(cls, hot)
         functools.update_wrapper(self, fn)  # pyright: ignore[reportArgumentType]
         self.fn, self.qualname, self.hot = fn, f.qualname, hot  # pyright: ignore
-        self._is_static, self._options, self._layout = is_static, options, layout
-        self._bind, self._params, self._owns = bind, params, owns
+        self._is_static, self._options, self._bind = is_static, options, bind
+        self._params, self._owns = params, owns
         hot.__globals__.update(
             _es_general=self._general, _es_again=self._again, _es_fresh=self._fresh
         )
@@ -388,7 +387,7 @@ class _Jit(functools.partial, Generic[_P, _R]):
         cache. (As a method's `self` is checked by its guard.)"""
         leaves = self._fn_check(self.fn)
         if leaves is _guard.MISS:
-            self._target(*_function(self.fn, self._layout, self._options))
+            self._target(*_function(self.fn, self.f.layout, self._options))
         else:
             self._fn_leaves[:] = leaves
 
@@ -434,13 +433,13 @@ class _Jit(functools.partial, Generic[_P, _R]):
         with _binding:
             now, donating = _layout(self.fn)[1], self._options[0] != "none"
             binder = _binder(self.fn, self._params, now, donating, self._owns)
-            made = _hot(self.f, self._layout, binder, self.hot.__globals__)
+            made = _hot(self.f, binder, self.hot.__globals__)
             for old, new in zip((self.hot, self._bind), made):
                 old.__defaults__, old.__code__ = new.__defaults__, new.__code__
                 old.__kwdefaults__ = new.__kwdefaults__
             self.hot.__globals__.update(_es_hot=self.hot, _es_bind=self._bind)
-        self._layout.call(self.hot.__globals__["_es_strict"], values)
-        return self._layout.call(again, values)
+        self.f.layout.call(self.hot.__globals__["_es_strict"], values)
+        return self.f.layout.call(again, values)
 
     # The general path, and the guards it leaves for the next calls.
 
@@ -479,7 +478,7 @@ class _Jit(functools.partial, Generic[_P, _R]):
         return call_in_hand(call) if e is None else rerun(self.f, call, e)
 
     def _add_guard(self, entry: Entry, values: tuple, first: type | None) -> None:
-        params = [f"p_{n}" for n in self._layout.names]  # called positionally
+        params = [f"p_{n}" for n in self.f.argnames]  # called positionally
         again = ", ".join(params) + ("," if len(params) == 1 else "")
 
         def dispatch(leaves: list[str]) -> list[str]:
@@ -553,17 +552,16 @@ class _Jit(functools.partial, Generic[_P, _R]):
 _binding: Final = threading.RLock()  # one binder made again at a time
 
 
-def _hot(
-    f: Function, layout: Layout, binder: tuple, ns: dict[str, Any]
-) -> tuple[Callable, Callable]:
+def _hot(f: Function, binder: tuple, ns: dict[str, Any]) -> tuple[Callable, Callable]:
     """The function every call runs (the guards of the first value's class, else the
     general path), and one that binds a call's arguments to its values: both with
     the wrapped function's signature (`_binder`), made in `ns` (their own names
     start `_es_`)."""
     params, strict, stale, fills, names = binder
     fresh = "    _es_fresh()\n" if f.fn_key is not None else ""  # `_Jit._fresh`
-    values = ", ".join(layout.names) + ("," if len(layout.names) == 1 else "")
-    first = f"_es_type({layout.names[0]})" if layout.names else "None"
+    args = f.argnames  # the wrapper's layout (`Function.layout`)
+    values = ", ".join(args) + ("," if len(args) == 1 else "")
+    first = f"_es_type({args[0]})" if args else "None"
 
     def bound(again: str) -> str:  # the defaults left out, filled in
         check = [f"if {stale}: return _es_again(({values}), {again})"] * bool(stale)
