@@ -332,7 +332,6 @@ class _Jit(functools.partial, Generic[_P, _R]):
     _options: tuple
     _fn_leaves: list
     _fn_check: Callable
-    _bind: Callable
     _slots: _Slots
     _params: list[inspect.Parameter] | None
     _owns: dict[str, tuple[Any, Own]]
@@ -354,11 +353,11 @@ class _Jit(functools.partial, Generic[_P, _R]):
         owns: dict[str, tuple[Any, Own]] = {}
         f, fn_leaves = _function(fn, layout, options)
         binder = _binder(fn, params, params, f.donate != "none", owns)
-        hot, bind = _hot(f, binder, {"_es_runtime": eqx.EquinoxRuntimeError})
+        hot = _hot(f, binder, {"_es_runtime": eqx.EquinoxRuntimeError})
         self = super().__new__(cls, hot)
         functools.update_wrapper(self, fn)  # pyright: ignore[reportArgumentType]
         self.fn, self.qualname, self.hot = fn, f.qualname, hot  # pyright: ignore
-        self._is_static, self._options, self._bind = is_static, options, bind
+        self._is_static, self._options = is_static, options
         self._params, self._owns = params, owns
         hot.__globals__.update(
             _es_general=self._general, _es_again=self._again, _es_fresh=self._fresh
@@ -433,11 +432,10 @@ class _Jit(functools.partial, Generic[_P, _R]):
         with _binding:
             now, donating = _layout(self.fn)[1], self._options[0] != "none"
             binder = _binder(self.fn, self._params, now, donating, self._owns)
-            made = _hot(self.f, binder, self.hot.__globals__)
-            for old, new in zip((self.hot, self._bind), made):
-                old.__defaults__, old.__code__ = new.__defaults__, new.__code__
-                old.__kwdefaults__ = new.__kwdefaults__
-            self.hot.__globals__.update(_es_hot=self.hot, _es_bind=self._bind)
+            made = _hot(self.f, binder, self.hot.__globals__)  # with a new `_es_bind`
+            self.hot.__defaults__, self.hot.__code__ = made.__defaults__, made.__code__
+            self.hot.__kwdefaults__ = made.__kwdefaults__
+            self.hot.__globals__["_es_hot"] = self.hot
         self.f.layout.call(self.hot.__globals__["_es_strict"], values)
         return self.f.layout.call(again, values)
 
@@ -525,7 +523,7 @@ class _Jit(functools.partial, Generic[_P, _R]):
         """The call (key and traced leaves), as the general path makes it."""
         if self.f.fn_key is not None:  # the function as it is now, as a call sees it
             self._fresh()
-        values = self._bind(*args, **kwargs)
+        values = self.hot.__globals__["_es_bind"](*args, **kwargs)  # as a call does
         key, leaves = _key_and_leaves(self.f, values)
         return Call(Entry(key), self.fn, values, [*self._fn_leaves, *leaves])
 
@@ -552,11 +550,11 @@ class _Jit(functools.partial, Generic[_P, _R]):
 _binding: Final = threading.RLock()  # one binder made again at a time
 
 
-def _hot(f: Function, binder: tuple, ns: dict[str, Any]) -> tuple[Callable, Callable]:
+def _hot(f: Function, binder: tuple, ns: dict[str, Any]) -> Callable:
     """The function every call runs (the guards of the first value's class, else the
-    general path), and one that binds a call's arguments to its values: both with
-    the wrapped function's signature (`_binder`), made in `ns` (their own names
-    start `_es_`)."""
+    general path), made in `ns` (where their own names start `_es_`) beside
+    `_es_bind`, which binds a call's arguments to its values, and `_es_strict`
+    (`_Jit._again`): all with the wrapped function's signature (`_binder`)."""
     params, strict, stale, fills, names = binder
     fresh = "    _es_fresh()\n" if f.fn_key is not None else ""  # `_Jit._fresh`
     args = f.argnames  # the wrapper's layout (`Function.layout`)
@@ -596,7 +594,7 @@ def _es_strict({strict}):
     for made in (ns["_es_hot"], ns["_es_bind"], ns["_es_strict"]):
         made.__code__ = made.__code__.replace(co_name=f.short)
         made.__qualname__ = f.qualname
-    return ns["_es_hot"], ns["_es_bind"]
+    return ns["_es_hot"]
 
 
 def _key_and_leaves(f: Function, values: tuple) -> tuple[Key, list]:
