@@ -235,12 +235,12 @@ def _fixed(tok: Any) -> bool:
 OTHERS: Final = Sentinel("the guards of calls whose lookup value Python cannot hash")
 
 
-def chooser(key: Key, params: Sequence[str], name: str) -> tuple[Callable, Callable]:
+def chooser(key: Key, params: list[str], name: str) -> tuple[Callable, Callable, dict]:
     """For the guards of one class, made from `key` (one of theirs): a function that
     gives a call's lookup value (what `key` has as static at the top of each value:
-    the value itself, a module's static fields, a tuple of statics), and one that
-    looks the call's guards up by it, in a dict `TABLE` of tuples of guards, and
-    tries them in turn: those under `OTHERS` for a value that cannot be looked up.
+    the value itself, a module's static fields, a tuple of statics), one that looks
+    the call's guards up by it, in a dict `TABLE` of tuples of guards, and tries them
+    in turn: those under `OTHERS` for a value that cannot be looked up; and `TABLE`.
     The lookup only chooses which guards to try; each still checks everything."""
     parts, i, at = [], 0, ends(key)
     ns: dict[str, Any] = {"DICT": instance_dict, "MISS": MISS, "OTHERS": OTHERS}
@@ -262,8 +262,7 @@ for g in held:
     if out is not MISS: return out
 return MISS""".splitlines()
     choose = _compiled("choose", params, lines, ns, name)
-    choose.es_table = table  # pyright: ignore[reportFunctionMemberAccess]
-    return _compiled("at", params, [f"return {at}"], ns, name), choose
+    return _compiled("at", params, [f"return {at}"], ns, name), choose, table
 
 
 # ----------------------------------------------------------------------------------

@@ -232,7 +232,7 @@ class _Slots(dict):
     def __init__(self) -> None:
         super().__init__()
         self.pick: dict[type | None, Callable] = {}
-        self.choosers: dict[type | None, tuple[Callable, Callable]] = {}
+        self.choosers: dict[type | None, tuple[Callable, Callable, dict]] = {}
         self.held: dict[int, tuple[Any, Any, Callable]] = {}  # by `id(entry)`
         self.waits: dict[int, list[int]] = {}  # by `id(entry)`: [calls, needed]
         self.lock = threading.Lock()  # held for no user code but a static's hash
@@ -253,7 +253,7 @@ class _Slots(dict):
         cls: type | None,
         guard: Callable,
         values: tuple,
-        chooser: Callable[[], tuple[Callable, Callable]],
+        chooser: Callable[[], tuple[Callable, Callable, dict]],
     ) -> None:
         """Hold `guard`, made from `values`, for the calls of `cls` (their chooser
         made by `chooser` if need be), under the lookup value of `values`; one
@@ -264,8 +264,8 @@ class _Slots(dict):
                 return
             if cls not in self.choosers:
                 self.choosers[cls] = chooser()
-            value, choose = self._lookup(cls, values), self.choosers[cls][1]
-            table = choose.es_table  # pyright: ignore[reportFunctionMemberAccess]
+            _, choose, table = self.choosers[cls]
+            value = self._lookup(cls, values)
             kept = (*table.get(value, ()), guard)
             for old in kept[:-_MAX_GUARDS]:  # pushed out: it waits longer (`due`)
                 self._forget(old.es_entry)  # pyright: ignore
@@ -284,7 +284,7 @@ class _Slots(dict):
         if (held := self.held.pop(id(entry), None)) is None:
             return
         cls, value, guard = held
-        table = self.choosers[cls][1].es_table  # pyright: ignore
+        table = self.choosers[cls][2]
         table[value] = tuple(g for g in table[value] if g is not guard)
         if not table[value]:
             del table[value]
@@ -297,28 +297,25 @@ class _Slots(dict):
     def _lookup(self, cls: type | None, values: tuple) -> Any:
         """The value `values` are looked up by, as the chooser of `cls` finds it:
         `OTHERS` for one its table cannot hold (no hash, an `__eq__` that raises)."""
-        at, choose = self.choosers[cls]
+        at, _, table = self.choosers[cls]
         try:
-            choose.es_table.get(value := at(*values))  # pyright: ignore
+            table.get(value := at(*values))
             return value
         except Exception:
             return _guard.OTHERS
 
     def tried(self, cls: type | None, values: tuple) -> Any:
         """The guards a call of `cls` with `values` tries, as `pick[cls]` finds them."""
-        if len(self.get(cls, ())) < 2:
-            return self.get(cls, ())
-        table = self.choosers[cls][1].es_table  # pyright: ignore
-        return table.get(self._lookup(cls, values), ())
+        guards = self.get(cls, [])
+        if len(guards) < 2:
+            return guards
+        return self.choosers[cls][2].get(self._lookup(cls, values), ())
 
     def clear(self) -> None:
         with self.lock:
             super().clear()
             for d in (self.pick, self.choosers, self.held, self.waits):
                 d.clear()
-
-    def __reduce__(self) -> Any:  # a copy of the wrapper starts with none
-        return (_Slots, ())
 
 
 class _Jit(functools.partial, Generic[_P, _R]):
@@ -333,10 +330,8 @@ class _Jit(functools.partial, Generic[_P, _R]):
     hot: Callable
     _is_static: bool
     _options: tuple
-    _layout: Layout
     _fn_leaves: list
     _fn_check: Callable
-    _bind: Callable
     _slots: _Slots
     _params: list[inspect.Parameter] | None
     _owns: dict[str, tuple[Any, Own]]
@@ -358,12 +353,12 @@ class _Jit(functools.partial, Generic[_P, _R]):
         owns: dict[str, tuple[Any, Own]] = {}
         f, fn_leaves = _function(fn, layout, options)
         binder = _binder(fn, params, params, f.donate != "none", owns)
-        hot, bind = _hot(f, layout, binder, {"_es_runtime": eqx.EquinoxRuntimeError})
+        hot = _hot(f, binder, {"_es_runtime": eqx.EquinoxRuntimeError})
         self = super().__new__(cls, hot)
         functools.update_wrapper(self, fn)  # pyright: ignore[reportArgumentType]
         self.fn, self.qualname, self.hot = fn, f.qualname, hot  # pyright: ignore
-        self._is_static, self._options, self._layout = is_static, options, layout
-        self._bind, self._params, self._owns = bind, params, owns
+        self._is_static, self._options = is_static, options
+        self._params, self._owns = params, owns
         hot.__globals__.update(
             _es_general=self._general, _es_again=self._again, _es_fresh=self._fresh
         )
@@ -391,7 +386,7 @@ class _Jit(functools.partial, Generic[_P, _R]):
         cache. (As a method's `self` is checked by its guard.)"""
         leaves = self._fn_check(self.fn)
         if leaves is _guard.MISS:
-            self._target(*_function(self.fn, self._layout, self._options))
+            self._target(*_function(self.fn, self.f.layout, self._options))
         else:
             self._fn_leaves[:] = leaves
 
@@ -437,13 +432,12 @@ class _Jit(functools.partial, Generic[_P, _R]):
         with _binding:
             now, donating = _layout(self.fn)[1], self._options[0] != "none"
             binder = _binder(self.fn, self._params, now, donating, self._owns)
-            made = _hot(self.f, self._layout, binder, self.hot.__globals__)
-            for old, new in zip((self.hot, self._bind), made):
-                old.__defaults__, old.__code__ = new.__defaults__, new.__code__
-                old.__kwdefaults__ = new.__kwdefaults__
-            self.hot.__globals__.update(_es_hot=self.hot, _es_bind=self._bind)
-        self._layout.call(self.hot.__globals__["_es_strict"], values)
-        return self._layout.call(again, values)
+            made = _hot(self.f, binder, self.hot.__globals__)  # with a new `_es_bind`
+            self.hot.__defaults__, self.hot.__code__ = made.__defaults__, made.__code__
+            self.hot.__kwdefaults__ = made.__kwdefaults__
+            self.hot.__globals__["_es_hot"] = self.hot
+        self.f.layout.call(self.hot.__globals__["_es_strict"], values)
+        return self.f.layout.call(again, values)
 
     # The general path, and the guards it leaves for the next calls.
 
@@ -482,7 +476,7 @@ class _Jit(functools.partial, Generic[_P, _R]):
         return call_in_hand(call) if e is None else rerun(self.f, call, e)
 
     def _add_guard(self, entry: Entry, values: tuple, first: type | None) -> None:
-        params = [f"p_{n}" for n in self._layout.names]  # called positionally
+        params = [f"p_{n}" for n in self.f.argnames]  # called positionally
         again = ", ".join(params) + ("," if len(params) == 1 else "")
 
         def dispatch(leaves: list[str]) -> list[str]:
@@ -529,7 +523,7 @@ class _Jit(functools.partial, Generic[_P, _R]):
         """The call (key and traced leaves), as the general path makes it."""
         if self.f.fn_key is not None:  # the function as it is now, as a call sees it
             self._fresh()
-        values = self._bind(*args, **kwargs)
+        values = self.hot.__globals__["_es_bind"](*args, **kwargs)  # as a call does
         key, leaves = _key_and_leaves(self.f, values)
         return Call(Entry(key), self.fn, values, [*self._fn_leaves, *leaves])
 
@@ -537,12 +531,7 @@ class _Jit(functools.partial, Generic[_P, _R]):
         """Lower the call for these arguments ahead of time: JAX's `as_text()` and
         `cost_analysis()`, and `compile()`, whose result takes the wrapper's
         arguments."""
-        return self.lower_bound((), args, kwargs)
-
-    def lower_bound(self, bound: tuple, args: tuple, kwargs: dict) -> "Lowered":
-        """`lower` for a method bound to `bound`, for the arguments after it."""
-        call = self.leaves_of((*bound, *args), kwargs)
-        return Lowered(lower_call(self.f, call), self, call.entry.key, bound)
+        return Lowered(self, (), args, kwargs)
 
     def cache_info(self) -> CacheInfo:
         """Hits, misses, `maxsize` and the compiled signatures held."""
@@ -561,17 +550,16 @@ class _Jit(functools.partial, Generic[_P, _R]):
 _binding: Final = threading.RLock()  # one binder made again at a time
 
 
-def _hot(
-    f: Function, layout: Layout, binder: tuple, ns: dict[str, Any]
-) -> tuple[Callable, Callable]:
+def _hot(f: Function, binder: tuple, ns: dict[str, Any]) -> Callable:
     """The function every call runs (the guards of the first value's class, else the
-    general path), and one that binds a call's arguments to its values: both with
-    the wrapped function's signature (`_binder`), made in `ns` (their own names
-    start `_es_`)."""
+    general path), made in `ns` (where their own names start `_es_`) beside
+    `_es_bind`, which binds a call's arguments to its values, and `_es_strict`
+    (`_Jit._again`): all with the wrapped function's signature (`_binder`)."""
     params, strict, stale, fills, names = binder
     fresh = "    _es_fresh()\n" if f.fn_key is not None else ""  # `_Jit._fresh`
-    values = ", ".join(layout.names) + ("," if len(layout.names) == 1 else "")
-    first = f"_es_type({layout.names[0]})" if layout.names else "None"
+    args = f.argnames  # the wrapper's layout (`Function.layout`)
+    values = ", ".join(args) + ("," if len(args) == 1 else "")
+    first = f"_es_type({args[0]})" if args else "None"
 
     def bound(again: str) -> str:  # the defaults left out, filled in
         check = [f"if {stale}: return _es_again(({values}), {again})"] * bool(stale)
@@ -606,7 +594,7 @@ def _es_strict({strict}):
     for made in (ns["_es_hot"], ns["_es_bind"], ns["_es_strict"]):
         made.__code__ = made.__code__.replace(co_name=f.short)
         made.__qualname__ = f.qualname
-    return ns["_es_hot"], ns["_es_bind"]
+    return ns["_es_hot"]
 
 
 def _key_and_leaves(f: Function, values: tuple) -> tuple[Key, list]:
@@ -713,7 +701,7 @@ class BoundJit(functools.partial):
 
     def lower(self, *args: Any, **kwargs: Any) -> "Lowered":
         """Lower the call for these arguments ahead of time; see `es.jit`."""
-        return self.__func__.lower_bound((self.__self__,), args, kwargs)
+        return Lowered(self.__func__, (self.__self__,), args, kwargs)
 
     def __reduce__(self) -> Any:
         return (_rebind, (self.__func__, self.__self__))
@@ -771,10 +759,11 @@ class Lowered:
         ```
     """
 
-    def __init__(self, lowered: Any, wrapper: _Jit, key: Key, bound: tuple):
-        self.lowered = self._jax = lowered
+    def __init__(self, wrapper: _Jit, bound: tuple, args: tuple, kwargs: dict):
         # `bound` is `(m,)` for `m.f.lower(x)`: the compiled call takes `x`.
-        self._wrapper, self._key, self._bound = wrapper, key, bound
+        call = wrapper.leaves_of((*bound, *args), kwargs)
+        self.lowered = self._jax = lower_call(wrapper.f, call)
+        self._wrapper, self._key, self._bound = wrapper, call.entry.key, bound
 
     def as_text(self, *args: Any, **kwargs: Any) -> str:
         """JAX's `as_text`."""
