@@ -627,7 +627,7 @@ def apply_trie(obj: Any, trie: _Trie, kind: Kind, path: tuple, outer: str) -> An
     holds `obj`, is the kind of anything inside a list, tuple or dict."""
     if is_module(obj):
         info, d = field_info(type(obj)), instance_dict(obj)
-        values, direct = {}, set()
+        values = dict(trie)
         for seg, sub in trie.items():
             if type(sub) is _Trie:
                 _check_field(info, d, seg, "any", path, None)
@@ -635,9 +635,8 @@ def apply_trie(obj: Any, trie: _Trie, kind: Kind, path: tuple, outer: str) -> An
                 values[seg] = apply_trie(d[seg], sub, kind, (*path, seg), field_kind)
             else:
                 _check_field(info, d, seg, kind, path, sub)
-                values[seg] = sub
-                direct.add(seg)
-        return rebuild(obj, info, values, direct)
+        # Converters run on the new values given, not on rebuilt nested values.
+        return rebuild(obj, info, values, [k for k in trie if values[k] is trie[k]])
     if not isinstance(obj, list | tuple | dict):
         what = f"a {type(obj).__name__}"
         if getattr(obj, "shape", None) is not None and hasattr(obj, "dtype"):
