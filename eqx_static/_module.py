@@ -14,7 +14,7 @@ import types
 import typing
 import weakref
 from collections.abc import Callable, Collection, Mapping
-from typing import Any, Final, Literal, NamedTuple, TYPE_CHECKING, TypeVar
+from typing import Any, Final, Literal, TYPE_CHECKING, TypeVar
 
 import equinox as eqx
 import jax
@@ -519,10 +519,9 @@ Kind = Literal["static", "dynamic", "any"]
 _OTHER: Final = {"static": "with_dynamic", "dynamic": "with_static"}
 
 
-class _Set(NamedTuple):
-    """A leaf of a trie of dotted paths (dicts of segments): one path's new value."""
-
-    value: Any
+class _Trie(dict):
+    """A node of a trie of dotted paths: each segment maps to the new value of its
+    path, or to the `_Trie` of the paths that go on through it."""
 
 
 def with_static(module: _M, /, **changes: Any) -> _M:
@@ -600,18 +599,18 @@ def _update(module: _M, changes: Mapping[str, Any], kind: Kind) -> _M:
     return rebuild(module, info, changes, changes)
 
 
-def _trie(changes: Mapping[str, Any]) -> dict[str, Any]:
-    root: dict[str, Any] = {}
+def _trie(changes: Mapping[str, Any]) -> _Trie:
+    root = _Trie()
     for path, value in changes.items():
         *parents, last = path.split(".")
         node = root
         for i, seg in enumerate(parents):
-            node = node.setdefault(seg, {})
-            if isinstance(node, _Set):
+            node = node.setdefault(seg, _Trie())
+            if type(node) is not _Trie:  # a new value
                 raise _conflict(".".join(parents[: i + 1]), path)
-        if last in node:  # a dict (the paths are distinct): name a path inside it
+        if last in node:  # a `_Trie` (the paths are distinct): name a path inside
             raise _conflict(path, next(p for p in changes if p.startswith(f"{path}.")))
-        node[last] = _Set(value)
+        node[last] = value
     return root
 
 
@@ -622,23 +621,22 @@ def _conflict(prefix: str, path: str) -> ValueError:
     )
 
 
-def apply_trie(obj: Any, trie: dict, kind: Kind, path: tuple, outer: str) -> Any:
+def apply_trie(obj: Any, trie: _Trie, kind: Kind, path: tuple, outer: str) -> Any:
     """Rebuild `obj` with the changes in `trie`, copying only the nodes on the paths.
     `kind` is what the caller may change; `outer`, the kind of the module field that
     holds `obj`, is the kind of anything inside a list, tuple or dict."""
     if is_module(obj):
         info, d = field_info(type(obj)), instance_dict(obj)
-        values, direct = {}, set()
+        values = dict(trie)
         for seg, sub in trie.items():
-            if isinstance(sub, _Set):
-                _check_field(info, d, seg, kind, path, sub.value)
-                values[seg] = sub.value
-                direct.add(seg)
-            else:
+            if type(sub) is _Trie:
                 _check_field(info, d, seg, "any", path, None)
                 field_kind = "static" if seg in info.static else "dynamic"
                 values[seg] = apply_trie(d[seg], sub, kind, (*path, seg), field_kind)
-        return rebuild(obj, info, values, direct)
+            else:
+                _check_field(info, d, seg, kind, path, sub)
+        # Converters run on the new values given, not on rebuilt nested values.
+        return rebuild(obj, info, values, [k for k in trie if values[k] is trie[k]])
     if not isinstance(obj, list | tuple | dict):
         what = f"a {type(obj).__name__}"
         if getattr(obj, "shape", None) is not None and hasattr(obj, "dtype"):
@@ -657,12 +655,10 @@ def apply_trie(obj: Any, trie: dict, kind: Kind, path: tuple, outer: str) -> Any
                 f"the same item of {'.'.join(path)!r}. Name each item once."
             )
         segs[key] = seg
-        if not isinstance(sub, _Set):
+        if type(sub) is _Trie:
             items[key] = apply_trie(items[key], sub, kind, (*path, seg), outer)
-        elif kind == outer or (
-            kind == "static" and _leaf(items[key]) and _leaf(sub.value)
-        ):
-            items[key] = sub.value
+        elif kind == outer or (kind == "static" and _leaf(items[key]) and _leaf(sub)):
+            items[key] = sub
         else:
             raise TypeError(
                 f"`with_{kind}` got {'.'.join((*path, seg))!r}, which lies inside a "
