@@ -17,7 +17,7 @@ value). A node is self-delimiting:
   followed by their children.
 
 Flat, the key hashes and compares without recursion, however deep the nesting.
-`key_and_leaves` writes this grammar; `node_at`, `end_of` and `steps` read it
+`key_and_leaves` writes this grammar; `node_at`, `ends` and `steps` read it
 back, for the explanations' paths (`visits`) and the guards' checks (`_guard`)
 alike."""
 
@@ -246,19 +246,9 @@ def module_info(head: Any) -> FieldInfo:
 
 
 def end_of(key: Key, i: int) -> int:
-    """The index after the whole node that starts at `key[i]`."""
-    return _span(key, i)[0]
-
-
-def _span(key: Key, i: int) -> tuple[int, int]:
-    """`end_of(key, i)`, and the traced leaves of the node that starts at `key[i]`."""
-    pending, leaves = 1, 0
-    while pending:
-        n = node_at(key, i)
-        pending += max(n.children, 0) - 1
-        leaves += n.leaves
-        i = n.next
-    return i, leaves
+    """The index after the whole node that starts at `key[i]` (the rest of a key,
+    from a node on, is a sequence of whole nodes)."""
+    return i + ends(key[i:])[0]
 
 
 def ends(key: Key) -> dict[int, int]:
@@ -342,4 +332,5 @@ def first_class(key: Key) -> type | None:
 
 def leaves_of_first(key: Key) -> int:
     """The number of traced leaves of the first value of the call."""
-    return _span(key, 0)[1] if key else 0
+    at = ends(key)
+    return sum(node_at(key, i).leaves for i in at if i < at.get(0, 0))
