@@ -25,14 +25,13 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, NamedTuple
 
 from ._fields import (
-    array_types,
+    all_arrays,
     cycle_in,
     field_info,
     field_token,
     FieldInfo,
     instance_dict,
     IS_ARRAY,
-    is_array_type,
     IS_DICT,
     IS_LIST,
     IS_MODULE,
@@ -109,13 +108,6 @@ def key_and_leaves(values: tuple) -> tuple[Key, list]:
                 raise CyclicValue(path)
             limit = 2 * len(tokens)
     return tuple(tokens), leaves
-
-
-def all_arrays(values: Any) -> bool:
-    """Whether every value is an array (in C, once their types have been seen)."""
-    return array_types.issuperset(map(type, values)) or all(
-        is_array_type(type(x)) for x in values
-    )
 
 
 def _module(v: Any, info: FieldInfo, tokens: list, leaves: list, stack: list) -> None:
