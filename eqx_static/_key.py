@@ -32,11 +32,9 @@ from ._fields import (
     FieldInfo,
     instance_dict,
     IS_ARRAY,
-    IS_DICT,
     IS_LIST,
     IS_MODULE,
     IS_NAMED,
-    IS_NONE,
     kind_of,
     kinds,
     one_level,
@@ -91,9 +89,9 @@ def key_and_leaves(values: tuple) -> tuple[Key, list]:
         elif k == IS_LIST or k == IS_NAMED:
             tokens.append((SEQ if k == IS_LIST else NAMED, t, len(v)))
             stack += reversed(v)
-        elif k == IS_NONE:
+        elif v is None:
             tokens.append(None)
-        elif k == IS_DICT:
+        elif t is dict:
             try:
                 keys = sorted(v)  # as JAX flattens a dict
             except TypeError:  # keys that do not sort: as JAX's flatten says
