@@ -362,7 +362,7 @@ def _mutable_form(x: Any, stack: list, met: dict[int, tuple[int, Any]]) -> tuple
 
 
 _BACKWARDS: Final = slice(None, None, -1)
-_TUPLE: Final = (tuple.__eq__, tuple.__hash__)
+_TUPLE: Final = (tuple.__eq__, tuple.__hash__)  # a subclass with both: read as a tuple
 
 
 def _treedef_form(t: Any) -> tuple:

@@ -322,5 +322,5 @@ def first_class(key: Key) -> type | None:
 
 def leaves_of_first(key: Key) -> int:
     """The number of traced leaves of the first value of the call."""
-    at = ends(key)
+    at = ends(key)  # by the start of every node: the nodes before the first's end
     return sum(node_at(key, i).leaves for i in at if i < at.get(0, 0))
