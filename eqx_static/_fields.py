@@ -251,16 +251,6 @@ def field_token(v: Any, shown: bool = True) -> Any:
     return Typed(_Copy(v).value if shown else None, form, False)
 
 
-# What to use instead of a static value Python cannot hash, by its kind: the one
-# table the construction check (`Store ...`), the key (`Pass ...`) and the reports
-# read. `{name}` is the field or argument.
-_HASHABLE_INSTEAD: Final = (
-    (list, "a tuple instead: `{name}=tuple(...)`"),
-    (dict, "a hashable mapping instead, e.g. `{name}=tuple(d.items())`"),
-    (set, "a frozenset instead: `{name}=frozenset(...)`"),
-)
-
-
 def hashable_instead(value: object, name: str, verb: str) -> str:
     """What to do instead of keying the unhashable `value` (a field or argument
     `name`), as a sentence that starts with `verb` ("Store", "Pass") if it can."""
@@ -272,9 +262,12 @@ def hashable_instead(value: object, name: str, verb: str) -> str:
             "Arrays are data, not program structure: make it a dynamic field (drop "
             "`static=True`), so that changing it never recompiles."
         )
-    for kind, fix in _HASHABLE_INSTEAD:
-        if isinstance(value, kind):
-            return f"{verb} {fix.format(name=name)}."
+    if isinstance(value, list):
+        return f"{verb} a tuple instead: `{name}=tuple(...)`."
+    if isinstance(value, dict):
+        return f"{verb} a hashable mapping instead, e.g. `{name}=tuple(d.items())`."
+    if isinstance(value, set):
+        return f"{verb} a frozenset instead: `{name}=frozenset(...)`."
     if dataclasses.is_dataclass(value):
         return f"{verb} a frozen dataclass instead: `@dataclass(frozen=True)`."
     return f"{verb} a hashable value instead, or an array if it is data."
@@ -315,11 +308,8 @@ def fixed_form(v: Any, mutable: bool = False) -> tuple[tuple, bool]:
         elif t is jtu.PyTreeDef:  # its own `==` compares metadata with `==`
             out.append(_treedef_form(x))
             fixed = False
-        elif t is tuple or (
-            isinstance(x, tuple)
-            and t.__eq__ is tuple.__eq__
-            and t.__hash__ is tuple.__hash__
-        ):  # its stored items, as `==` and `hash` read them
+        elif t is tuple or isinstance(x, tuple) and (t.__eq__, t.__hash__) == _TUPLE:
+            # its stored items, as tuple's own `==` and `hash` read them
             out.append(tuple.__len__(x))
             stack += tuple.__getitem__(x, _BACKWARDS)
         elif mutable and t.__hash__ is None:  # a list, a dict: in a static field
@@ -372,6 +362,7 @@ def _mutable_form(x: Any, stack: list, met: dict[int, tuple[int, Any]]) -> tuple
 
 
 _BACKWARDS: Final = slice(None, None, -1)
+_TUPLE: Final = (tuple.__eq__, tuple.__hash__)  # a subclass with both: read as a tuple
 
 
 def _treedef_form(t: Any) -> tuple:
@@ -399,6 +390,13 @@ def is_array_type(t: type) -> bool:
     if t not in array_types and issubclass(t, ARRAY_TYPES):
         array_types.add(t)
     return t in array_types
+
+
+def all_arrays(values: Any) -> bool:
+    """Whether every value is an array (in C, once their types have been seen)."""
+    return array_types.issuperset(map(type, values)) or all(
+        is_array_type(type(x)) for x in values
+    )
 
 
 # ----------------------------------------------------------------------------------

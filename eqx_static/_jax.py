@@ -520,11 +520,8 @@ def dispatching() -> bool:
     why: list[str | None] = ["the probe did not run"]
 
     def run() -> None:
-        with contextlib.ExitStack() as stack:
-            for name in ("disable_jit", "enable_pgle"):
-                if (state := getattr(_config, name, None)) is not None:
-                    stack.enter_context(state(False))
-            stack.enter_context(jax.transfer_guard("allow"))
+        pgle = getattr(_config, "enable_pgle", contextlib.nullcontext)
+        with jax.disable_jit(False), pgle(False), jax.transfer_guard("allow"):
             why[0] = probe()
 
     thread = threading.Thread(target=run, name="eqx_static dispatcher probe")

@@ -17,7 +17,7 @@ value). A node is self-delimiting:
   followed by their children.
 
 Flat, the key hashes and compares without recursion, however deep the nesting.
-`key_and_leaves` writes this grammar; `node_at`, `end_of` and `steps` read it
+`key_and_leaves` writes this grammar; `node_at`, `ends` and `steps` read it
 back, for the explanations' paths (`visits`) and the guards' checks (`_guard`)
 alike."""
 
@@ -25,19 +25,16 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, NamedTuple
 
 from ._fields import (
-    array_types,
+    all_arrays,
     cycle_in,
     field_info,
     field_token,
     FieldInfo,
     instance_dict,
     IS_ARRAY,
-    is_array_type,
-    IS_DICT,
     IS_LIST,
     IS_MODULE,
     IS_NAMED,
-    IS_NONE,
     kind_of,
     kinds,
     one_level,
@@ -92,9 +89,9 @@ def key_and_leaves(values: tuple) -> tuple[Key, list]:
         elif k == IS_LIST or k == IS_NAMED:
             tokens.append((SEQ if k == IS_LIST else NAMED, t, len(v)))
             stack += reversed(v)
-        elif k == IS_NONE:
+        elif v is None:
             tokens.append(None)
-        elif k == IS_DICT:
+        elif t is dict:
             try:
                 keys = sorted(v)  # as JAX flattens a dict
             except TypeError:  # keys that do not sort: as JAX's flatten says
@@ -109,13 +106,6 @@ def key_and_leaves(values: tuple) -> tuple[Key, list]:
                 raise CyclicValue(path)
             limit = 2 * len(tokens)
     return tuple(tokens), leaves
-
-
-def all_arrays(values: Any) -> bool:
-    """Whether every value is an array (in C, once their types have been seen)."""
-    return array_types.issuperset(map(type, values)) or all(
-        is_array_type(type(x)) for x in values
-    )
 
 
 def _module(v: Any, info: FieldInfo, tokens: list, leaves: list, stack: list) -> None:
@@ -246,19 +236,9 @@ def module_info(head: Any) -> FieldInfo:
 
 
 def end_of(key: Key, i: int) -> int:
-    """The index after the whole node that starts at `key[i]`."""
-    return _span(key, i)[0]
-
-
-def _span(key: Key, i: int) -> tuple[int, int]:
-    """`end_of(key, i)`, and the traced leaves of the node that starts at `key[i]`."""
-    pending, leaves = 1, 0
-    while pending:
-        n = node_at(key, i)
-        pending += max(n.children, 0) - 1
-        leaves += n.leaves
-        i = n.next
-    return i, leaves
+    """The index after the whole node that starts at `key[i]` (the rest of a key,
+    from a node on, is a sequence of whole nodes)."""
+    return i + ends(key[i:])[0]
 
 
 def ends(key: Key) -> dict[int, int]:
@@ -342,4 +322,5 @@ def first_class(key: Key) -> type | None:
 
 def leaves_of_first(key: Key) -> int:
     """The number of traced leaves of the first value of the call."""
-    return _span(key, 0)[1] if key else 0
+    at = ends(key)  # by the start of every node: the nodes before the first's end
+    return sum(node_at(key, i).leaves for i in at if i < at.get(0, 0))
