@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import os
 import unittest.mock
+from collections.abc import Iterator
 from typing import Any
 
 import equinox as eqx
@@ -693,11 +694,28 @@ def test_a_function_emitted_twice_under_two_names_is_one_program():
     )
 
 
+@pytest.fixture
+def embedded() -> Iterator[None]:
+    """Constants written into the program, as large as they are (jax 0.12.1 passes
+    those over `jax_embedded_constants_max_bytes` as arguments instead)."""
+    option = "jax_embedded_constants_max_bytes"
+    old = getattr(jax.config, option, None)
+    if old is not None:
+        jax.config.update(option, 1 << 30)
+    try:
+        yield
+    finally:
+        if old is not None:
+            jax.config.update(option, old)
+
+
 @pytest.mark.parametrize(
     "dtype", ["float32", "bfloat16", "int8", "uint32", "bool", "complex64"]
 )
 @pytest.mark.parametrize("where", ["top", "cond", "while"])
-def test_a_large_constant_is_hashed_whole_of_every_dtype_and_place(dtype, where):
+def test_a_large_constant_is_hashed_whole_of_every_dtype_and_place(
+    dtype, where, embedded
+):
     """A large constant is hashed from its bytes, not printed: one element changed
     (first, middle, last) is another program, in any dtype, also inside a `cond`
     branch or a loop's body; equal values are one program."""
