@@ -600,8 +600,16 @@ def test_a_tuple_holding_a_list_is_not_passed_by_identity():
 
 def test_the_ends_of_a_key_s_nodes_in_one_pass_are_end_of_s():
     """`ends` (what the writer reads, so that a chain 1,000 deep is written in
-    linear time) agrees with `end_of` at every node, and has no other entry."""
+    linear time) and `end_of` agree, at every node, with a walk that skips each
+    node's children one by one; `ends` has no other entry."""
     from eqx_static._key import end_of, ends, node_at
+
+    def walked(key: Any, i: int) -> int:
+        n = node_at(key, i)
+        j = n.next
+        for _ in range(max(n.children, 0)):
+            j = walked(key, j)
+        return j
 
     Box = collections.namedtuple("Box", "inner")
     chain: Any = jnp.ones(2)
@@ -618,4 +626,5 @@ def test_the_ends_of_a_key_s_nodes_in_one_pass_are_end_of_s():
         while i < len(key):
             starts.append(i)
             i = node_at(key, i).next
-        assert ends(key) == {i: end_of(key, i) for i in starts}
+        assert ends(key) == {i: walked(key, i) for i in starts}
+        assert [end_of(key, i) for i in starts] == [walked(key, i) for i in starts]
