@@ -567,8 +567,9 @@ def kv_store() -> Any:
         return client
     if not _store_lost and (_runtime is None or client is not None):
         _store_lost.append("said")
+        missing = missing if _runtime is not None else ["global_state"]
         _warn(
-            f"JAX's distributed key-value store lacks {missing or ['global_state']}, "
+            f"JAX's distributed key-value store lacks {missing}, "
             "so processes that diverge at a miss are not checked (a divergence waits "
             "in a collective)"
         )

@@ -316,13 +316,17 @@ def test_without_the_key_value_store_the_check_is_off_with_one_warning(monkeypat
     class Runtime:
         client = object()  # lacks every name
 
-    monkeypatch.setattr(_jax, "_runtime", Runtime())
-    monkeypatch.setattr(_jax, "_store_lost", [])
-    with pytest.warns(RuntimeWarning, match="processes that diverge at a miss are not checked"):  # fmt: skip
-        assert _jax.kv_store() is None
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert _jax.kv_store() is None
+    for runtime, lacks in ((Runtime(), "'key_value_set'"), (None, "['global_state']")):
+        monkeypatch.setattr(_jax, "_runtime", runtime)
+        monkeypatch.setattr(_jax, "_store_lost", [])
+        with pytest.warns(
+            RuntimeWarning, match="diverge at a miss are not checked"
+        ) as w:
+            assert _jax.kv_store() is None
+        assert lacks in str(w[0].message)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert _jax.kv_store() is None
 
 
 def test_one_process_checks_nothing():
