@@ -885,10 +885,12 @@ class _Miss:
         _local.miss = self.previous
         self.refused = isinstance(error, _report.RecompileError)
 
-    @property
-    def missed(self) -> bool:
-        """A miss: it traced, compiled, or was refused a compile."""
-        return self.traced or bool(self.number) or self.refused
+    def book(self, shared: "_report.Why | None" = None) -> None:
+        """Book a miss if it traced, compiled or was refused a compile (`shared`:
+        why it missed, if it shared a program), and watch for a storm."""
+        if self.traced or self.number or self.refused:
+            self.f.book_miss(shared)
+            self.f.storm(self.entry.key)
 
 
 def _top_level(f: Function, entry: Entry, leaves: tuple) -> tuple:
@@ -900,25 +902,19 @@ def _top_level(f: Function, entry: Entry, leaves: tuple) -> tuple:
             if _jax.pgle_enabled() and entry.helper is not None:
                 # JAX compiles with its profile; what it runs is not read here
                 return _run(entry.helper, leaves, wait=True)
-            _trace_and_lower(miss)
+            # First used transformed? Explained against the signatures known
+            # before room is made.
+            staged = entry.helper is not None and not entry.runs
+            miss.known, known = f.size, list(f.recent)
+            f.make_room(miss)
+            miss.helper = entry.helper or _helper(f, entry, leaves)
+            miss.jit_trace = miss.helper.trace(*leaves)
+            miss.lowered = miss.jit_trace.lower()
+            miss.why = _why(f, known, entry.key, miss.sig, staged)
             return _install_and_run(miss, _decide(miss))
     finally:
         f.unmark(miss.mark)  # on every path: an interrupted miss leaves no mark
-        if miss.missed:
-            f.book_miss(miss.why if miss.shared else None)
-            f.storm(entry.key)
-
-
-def _trace_and_lower(miss: _Miss) -> None:
-    f, entry = miss.f, miss.entry
-    staged = entry.helper is not None and not entry.runs  # first used transformed
-    miss.known = f.size
-    known = list(f.recent)  # what the call is explained against: before room is made
-    f.make_room(miss)
-    miss.helper = entry.helper or _helper(f, entry, miss.leaves)
-    miss.jit_trace = miss.helper.trace(*miss.leaves)
-    miss.lowered = miss.jit_trace.lower()
-    miss.why = _why(f, known, entry.key, miss.sig, staged)
+        miss.book(miss.why if miss.shared else None)
 
 
 def _why(f: Function, known: list, key: Key, sig: tuple, staged: bool) -> _report.Why:
@@ -929,8 +925,13 @@ def _why(f: Function, known: list, key: Key, sig: tuple, staged: bool) -> _repor
 
 
 def _decide(miss: _Miss) -> Program:
-    """A compiled program provably the same, or a new compile."""
-    f = miss.f
+    """A compiled program provably the same, or a new compile. An unshareable
+    program (no fingerprint, now or later) is compiled by the call that follows
+    (JAX's own miss), still inside the miss that books it. The budget and the log
+    see a compile as it starts (`_plan`): JAX's own cache of executables may serve
+    this lowering (a sharding that lowers to the same program), and then nothing
+    compiles."""
+    f, key = miss.f, miss.entry.key
     lowering = _jax.lowering_of(miss.lowered)
     callbacks, miss.checks = _sharing.host_callbacks(lowering, miss.jit_trace.jaxpr)
     later = None if _jax.pgle_enabled() else _sharing.fingerprint(lowering, callbacks)
@@ -949,7 +950,15 @@ def _decide(miss: _Miss) -> Program:
         if _jax.env_switch("EQX_STATIC_CHECK_SHARING", False) and program.fingerprint:
             _check_sharing(miss, program)
         return program
-    return _compile(miss, lowering, fp, later if alone else None)
+    module = None if lowering is None else lowering.stablehlo()
+    _record(miss, module, miss.jit_trace.jaxpr)
+    miss.due = True
+    if fp is None and not alone:
+        return Program(key, None, None, miss.outline, 0)
+    miss.lowered.compile()
+    held = None if miss.number else f.running(lowering)
+    executable, later = _jax.executable_of(lowering), later if alone else None
+    return held or Program(key, fp, executable, miss.outline, miss.number, 0, later)
 
 
 def _for_diverge(miss: _Miss) -> _diverge.Miss:
@@ -970,26 +979,6 @@ def _check_sharing(miss: _Miss, program: Program) -> None:
     raise _report.sharing_error(
         f.name(key), program.key, key, f.argnames, program.number
     )
-
-
-def _compile(
-    miss: _Miss, lowering: Any, fp: _sharing.Fingerprint | None, later: Any = None
-) -> Program:
-    """Compile; an unshareable program (no `fp`, nor a `later` one) is compiled by
-    the call that follows (JAX's own miss), still inside the miss that books it.
-    The budget and the log see the compile as it starts: JAX's own cache of
-    executables may serve this lowering (a sharding that lowers to the same
-    program), and then nothing compiles."""
-    module = None if lowering is None else lowering.stablehlo()
-    _record(miss, module, miss.jit_trace.jaxpr)
-    miss.due = True
-    key = miss.entry.key
-    if fp is None and later is None:
-        return Program(key, None, None, miss.outline, 0)
-    miss.lowered.compile()
-    executable = _jax.executable_of(lowering)
-    held = None if miss.number else miss.f.running(lowering)
-    return held or Program(key, fp, executable, miss.outline, miss.number, 0, later)
 
 
 def _record(miss: _Miss, module: Any, jaxpr: Any) -> None:
@@ -1069,12 +1058,10 @@ def _booked(miss: _Miss, run: Callable, jitted: Any) -> Any:
             _check_reverse_mode(miss, jitted)
         return out
     finally:
-        if miss.missed:
-            f.book_miss()
-            if miss.number and miss.public is not None:  # compiled at the top level
-                program = Program(entry.key, None, None, miss.outline, miss.number)
-                f.add_run(entry, miss.sig, program)
-            f.storm(entry.key)
+        if miss.number and miss.public is not None:  # compiled at the top level
+            program = Program(entry.key, None, None, miss.outline, miss.number)
+            f.add_run(entry, miss.sig, program)
+        miss.book()
         if miss.traced and miss.public is None:
             why = _why(f, list(f.recent), entry.key, miss.sig, False)
             _report.log(f.name(entry.key), "traced under a transformation", f.size, why)
@@ -1216,7 +1203,7 @@ def _on_compile_start(event: str, value: float, **kwargs: Any) -> None:
         _jax.stop_sharing("it compiled a program whose executable es.jit had installed")
     elif m is not None and m.public is not None and not m.planned:
         _explain_public(m, m.public)
-    elif m is not None and m.due and not m.planned:  # the compile `_compile` asked for
+    elif m is not None and m.due and not m.planned:  # the compile `_decide` asked for
         _plan(m)
     elif m is None or not m.planned:  # JAX's own: profile-guided, transformed
         f.check_budget(_what_changed(f, m), None)
