@@ -643,9 +643,9 @@ def _traced(f: Function, entry: Entry, eager: bool = False, name: str = "") -> C
                 s in str(e) for s in ("Tracer", _report.REVERSE)
             )
             found = _needs_concrete(f, call, False) if tracer and not eager_now else ()
-            if nested and not found:
-                raise
-            error = _field_error(f, entry.key, e, found)
+            error = (
+                None if nested and not found else _field_error(f, entry.key, e, found)
+            )
             if error is None:
                 raise
             raise error.with_traceback(e.__traceback__) from None
@@ -744,26 +744,21 @@ def _replay(
             leaves[i] = x
         return f.layout.call(*_with_leaves(call, leaves))
 
-    avals = [jax.typeof(call.leaves[i]) for i in free]
-    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
-    try:
-        jax.eval_shape(_backward(replayed) if reverse else replayed, *shapes)
-    except Exception as e:
-        return e
-    return None
-
-
-def _backward(g: Callable) -> Callable:
-    """`g`, then its reverse-mode derivative with respect to its inexact inputs."""
-
+    # `replayed`, then its reverse-mode derivative in its inexact inputs
     def backward(*xs: Any) -> Any:
-        out, pullback = eqx.filter_vjp(g, *xs)
+        out, pullback = eqx.filter_vjp(replayed, *xs)
         zeros = jtu.tree_map(
             lambda x: jnp.zeros_like(x) if eqx.is_inexact_array(x) else None, out
         )
         return pullback(zeros)
 
-    return backward
+    avals = [jax.typeof(call.leaves[i]) for i in free]
+    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
+    try:
+        jax.eval_shape(backward if reverse else replayed, *shapes)
+    except Exception as e:
+        return e
+    return None
 
 
 def _check_reverse_mode(miss: "_Miss", helper: Any) -> None:
@@ -1075,11 +1070,8 @@ def _run(helper: Any, leaves: tuple, wait: bool, miss: "_Miss | None" = None) ->
 
     def run(*leaves: Any) -> tuple:
         __tracebackhide__ = True
-        if miss is not None and (
-            got := _jax.run_lowered(miss.jit_trace, miss.lowered, leaves)
-        ):
-            return got
-        return _jax.jit_miss(helper, *leaves)
+        got = miss and _jax.run_lowered(miss.jit_trace, miss.lowered, leaves)
+        return got or _jax.jit_miss(helper, *leaves)
 
     return _report.reporting_errors(run, wait=lambda: wait)(*leaves)
 

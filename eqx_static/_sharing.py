@@ -92,14 +92,13 @@ def fingerprint(
             compared.append((name, value))
         elif name not in _IGNORED and (name not in _EMPTY or value):
             return None  # unknown, None, an ordered effect, a mutable array, ...
-    return functools.partial(_fingerprint, lowering, tuple(compared), callbacks)
+    arguments = tuple(compared)
 
+    def computed() -> Fingerprint | None:
+        program = digest(lowering.stablehlo())
+        return None if program is None else Fingerprint(program, arguments, callbacks)
 
-def _fingerprint(
-    lowering: Any, arguments: tuple, callbacks: tuple
-) -> Fingerprint | None:
-    program = digest(lowering.stablehlo())
-    return None if program is None else Fingerprint(program, arguments, callbacks)
+    return computed
 
 
 def same_program(a: Fingerprint, b: Fingerprint) -> bool:
