@@ -968,12 +968,10 @@ def _check_sharing(miss: _Miss, program: Program) -> None:
     miss.planned = True
     miss.lowered.compile()
     own = _jax.executable_of(_jax.lowering_of(miss.lowered))
-    if _sharing.same_compiled(own, program.executable):
-        return
-    f, key = miss.f, miss.entry.key
-    raise _report.sharing_error(
-        f.name(key), program.key, key, f.argnames, program.number
-    )
+    if not _sharing.same_compiled(own, program.executable):
+        f, key = miss.f, miss.entry.key
+        number = program.number
+        raise _report.sharing_error(f.name(key), program.key, key, f.argnames, number)
 
 
 def _record(miss: _Miss, module: Any, jaxpr: Any) -> None:
