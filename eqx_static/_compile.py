@@ -205,10 +205,9 @@ class Function:
 
     def clear(self) -> None:
         with self.lock:
-            for e in self.entries.values():
-                e.runs.clear()
+            runs = [e.runs for e in self.entries.values()]
             kept = (self.entries, self.programs, self.held, self.shared, self.history)
-            for d in (*kept, self.recent, *self.guard_sets):
+            for d in (*runs, *kept, self.recent, *self.guard_sets):
                 d.clear()
             self.at_clear, self.misses, self.size = next(self.calls) + 1, 0, 0
             self.general, self.warned = 0, False
@@ -433,10 +432,8 @@ def _claim_name(f: Function, fn: Callable) -> str:
     if "." not in base:
         base = f"{getattr(fn, '__module__', None) or 'es'}.{base}"
     with _names_lock:
-        name, n = base, 1
-        while name in _by_name:
-            n += 1
-            name = f"{base}#{n}"
+        names = (f"{base}#{n}" if n > 1 else base for n in itertools.count(1))
+        name = next(n for n in names if n not in _by_name)
         _by_name[name] = f
     return name
 
@@ -880,11 +877,11 @@ class _Miss:
         _local.miss = self.previous
         self.refused = isinstance(error, _report.RecompileError)
 
-    def book(self, shared: "_report.Why | None" = None) -> None:
-        """Book a miss if it traced, compiled or was refused a compile (`shared`:
-        why it missed, if it shared a program), and watch for a storm."""
+    def book(self) -> None:
+        """Book a miss if it traced, compiled or was refused a compile (and why it
+        missed, if it shared a program), and watch for a storm."""
         if self.traced or self.number or self.refused:
-            self.f.book_miss(shared)
+            self.f.book_miss(self.why if self.shared else None)
             self.f.storm(self.entry.key)
 
 
@@ -909,7 +906,7 @@ def _top_level(f: Function, entry: Entry, leaves: tuple) -> tuple:
             return _install_and_run(miss, _decide(miss))
     finally:
         f.unmark(miss.mark)  # on every path: an interrupted miss leaves no mark
-        miss.book(miss.why if miss.shared else None)
+        miss.book()
 
 
 def _why(f: Function, known: list, key: Key, sig: tuple, staged: bool) -> _report.Why:
