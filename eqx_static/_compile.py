@@ -1015,12 +1015,9 @@ def _install_and_run(miss: _Miss, program: Program) -> tuple:
 
 
 # What changed for a compile no value of the call explains.
-def _transformed_program(phrase: str) -> Change:
-    return Change(phrase, "a transformed program", "transformed")
-
-
-_UNTRANSFORMED: Final = _transformed_program("first call outside a transformation")
-_TRANSFORMED: Final = _transformed_program("JAX compiled a transformed program")
+_A_TRANSFORMED: Final = ("a transformed program", "transformed")  # name, kind
+_UNTRANSFORMED: Final = Change("first call outside a transformation", *_A_TRANSFORMED)
+_TRANSFORMED: Final = Change("JAX compiled a transformed program", *_A_TRANSFORMED)
 _PGLE: Final = Change(
     "JAX compiled it again (profile-guided)", "JAX's own compile", "jax"
 )
@@ -1034,7 +1031,7 @@ def _staged(f: Function, entry: Entry, leaves: tuple) -> Any:
     if _jax.jit_is_replaced():  # Equinox's breakpoint mode: through its `jax.jit`
         helper = jax.jit(_traced(f, entry))
     miss = _Miss(f, entry, leaves, _TRANSFORMED)
-    return _booked(miss, lambda: _report.reporting_errors(helper)(*leaves), helper)
+    return _booked(miss, _report.reporting_errors(helper), helper)
 
 
 def _booked(miss: _Miss, run: Callable, jitted: Any) -> Any:
@@ -1043,7 +1040,7 @@ def _booked(miss: _Miss, run: Callable, jitted: Any) -> Any:
     f, entry = miss.f, miss.entry
     try:
         with miss:
-            out = run()
+            out = run(*miss.leaves)
         if miss.public is None and _jax.reverse_mode():
             _check_reverse_mode(miss, jitted)
         return out
@@ -1131,9 +1128,8 @@ class _Public:
         miss.public, self.staged = (self if top else None), self.staged or not top
         if top:
             f.make_room(miss)  # the books, and a new `jax.jit` of the key
-        run, jitted = self.run, self.jitted
         with _quiet(f), _report.marked(__equinox_jit_id__):
-            return _booked(miss, lambda: run(*leaves), jitted)
+            return _booked(miss, self.run, self.jitted)
 
 
 def _explain_public(miss: _Miss, public: _Public) -> None:
@@ -1170,7 +1166,7 @@ def _miss_of(f: Function) -> _Miss | None:
 # A compile of a function's program while none of its calls runs in this thread:
 # JAX compiling a call staged earlier (an eager `jax.checkpoint`, the backward
 # program of an eager `jax.grad`).
-_OUT_OF_SIGHT: Final = _transformed_program("JAX compiled a call it had staged")
+_OUT_OF_SIGHT: Final = Change("JAX compiled a call it had staged", *_A_TRANSFORMED)
 
 
 def _what_changed(f: Function, m: _Miss | None) -> tuple[Change, ...]:
