@@ -851,7 +851,6 @@ class _Miss:
         self.outline = Outline(None, None)  # its program
         self.differ: Any = None
         self.known = self.number = 0  # signatures held when it started; its compile
-        self.helper: Any = None
         self.lowered: Any = None
         self.jit_trace: Any = None  # its `jax.stages.Traced`, lowered as `lowered`
         self.shared: Program | None = None  # a compiled program it runs
@@ -899,11 +898,11 @@ def _top_level(f: Function, entry: Entry, leaves: tuple) -> tuple:
             staged = entry.helper is not None and not entry.runs
             miss.known, known = f.size, list(f.recent)
             f.make_room(miss)
-            miss.helper = entry.helper or _helper(f, entry, leaves)
-            miss.jit_trace = miss.helper.trace(*leaves)
+            helper = entry.helper or _helper(f, entry, leaves)
+            miss.jit_trace = helper.trace(*leaves)
             miss.lowered = miss.jit_trace.lower()
             miss.why = _why(f, known, entry.key, miss.sig, staged)
-            return _install_and_run(miss, _decide(miss))
+            return _install_and_run(miss, _decide(miss), helper)
     finally:
         f.unmark(miss.mark)  # on every path: an interrupted miss leaves no mark
         miss.book()
@@ -987,7 +986,7 @@ def _plan(miss: _Miss) -> None:
     _report.log(f.name(miss.entry.key), "compiling", miss.known, why, miss.differ)
 
 
-def _install_and_run(miss: _Miss, program: Program) -> tuple:
+def _install_and_run(miss: _Miss, program: Program, helper: Any) -> tuple:
     f, entry = miss.f, miss.entry
     if miss.shared is not None and program.executable is not None:
         _jax.set_executable(_jax.lowering_of(miss.lowered), program.executable)
@@ -1000,13 +999,13 @@ def _install_and_run(miss: _Miss, program: Program) -> tuple:
     if miss.checks:  # else JAX's asynchronous dispatch: nothing to raise
         entry.call = _calling(f, entry, reports=True)
     if miss.shared is None or program.fingerprint is None:
-        entry.helper = miss.helper  # a key that shares a program keeps no lowering
+        entry.helper = helper  # a key that shares a program keeps no lowering
     try:
-        out = _run(miss.helper, miss.leaves, miss.checks, miss)
+        out = _run(helper, miss.leaves, miss.checks, miss)
     except BaseException as e:
         # JAX's dispatcher falls back to Python for a signature whose first run
         # raised: later calls come here, through this `jax.jit`.
-        entry.helper = miss.helper
+        entry.helper = helper
         if isinstance(e, _report.RecompileError):  # refused as it started to compile
             f.drop_run(entry, miss.sig)
         raise
