@@ -1224,14 +1224,13 @@ def _rewrapped(f: Function, m: _Miss | None) -> None:
     call = hash((m.entry.key, m.sig))
     same = _in_a_row[0] is f.code and _in_a_row[1] == call
     _in_a_row[:] = [f.code, call, _in_a_row[2] + 1 if same else 1]
-    n = _in_a_row[2]
-    if f.warn_after is not None and n == f.warn_after:
+    if _in_a_row[2] == f.warn_after:  # a count never equals None
         _report.logger.warning(
             "`%s` was wrapped by `es.jit` %d times (at %s), and each wrap compiled: "
             "each `es.jit(...)` starts a cache of its own. Wrap it once, outside the "
             "loop, and call the wrapped function in the loop.",
             f.qualname,
-            n,
+            f.warn_after,
             f.wrapped_at or "in a loop",
         )
 
