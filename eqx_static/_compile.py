@@ -205,10 +205,9 @@ class Function:
 
     def clear(self) -> None:
         with self.lock:
-            for e in self.entries.values():
-                e.runs.clear()
+            runs = [e.runs for e in self.entries.values()]
             kept = (self.entries, self.programs, self.held, self.shared, self.history)
-            for d in (*kept, self.recent, *self.guard_sets):
+            for d in (*runs, *kept, self.recent, *self.guard_sets):
                 d.clear()
             self.at_clear, self.misses, self.size = next(self.calls) + 1, 0, 0
             self.general, self.warned = 0, False
@@ -433,10 +432,8 @@ def _claim_name(f: Function, fn: Callable) -> str:
     if "." not in base:
         base = f"{getattr(fn, '__module__', None) or 'es'}.{base}"
     with _names_lock:
-        name, n = base, 1
-        while name in _by_name:
-            n += 1
-            name = f"{base}#{n}"
+        names = (f"{base}#{n}" if n > 1 else base for n in itertools.count(1))
+        name = next(n for n in names if n not in _by_name)
         _by_name[name] = f
     return name
 
@@ -643,9 +640,9 @@ def _traced(f: Function, entry: Entry, eager: bool = False, name: str = "") -> C
                 s in str(e) for s in ("Tracer", _report.REVERSE)
             )
             found = _needs_concrete(f, call, False) if tracer and not eager_now else ()
-            if nested and not found:
-                raise
-            error = _field_error(f, entry.key, e, found)
+            error = (
+                None if nested and not found else _field_error(f, entry.key, e, found)
+            )
             if error is None:
                 raise
             raise error.with_traceback(e.__traceback__) from None
@@ -744,26 +741,21 @@ def _replay(
             leaves[i] = x
         return f.layout.call(*_with_leaves(call, leaves))
 
-    avals = [jax.typeof(call.leaves[i]) for i in free]
-    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
-    try:
-        jax.eval_shape(_backward(replayed) if reverse else replayed, *shapes)
-    except Exception as e:
-        return e
-    return None
-
-
-def _backward(g: Callable) -> Callable:
-    """`g`, then its reverse-mode derivative with respect to its inexact inputs."""
-
+    # `replayed`, then its reverse-mode derivative in its inexact inputs
     def backward(*xs: Any) -> Any:
-        out, pullback = eqx.filter_vjp(g, *xs)
+        out, pullback = eqx.filter_vjp(replayed, *xs)
         zeros = jtu.tree_map(
             lambda x: jnp.zeros_like(x) if eqx.is_inexact_array(x) else None, out
         )
         return pullback(zeros)
 
-    return backward
+    avals = [jax.typeof(call.leaves[i]) for i in free]
+    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
+    try:
+        jax.eval_shape(backward if reverse else replayed, *shapes)
+    except Exception as e:
+        return e
+    return None
 
 
 def _check_reverse_mode(miss: "_Miss", helper: Any) -> None:
@@ -859,7 +851,6 @@ class _Miss:
         self.outline = Outline(None, None)  # its program
         self.differ: Any = None
         self.known = self.number = 0  # signatures held when it started; its compile
-        self.helper: Any = None
         self.lowered: Any = None
         self.jit_trace: Any = None  # its `jax.stages.Traced`, lowered as `lowered`
         self.shared: Program | None = None  # a compiled program it runs
@@ -885,10 +876,12 @@ class _Miss:
         _local.miss = self.previous
         self.refused = isinstance(error, _report.RecompileError)
 
-    @property
-    def missed(self) -> bool:
-        """A miss: it traced, compiled, or was refused a compile."""
-        return self.traced or bool(self.number) or self.refused
+    def book(self) -> None:
+        """Book a miss if it traced, compiled or was refused a compile (and why it
+        missed, if it shared a program), and watch for a storm."""
+        if self.traced or self.number or self.refused:
+            self.f.book_miss(self.why if self.shared else None)
+            self.f.storm(self.entry.key)
 
 
 def _top_level(f: Function, entry: Entry, leaves: tuple) -> tuple:
@@ -900,25 +893,19 @@ def _top_level(f: Function, entry: Entry, leaves: tuple) -> tuple:
             if _jax.pgle_enabled() and entry.helper is not None:
                 # JAX compiles with its profile; what it runs is not read here
                 return _run(entry.helper, leaves, wait=True)
-            _trace_and_lower(miss)
-            return _install_and_run(miss, _decide(miss))
+            # First used transformed? Explained against the signatures known
+            # before room is made.
+            staged = entry.helper is not None and not entry.runs
+            miss.known, known = f.size, list(f.recent)
+            f.make_room(miss)
+            helper = entry.helper or _helper(f, entry, leaves)
+            miss.jit_trace = helper.trace(*leaves)
+            miss.lowered = miss.jit_trace.lower()
+            miss.why = _why(f, known, entry.key, miss.sig, staged)
+            return _install_and_run(miss, _decide(miss), helper)
     finally:
         f.unmark(miss.mark)  # on every path: an interrupted miss leaves no mark
-        if miss.missed:
-            f.book_miss(miss.why if miss.shared else None)
-            f.storm(entry.key)
-
-
-def _trace_and_lower(miss: _Miss) -> None:
-    f, entry = miss.f, miss.entry
-    staged = entry.helper is not None and not entry.runs  # first used transformed
-    miss.known = f.size
-    known = list(f.recent)  # what the call is explained against: before room is made
-    f.make_room(miss)
-    miss.helper = entry.helper or _helper(f, entry, miss.leaves)
-    miss.jit_trace = miss.helper.trace(*miss.leaves)
-    miss.lowered = miss.jit_trace.lower()
-    miss.why = _why(f, known, entry.key, miss.sig, staged)
+        miss.book()
 
 
 def _why(f: Function, known: list, key: Key, sig: tuple, staged: bool) -> _report.Why:
@@ -929,8 +916,13 @@ def _why(f: Function, known: list, key: Key, sig: tuple, staged: bool) -> _repor
 
 
 def _decide(miss: _Miss) -> Program:
-    """A compiled program provably the same, or a new compile."""
-    f = miss.f
+    """A compiled program provably the same, or a new compile. An unshareable
+    program (no fingerprint, now or later) is compiled by the call that follows
+    (JAX's own miss), still inside the miss that books it. The budget and the log
+    see a compile as it starts (`_plan`): JAX's own cache of executables may serve
+    this lowering (a sharding that lowers to the same program), and then nothing
+    compiles."""
+    f, key = miss.f, miss.entry.key
     lowering = _jax.lowering_of(miss.lowered)
     callbacks, miss.checks = _sharing.host_callbacks(lowering, miss.jit_trace.jaxpr)
     later = None if _jax.pgle_enabled() else _sharing.fingerprint(lowering, callbacks)
@@ -949,7 +941,15 @@ def _decide(miss: _Miss) -> Program:
         if _jax.env_switch("EQX_STATIC_CHECK_SHARING", False) and program.fingerprint:
             _check_sharing(miss, program)
         return program
-    return _compile(miss, lowering, fp, later if alone else None)
+    module = None if lowering is None else lowering.stablehlo()
+    _record(miss, module, miss.jit_trace.jaxpr)
+    miss.due = True
+    if fp is None and not alone:
+        return Program(key, None, None, miss.outline, 0)
+    miss.lowered.compile()
+    held = None if miss.number else f.running(lowering)
+    executable, later = _jax.executable_of(lowering), later if alone else None
+    return held or Program(key, fp, executable, miss.outline, miss.number, 0, later)
 
 
 def _for_diverge(miss: _Miss) -> _diverge.Miss:
@@ -964,32 +964,10 @@ def _check_sharing(miss: _Miss, program: Program) -> None:
     miss.planned = True
     miss.lowered.compile()
     own = _jax.executable_of(_jax.lowering_of(miss.lowered))
-    if _sharing.same_compiled(own, program.executable):
-        return
-    f, key = miss.f, miss.entry.key
-    raise _report.sharing_error(
-        f.name(key), program.key, key, f.argnames, program.number
-    )
-
-
-def _compile(
-    miss: _Miss, lowering: Any, fp: _sharing.Fingerprint | None, later: Any = None
-) -> Program:
-    """Compile; an unshareable program (no `fp`, nor a `later` one) is compiled by
-    the call that follows (JAX's own miss), still inside the miss that books it.
-    The budget and the log see the compile as it starts: JAX's own cache of
-    executables may serve this lowering (a sharding that lowers to the same
-    program), and then nothing compiles."""
-    module = None if lowering is None else lowering.stablehlo()
-    _record(miss, module, miss.jit_trace.jaxpr)
-    miss.due = True
-    key = miss.entry.key
-    if fp is None and later is None:
-        return Program(key, None, None, miss.outline, 0)
-    miss.lowered.compile()
-    executable = _jax.executable_of(lowering)
-    held = None if miss.number else miss.f.running(lowering)
-    return held or Program(key, fp, executable, miss.outline, miss.number, 0, later)
+    if not _sharing.same_compiled(own, program.executable):
+        f, key = miss.f, miss.entry.key
+        number = program.number
+        raise _report.sharing_error(f.name(key), program.key, key, f.argnames, number)
 
 
 def _record(miss: _Miss, module: Any, jaxpr: Any) -> None:
@@ -1008,7 +986,7 @@ def _plan(miss: _Miss) -> None:
     _report.log(f.name(miss.entry.key), "compiling", miss.known, why, miss.differ)
 
 
-def _install_and_run(miss: _Miss, program: Program) -> tuple:
+def _install_and_run(miss: _Miss, program: Program, helper: Any) -> tuple:
     f, entry = miss.f, miss.entry
     if miss.shared is not None and program.executable is not None:
         _jax.set_executable(_jax.lowering_of(miss.lowered), program.executable)
@@ -1021,13 +999,13 @@ def _install_and_run(miss: _Miss, program: Program) -> tuple:
     if miss.checks:  # else JAX's asynchronous dispatch: nothing to raise
         entry.call = _calling(f, entry, reports=True)
     if miss.shared is None or program.fingerprint is None:
-        entry.helper = miss.helper  # a key that shares a program keeps no lowering
+        entry.helper = helper  # a key that shares a program keeps no lowering
     try:
-        out = _run(miss.helper, miss.leaves, miss.checks, miss)
+        out = _run(helper, miss.leaves, miss.checks, miss)
     except BaseException as e:
         # JAX's dispatcher falls back to Python for a signature whose first run
         # raised: later calls come here, through this `jax.jit`.
-        entry.helper = miss.helper
+        entry.helper = helper
         if isinstance(e, _report.RecompileError):  # refused as it started to compile
             f.drop_run(entry, miss.sig)
         raise
@@ -1036,12 +1014,9 @@ def _install_and_run(miss: _Miss, program: Program) -> tuple:
 
 
 # What changed for a compile no value of the call explains.
-def _transformed_program(phrase: str) -> Change:
-    return Change(phrase, "a transformed program", "transformed")
-
-
-_UNTRANSFORMED: Final = _transformed_program("first call outside a transformation")
-_TRANSFORMED: Final = _transformed_program("JAX compiled a transformed program")
+_A_TRANSFORMED: Final = ("a transformed program", "transformed")  # name, kind
+_UNTRANSFORMED: Final = Change("first call outside a transformation", *_A_TRANSFORMED)
+_TRANSFORMED: Final = Change("JAX compiled a transformed program", *_A_TRANSFORMED)
 _PGLE: Final = Change(
     "JAX compiled it again (profile-guided)", "JAX's own compile", "jax"
 )
@@ -1055,7 +1030,7 @@ def _staged(f: Function, entry: Entry, leaves: tuple) -> Any:
     if _jax.jit_is_replaced():  # Equinox's breakpoint mode: through its `jax.jit`
         helper = jax.jit(_traced(f, entry))
     miss = _Miss(f, entry, leaves, _TRANSFORMED)
-    return _booked(miss, lambda: _report.reporting_errors(helper)(*leaves), helper)
+    return _booked(miss, _report.reporting_errors(helper), helper)
 
 
 def _booked(miss: _Miss, run: Callable, jitted: Any) -> Any:
@@ -1064,17 +1039,15 @@ def _booked(miss: _Miss, run: Callable, jitted: Any) -> Any:
     f, entry = miss.f, miss.entry
     try:
         with miss:
-            out = run()
+            out = run(*miss.leaves)
         if miss.public is None and _jax.reverse_mode():
             _check_reverse_mode(miss, jitted)
         return out
     finally:
-        if miss.missed:
-            f.book_miss()
-            if miss.number and miss.public is not None:  # compiled at the top level
-                program = Program(entry.key, None, None, miss.outline, miss.number)
-                f.add_run(entry, miss.sig, program)
-            f.storm(entry.key)
+        if miss.number and miss.public is not None:  # compiled at the top level
+            program = Program(entry.key, None, None, miss.outline, miss.number)
+            f.add_run(entry, miss.sig, program)
+        miss.book()
         if miss.traced and miss.public is None:
             why = _why(f, list(f.recent), entry.key, miss.sig, False)
             _report.log(f.name(entry.key), "traced under a transformation", f.size, why)
@@ -1088,11 +1061,8 @@ def _run(helper: Any, leaves: tuple, wait: bool, miss: "_Miss | None" = None) ->
 
     def run(*leaves: Any) -> tuple:
         __tracebackhide__ = True
-        if miss is not None and (
-            got := _jax.run_lowered(miss.jit_trace, miss.lowered, leaves)
-        ):
-            return got
-        return _jax.jit_miss(helper, *leaves)
+        got = miss and _jax.run_lowered(miss.jit_trace, miss.lowered, leaves)
+        return got or _jax.jit_miss(helper, *leaves)
 
     return _report.reporting_errors(run, wait=lambda: wait)(*leaves)
 
@@ -1157,9 +1127,8 @@ class _Public:
         miss.public, self.staged = (self if top else None), self.staged or not top
         if top:
             f.make_room(miss)  # the books, and a new `jax.jit` of the key
-        run, jitted = self.run, self.jitted
         with _quiet(f), _report.marked(__equinox_jit_id__):
-            return _booked(miss, lambda: run(*leaves), jitted)
+            return _booked(miss, self.run, self.jitted)
 
 
 def _explain_public(miss: _Miss, public: _Public) -> None:
@@ -1196,7 +1165,7 @@ def _miss_of(f: Function) -> _Miss | None:
 # A compile of a function's program while none of its calls runs in this thread:
 # JAX compiling a call staged earlier (an eager `jax.checkpoint`, the backward
 # program of an eager `jax.grad`).
-_OUT_OF_SIGHT: Final = _transformed_program("JAX compiled a call it had staged")
+_OUT_OF_SIGHT: Final = Change("JAX compiled a call it had staged", *_A_TRANSFORMED)
 
 
 def _what_changed(f: Function, m: _Miss | None) -> tuple[Change, ...]:
@@ -1216,7 +1185,7 @@ def _on_compile_start(event: str, value: float, **kwargs: Any) -> None:
         _jax.stop_sharing("it compiled a program whose executable es.jit had installed")
     elif m is not None and m.public is not None and not m.planned:
         _explain_public(m, m.public)
-    elif m is not None and m.due and not m.planned:  # the compile `_compile` asked for
+    elif m is not None and m.due and not m.planned:  # the compile `_decide` asked for
         _plan(m)
     elif m is None or not m.planned:  # JAX's own: profile-guided, transformed
         f.check_budget(_what_changed(f, m), None)
@@ -1255,14 +1224,13 @@ def _rewrapped(f: Function, m: _Miss | None) -> None:
     call = hash((m.entry.key, m.sig))
     same = _in_a_row[0] is f.code and _in_a_row[1] == call
     _in_a_row[:] = [f.code, call, _in_a_row[2] + 1 if same else 1]
-    n = _in_a_row[2]
-    if f.warn_after is not None and n == f.warn_after:
+    if _in_a_row[2] == f.warn_after:  # a count never equals None
         _report.logger.warning(
             "`%s` was wrapped by `es.jit` %d times (at %s), and each wrap compiled: "
             "each `es.jit(...)` starts a cache of its own. Wrap it once, outside the "
             "loop, and call the wrapped function in the loop.",
             f.qualname,
-            n,
+            f.warn_after,
             f.wrapped_at or "in a loop",
         )
 

@@ -76,30 +76,26 @@ def fingerprint(
     digest is the cost, paid once another program may be the same."""
     if lowering is None or callbacks is None or not _jax.SHARING:
         return None
-    arguments = _jax.compile_arguments(lowering)
     compared = []
-    for name, value in sorted(arguments.items()):  # by name: names are distinct
+    # Sorted by name: names are distinct, so no two values are compared.
+    for name, value in sorted(_jax.compile_arguments(lowering).items()):
         if name == "shape_poly_state":  # compared by what it says (by identity in JAX)
             try:
-                value = (
-                    tuple(value.dim_vars),
-                    value.uses_dim_vars,
-                    value.has_platform_index_argument,
-                )
+                dims = tuple(value.dim_vars)
+                value = (dims, value.uses_dim_vars, value.has_platform_index_argument)
             except AttributeError:
                 value = None
         if name in _SAME and value is not None:
             compared.append((name, value))
         elif name not in _IGNORED and (name not in _EMPTY or value):
             return None  # unknown, None, an ordered effect, a mutable array, ...
-    return functools.partial(_fingerprint, lowering, tuple(compared), callbacks)
+    arguments = tuple(compared)
 
+    def computed() -> Fingerprint | None:
+        program = digest(lowering.stablehlo())
+        return None if program is None else Fingerprint(program, arguments, callbacks)
 
-def _fingerprint(
-    lowering: Any, arguments: tuple, callbacks: tuple
-) -> Fingerprint | None:
-    program = digest(lowering.stablehlo())
-    return None if program is None else Fingerprint(program, arguments, callbacks)
+    return computed
 
 
 def same_program(a: Fingerprint, b: Fingerprint) -> bool:
