@@ -537,7 +537,7 @@ def _rebuilt(tree: Any, swap: Callable[[Any], Any]) -> Any:
         if len(done) < len(children):
             child = children[len(done)]
             below = one_level(child)
-            if jtu.treedef_is_leaf(below[1]) and below[0][0] is child:
+            if below[0] and jtu.treedef_is_leaf(below[1]) and below[0][0] is child:
                 done.append(swap(child))
             else:
                 stack.append((*below, []))

@@ -1833,16 +1833,19 @@ def test_a_call_nested_deeper_than_jax_flattens_is_traced():
     is traced at any depth, without raising the process's recursion limit."""
     depth = 3 * sys.getrecursionlimit()
     x: Any = jnp.ones(())
-    for _ in range(depth):
-        x = [x]
+    for i in range(depth):  # with nodes that hold no leaf: None, an empty tuple
+        x = [x, None, (), {"a": jnp.float32(i)}] if i % 2 else [x]
 
     def unwrap(v):
+        total = 0.0
         while isinstance(v, list):
+            total = total + v[3]["a"] if len(v) > 1 else total
             v = v[0]
-        return 2 * v
+        return 2 * v + total
 
     limit = sys.getrecursionlimit()
-    assert float(es.jit(unwrap)(x)) == float(unwrap(x)) == 2.0
+    want = 2.0 + sum(range(1, depth, 2))
+    assert float(es.jit(unwrap)(x)) == float(unwrap(x)) == want
     assert sys.getrecursionlimit() == limit
 
 
