@@ -203,20 +203,20 @@ def write_problems() -> list[str]:
 
 # Code lines each module may have: set at its count, so that a change that adds
 # lines raises the budget in the same diff and says what they buy. (The bar filed
-# for the package is 3,100 in at most 12 modules; it stands at 4,096 as formatted,
+# for the package is 3,100 in at most 12 modules; it stands at 4,034 as formatted,
 # the features filed beside it included.)
 BUDGET: dict[str, int] = {
     "__init__.py": 40,
-    "_compile.py": 812,
+    "_compile.py": 786,
     "_diverge.py": 166,
-    "_fields.py": 308,
-    "_guard.py": 239,
-    "_jax.py": 399,
-    "_jit.py": 590,
-    "_key.py": 225,
-    "_module.py": 488,
+    "_fields.py": 307,
+    "_guard.py": 238,
+    "_jax.py": 397,
+    "_jit.py": 582,
+    "_key.py": 211,
+    "_module.py": 483,
     "_report.py": 495,
-    "_sharing.py": 146,
+    "_sharing.py": 141,
     "_update.py": 188,
 }
 MAX_MODULES = 12
