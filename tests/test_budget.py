@@ -140,6 +140,32 @@ def test_storm_warning_names_the_field_once(caplog):
     assert cls.traces[0] == 12  # one per call: the warning traced nothing more
 
 
+@pytest.mark.sharing
+def test_storm_names_the_field_least_changed_in_misses_that_reused_a_program(caplog):
+    """Two fields changed at each of the last compiles, both named on the line
+    where the programs differ: the warning names the one that changed least often
+    in misses that reused a program (`b` alone changed once, and shared), though
+    `a` changed at more compiles (early ones, with `c`)."""
+
+    class Three(es.Module):
+        a: int = eqx.field(static=True)
+        b: int = eqx.field(static=True)
+        c: int = eqx.field(static=True)
+
+        @es.jit(warn_after=4)
+        def __call__(self, x):
+            return x * self.a + self.c + 0 * self.b
+
+    calls = [(1, 0, 0), (2, 0, 0), (2, 0, 1), (3, 0, 1), (3, 0, 2), (3, 1, 2)]
+    calls += [(4, 2, 2), (5, 3, 2), (6, 4, 2)]  # a and b at each of the last three
+    with caplog.at_level(logging.WARNING, logger="eqx_static"):
+        for a, b, c in calls:
+            Three(a, b, c)(X)
+    assert Three.__call__.compile_info().compiles == 8  # the sixth call shared
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "'a' changed at each of the last 3 compiles" in warning, warning
+
+
 def test_storm_warning_names_the_class_called(caplog):
     """A method jitted on a parent, called on a subclass: the warning names the
     subclass's method, as the compile lines do."""
