@@ -83,6 +83,29 @@ def test_a_pgle_recompile_is_budgeted_with_its_own_fix():
     )
 
 
+@pytest.mark.filterwarnings("ignore:PGLE collected an empty trace:RuntimeWarning")
+def test_a_failing_error_if_raises_at_a_pgle_recompile():
+    """JAX's profile-guided recompile, after its profiled runs, comes through the
+    miss path with the call: a failing `eqx.error_if` in it raises Equinox's error
+    at the call, as at any miss (the run is waited for)."""
+    _, f = _checked()
+    ok, bad = jnp.float32(0.5), jnp.float32(2.0)
+    options = {"jax_enable_pgle": True, "jax_pgle_profiling_runs": 3}
+    before = {k: getattr(jax.config, k) for k in options}
+    for k, v in options.items():
+        jax.config.update(k, v)
+    try:
+        for _ in range(3):  # the first compile, then profiled runs
+            jax.block_until_ready(f(ok))
+        assert f.cache_info().misses == 1
+        with pytest.raises(eqx.EquinoxRuntimeError, match="too big"):
+            f(bad)
+        assert f.cache_info().misses == 2  # the recompile's miss
+    finally:
+        for k, v in before.items():
+            jax.config.update(k, v)
+
+
 def _checked():
     def checked(x):
         return eqx.error_if(x * 2, x > 1.0, "too big")
