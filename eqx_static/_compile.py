@@ -433,7 +433,7 @@ def _claim_name(f: Function, fn: Callable) -> str:
         base = f"{getattr(fn, '__module__', None) or 'es'}.{base}"
     with _names_lock:
         names = (f"{base}#{n}" if n > 1 else base for n in itertools.count(1))
-        name = next(n for n in names if n not in _by_name)
+        name = next(name for name in names if name not in _by_name)
         _by_name[name] = f
     return name
 
@@ -640,9 +640,9 @@ def _traced(f: Function, entry: Entry, eager: bool = False, name: str = "") -> C
                 s in str(e) for s in ("Tracer", _report.REVERSE)
             )
             found = _needs_concrete(f, call, False) if tracer and not eager_now else ()
-            error = (
-                None if nested and not found else _field_error(f, entry.key, e, found)
-            )
+            if nested and not found:
+                raise
+            error = _field_error(f, entry.key, e, found)
             if error is None:
                 raise
             raise error.with_traceback(e.__traceback__) from None

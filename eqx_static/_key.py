@@ -235,15 +235,10 @@ def module_info(head: Any) -> FieldInfo:
     return head if type(head) is FieldInfo else head[1]
 
 
-def end_of(key: Key, i: int) -> int:
-    """The index after the whole node that starts at `key[i]` (the rest of a key,
-    from a node on, is a sequence of whole nodes)."""
-    return i + ends(key[i:])[0]
-
-
 def ends(key: Key) -> dict[int, int]:
-    """`end_of(key, i)` for every node of `key`, by `i`, in one pass (a writer that
-    asked `end_of` at each node of a chain would read it all once per node)."""
+    """The index after the whole node that starts at `key[i]`, for every node of
+    `key`, by `i`, in one pass (a writer that walked each node's subtree to find its
+    end would read a chain once per node)."""
     out: dict[int, int] = {}
     # [where it starts, children still to come], under a root that never closes
     open_nodes: list[list[int]] = [[-1, -1]]

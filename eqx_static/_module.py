@@ -636,7 +636,8 @@ def apply_trie(obj: Any, trie: _Trie, kind: Kind, path: tuple, outer: str) -> An
             else:
                 _check_field(info, d, seg, kind, path, sub)
         # Converters run on the new values given, not on rebuilt nested values.
-        return rebuild(obj, info, values, [k for k in trie if values[k] is trie[k]])
+        given = [k for k, sub in trie.items() if type(sub) is not _Trie]
+        return rebuild(obj, info, values, given)
     if not isinstance(obj, list | tuple | dict):
         what = f"a {type(obj).__name__}"
         if getattr(obj, "shape", None) is not None and hasattr(obj, "dtype"):

@@ -203,7 +203,7 @@ def write_problems() -> list[str]:
 
 # Code lines each module may have: set at its count, so that a change that adds
 # lines raises the budget in the same diff and says what they buy. (The bar filed
-# for the package is 3,100 in at most 12 modules; it stands at 4,034 as formatted,
+# for the package is 3,100 in at most 12 modules; it stands at 4,033 as formatted,
 # the features filed beside it included.)
 BUDGET: dict[str, int] = {
     "__init__.py": 40,
@@ -213,8 +213,8 @@ BUDGET: dict[str, int] = {
     "_guard.py": 238,
     "_jax.py": 397,
     "_jit.py": 582,
-    "_key.py": 211,
-    "_module.py": 483,
+    "_key.py": 209,
+    "_module.py": 484,
     "_report.py": 495,
     "_sharing.py": 141,
     "_update.py": 188,
