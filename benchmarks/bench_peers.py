@@ -21,6 +21,8 @@
 
 import dataclasses
 import functools
+import itertools
+import operator
 import statistics
 from collections.abc import Callable
 from typing import Any
@@ -259,7 +261,7 @@ def _reader(m: Any, x: Any) -> Callable[[Any], Any]:
     """The least a hit in Python pays for `m(x)`: a function written for `m`'s
     fields that reads its array leaves through each module's `__dict__`, checks
     nothing, and calls one `jax.jit` on them, flat (in `jax.tree.leaves`' order)."""
-    lines, count = [], iter(range(1, 10**6))
+    lines, count = [], itertools.count(1)
 
     def read(expr: str, v: Any) -> list[str]:
         if eqx.is_array(v):
@@ -275,8 +277,11 @@ def _reader(m: Any, x: Any) -> Callable[[Any], Any]:
     treedef = jax.tree.structure(m)
     flat = jax.jit(lambda leaves, x: jax.tree.unflatten(treedef, leaves)(x))
     body = "\n    ".join([*lines, f"return FLAT([{', '.join(leaves)}], X)"])
-    ns = {"DICT": instance_dict, "FLAT": flat, "X": x}
+    ns = {"DICT": instance_dict, "FLAT": lambda leaves, x: leaves, "X": x}
     exec(f"def reader(a):\n    {body}\n", ns)
+    read_leaves, want = ns["reader"](m), jax.tree.leaves(m)  # JAX's leaves, in order
+    assert len(read_leaves) == len(want) and all(map(operator.is_, read_leaves, want))
+    ns["FLAT"] = flat
     jax.block_until_ready(ns["reader"](m))
     return ns["reader"]
 
