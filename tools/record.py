@@ -13,9 +13,9 @@ process; this one never imports JAX itself):
 - `fast`, `slow`: the fast tier, then the slow tier (`-m slow`), with the runtime
   type checks that pyproject's `addopts` turn on (`--jaxtyping-packages`);
 - `fast-unchecked`, `slow-unchecked`: the same without them (`addopts` overridden);
-- `bench`: `benchmarks/run.py --only call,training` and `--only sgd` (the groups
-  whose rows depend on the device; the others measure the host, or start a second
-  process on the device).
+- `bench`: `benchmarks/run.py --only call,training`, `--only sgd` and `--only
+  peers` (the groups whose rows depend on the device; the others measure the host,
+  or start a second process on the device).
 
 The JSON holds the date, the versions, the device (`device_kind`, the count), each
 pytest run's passed / failed / errors / skipped counts (from its JUnit XML), its
@@ -68,7 +68,7 @@ QUICK_TESTS = {
         "a_version"
     ],
 }
-BENCH = {"full": [["--only", "call,training"], ["--only", "sgd"]]}
+BENCH = {"full": [["--only", "call,training"], ["--only", "sgd"], ["--only", "peers"]]}
 BENCH["quick"] = [[*args, "--quick"] for args in BENCH["full"]]
 PARTS = [*PYTEST, "bench"]
 VERSIONS = ("jax", "jaxlib", "libtpu", "equinox", "eqx_static", "jaxtyping")
