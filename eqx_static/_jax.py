@@ -325,8 +325,7 @@ try:
     _shards = hasattr(_pxla.MeshExecutable, "shard_const_args")  # pyright: ignore
     RUN_LOWERED = list(inspect.signature(_fastpath).parameters) == _FASTPATH and _shards
 except (NameError, AttributeError, TypeError, ValueError):  # pragma: no cover
-    RUN_LOWERED = False
-_run_lost: list[str] = []  # said once
+    RUN_LOWERED = False  # and off once `run_lowered` finds a name gone (said once)
 
 
 def run_lowered(traced: Any, lowered: Any, args: tuple) -> tuple | None:
@@ -337,7 +336,8 @@ def run_lowered(traced: Any, lowered: Any, args: tuple) -> tuple | None:
     check, a profile, a program of hijax types, a trace in progress), on a JAX
     before 0.10, or where this JAX lacks a name read here (said once): then call
     `jit_miss`. Every name is read before the program runs."""
-    if _run_lost or not RUN_LOWERED:
+    global RUN_LOWERED
+    if not RUN_LOWERED:
         return None
     try:
         params, computation = traced._params, lowered._lowering
@@ -351,7 +351,7 @@ def run_lowered(traced: Any, lowered: Any, args: tuple) -> tuple | None:
         constants = computation.const_args
         effects = (jaxpr.effects, jaxpr.consts)  # of the program, for the fastpath
     except (AttributeError, KeyError, TypeError) as e:
-        _run_lost.append("said")
+        RUN_LOWERED = False
         _warn(
             f"a miss runs its program through JAX's own miss ({e!r}): results are "
             "unchanged, and a miss costs one more pass over its arguments"
