@@ -572,9 +572,7 @@ def spans_processes(lowering: Any) -> bool:
     """Whether a lowering's devices belong to more than one process."""
     devices = lowering._device_list
     indices = getattr(devices, "process_indices", None)  # else, device by device
-    if indices is None:  # pragma: no cover
-        indices = {d.process_index for d in devices}
-    return len(indices) > 1
+    return len(indices or {d.process_index for d in devices}) > 1
 
 
 # Jaxprs: where the explanations and the sharing rules look inside a program.
