@@ -12,9 +12,9 @@ import logging
 import os
 import re
 import sys
-import threading
 import warnings
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final, NoReturn, TypeVar
 
 import equinox as eqx
@@ -231,6 +231,25 @@ def _bad_env(name: str, what: str, accepted: str, default: str) -> Exception:
 # `EQX_STATIC_PUBLIC_JIT=1`: every key on a public `jax.jit`, as where the private
 # names are missing (what CI runs the suite under, to keep that path first-class).
 PUBLIC: Final = env_switch("EQX_STATIC_PUBLIC_JIT", False)
+# Each key's own dispatcher, and sharing; each turned off, saying so once, where this
+# JAX lacks a name it needs or behaves otherwise (and, silently, under `PUBLIC`).
+DISPATCH = SHARING = not PUBLIC
+
+
+def no_dispatcher(why: object) -> None:
+    """Turn the per-key dispatchers off for this process, saying so once."""
+    global DISPATCH, SHARING
+    if DISPATCH:
+        DISPATCH = SHARING = False
+        _warn(f"its dispatcher cannot be built here ({why}){_OWN}")
+
+
+def stop_sharing(why: str) -> None:
+    global SHARING
+    if SHARING:
+        SHARING = False
+        stop = "es.jit stops sharing programs between keys in this process"
+        _warn(f"{why}, so {stop}{_OWN}")
 
 
 # The C++ dispatcher of a `jax.jit` (`PjitFunction`), built as `pjit._cpp_pjit`
@@ -256,11 +275,8 @@ try:
     _missing = [k for k in _needed if not hasattr(_info, k)]
     if _missing or not hasattr(jax_jit(abs), "_cache_miss"):
         raise AttributeError(f"`jax.jit(f)` lacks {_missing or ['_cache_miss']}")
-    DISPATCH = not PUBLIC  # `EQX_STATIC_PUBLIC_JIT=1`: as where it cannot be built
 except (ImportError, AttributeError) as e:  # pragma: no cover
-    DISPATCH = False
-    if not PUBLIC:
-        _warn(f"its dispatcher cannot be built here ({e}){_OWN}")
+    no_dispatcher(e)
 
 
 def dispatcher(
@@ -309,8 +325,7 @@ try:
     _shards = hasattr(_pxla.MeshExecutable, "shard_const_args")  # pyright: ignore
     RUN_LOWERED = list(inspect.signature(_fastpath).parameters) == _FASTPATH and _shards
 except (NameError, AttributeError, TypeError, ValueError):  # pragma: no cover
-    RUN_LOWERED = False
-_run_lost: list[str] = []  # said once
+    RUN_LOWERED = False  # and off once `run_lowered` finds a name gone (said once)
 
 
 def run_lowered(traced: Any, lowered: Any, args: tuple) -> tuple | None:
@@ -321,7 +336,8 @@ def run_lowered(traced: Any, lowered: Any, args: tuple) -> tuple | None:
     check, a profile, a program of hijax types, a trace in progress), on a JAX
     before 0.10, or where this JAX lacks a name read here (said once): then call
     `jit_miss`. Every name is read before the program runs."""
-    if _run_lost or not RUN_LOWERED:
+    global RUN_LOWERED
+    if not RUN_LOWERED:
         return None
     try:
         params, computation = traced._params, lowered._lowering
@@ -335,7 +351,7 @@ def run_lowered(traced: Any, lowered: Any, args: tuple) -> tuple | None:
         constants = computation.const_args
         effects = (jaxpr.effects, jaxpr.consts)  # of the program, for the fastpath
     except (AttributeError, KeyError, TypeError) as e:
-        _run_lost.append("said")
+        RUN_LOWERED = False
         _warn(
             f"a miss runs its program through JAX's own miss ({e!r}): results are "
             "unchanged, and a miss costs one more pass over its arguments"
@@ -366,16 +382,17 @@ def probe() -> str | None:
     def eqx_static_dispatcher_probe(x: Any) -> Any:
         return x * 2
 
-    helper = jax_jit(fn := eqx_static_dispatcher_probe)
-
     def miss(*args: Any) -> tuple:
         misses.append(1)
         return ("again", None, True) if len(misses) == 1 else jit_miss(helper, *args)
 
-    try:
-        d = dispatcher("eqx_static.probe", fn, miss, (), fn)
-        x = jax.device_put(np.arange(3, dtype=np.float32))
-        out = [d(x) for _ in range(3)]
+    pgle = getattr(_config, "enable_pgle", contextlib.nullcontext)
+    try:  # with JAX's defaults, whatever the caller's (see `dispatching`)
+        with jax.disable_jit(False), pgle(False), jax.transfer_guard("allow"):
+            helper = jax_jit(fn := eqx_static_dispatcher_probe)
+            d = dispatcher("eqx_static.probe", fn, miss, (), fn)
+            x = jax.device_put(np.arange(3, dtype=np.float32))
+            out = [d(x) for _ in range(3)]
     except Exception as e:
         return f"a probe call raised {type(e).__name__}: {e}"
     if type(out[0]) is not str or out[0] != "again":
@@ -387,14 +404,6 @@ def probe() -> str | None:
     return None
 
 
-def no_dispatcher(why: str) -> None:
-    """Turn the per-key dispatchers off for this process, saying so once."""
-    global DISPATCH, SHARING
-    if DISPATCH:
-        DISPATCH = SHARING = False
-        _warn(f"its dispatcher cannot be built here ({why}){_OWN}")
-
-
 # A lowering (`Lowered._lowering`, a `pxla.MeshComputation`) holds what `jax.jit`
 # compiles and runs: `jitted.trace(...).lower()` and a later call of `jitted` with
 # the same arguments share it (JAX caches both), and its executable is kept on it.
@@ -404,7 +413,6 @@ _LOWERING: Final = (
     "_executable compile_args stablehlo _donated_invars _compiler_options_kvs "
     "_device_list _platforms"
 ).split()
-SHARING = DISPATCH
 
 
 def lowering_of(lowered: Any) -> Any:
@@ -435,7 +443,7 @@ def set_executable(lowering: Any, executable: Any) -> None:
 
 
 # The printers the sharing check reads a program with: MLIR's, then XLA's. Without
-# them, sharing is off (told below, once `stop_sharing` is defined).
+# them, sharing is off.
 _ir: Any = getattr(_jax_module("lib.mlir"), "ir", None)
 
 
@@ -481,6 +489,8 @@ try:  # `hlo` in jax >= 0.9; in older ones, the extension itself
     _hlo_options.print_large_constants = True
 except (ImportError, AttributeError):  # pragma: no cover
     _hlo_options = None
+if _ir is None or _hlo_options is None:  # pragma: no cover
+    stop_sharing("its MLIR or HLO printer cannot be imported")
 
 _MODULE_NAME: Final = re.compile(r"^HloModule [^,\s]+", re.M)  # the function's name
 
@@ -495,14 +505,6 @@ def compiled_texts(executable: Any) -> list[str] | None:
     return [_MODULE_NAME.sub("HloModule", m.to_string(_hlo_options)) for m in modules]
 
 
-def stop_sharing(why: str) -> None:
-    global SHARING
-    if SHARING:
-        SHARING = False
-        stop = "es.jit stops sharing programs between keys in this process"
-        _warn(f"{why}, so {stop}{_OWN}")
-
-
 _probed = not DISPATCH
 
 
@@ -511,25 +513,17 @@ def dispatching() -> bool:
     key, not at import (a probe call starts JAX's backend, after which
     `jax.distributed.initialize` refuses to run)."""
     global _probed
-    if _probed:
-        return DISPATCH
-    # The probe runs on a fresh thread with JAX's defaults: the first key may come
-    # inside a trace (`jax.jit`, `vmap`, `grad`), under `jax.disable_jit`, with
-    # profile-guided compiles on or transfers guarded, none of which says anything
-    # of the dispatcher (JAX's trace state and these contexts are per thread).
-    why: list[str | None] = ["the probe did not run"]
-
-    def run() -> None:
-        pgle = getattr(_config, "enable_pgle", contextlib.nullcontext)
-        with jax.disable_jit(False), pgle(False), jax.transfer_guard("allow"):
-            why[0] = probe()
-
-    thread = threading.Thread(target=run, name="eqx_static dispatcher probe")
-    thread.start()  # two threads may both probe: the same answer
-    thread.join()
-    if why[0]:  # pragma: no cover
-        no_dispatcher(why[0])
-    _probed = True
+    if not _probed:
+        # The probe runs on a fresh thread with JAX's defaults: the first key may
+        # come inside a trace (`jax.jit`, `vmap`, `grad`), under `jax.disable_jit`,
+        # with profile-guided compiles on or transfers guarded, none of which says
+        # anything of the dispatcher (JAX's trace state and these contexts are per
+        # thread). Two threads may both probe: the same answer.
+        with ThreadPoolExecutor(1, "eqx_static dispatcher probe") as thread:
+            why = thread.submit(probe).result()  # `probe` raises nothing
+        if why:  # pragma: no cover
+            no_dispatcher(why)
+        _probed = True
     return DISPATCH
 
 
@@ -542,8 +536,6 @@ if _lost:  # pragma: no cover
         RuntimeWarning,
         stacklevel=2,
     )
-if _ir is None or _hlo_options is None:  # pragma: no cover
-    stop_sharing("its MLIR or HLO printer cannot be imported")
 
 
 # JAX's distributed runtime (`jax.distributed`): its key-value store, where the
@@ -580,9 +572,7 @@ def spans_processes(lowering: Any) -> bool:
     """Whether a lowering's devices belong to more than one process."""
     devices = lowering._device_list
     indices = getattr(devices, "process_indices", None)  # else, device by device
-    if indices is None:  # pragma: no cover
-        indices = {d.process_index for d in devices}
-    return len(indices) > 1
+    return len(indices or {d.process_index for d in devices}) > 1
 
 
 # Jaxprs: where the explanations and the sharing rules look inside a program.

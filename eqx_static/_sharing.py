@@ -120,7 +120,9 @@ def same_program(a: Fingerprint, b: Fingerprint) -> bool:
 
 # A constant as printed: in full, or elided (a large one that is not a splat).
 _CONSTANT: Final = re.compile(rb"dense(?:_resource)?<[^>]*>")
-_SYMBOL: Final = re.compile(rb'@([A-Za-z_$.][\w$.\-]*|"[^"\n]*")')
+# A symbol (`@name`, `@"name"`), or a string literal, matched whole so that a symbol
+# inside one is not: the printer escapes quotes in strings, which never span lines.
+_SYMBOL: Final = re.compile(rb'"[^"\n]*"|@([A-Za-z_$.][\w$.\-]*|"[^"\n]*")')
 _ASM: Final = {"binary": True, "enable_debug_info": False, "large_elements_limit": None}
 
 
@@ -159,15 +161,13 @@ def digest(module: Any) -> bytes | None:
         if name not in named:
             # None while being named: a call back into it from another is a cycle
             named[name] = None
-            h = hashlib.sha256()
 
             def rename(r: bytes) -> bytes | None:
                 return _SELF if r == name else canonical(r) if r in texts else None
 
-            _renamed(texts[name], rename, h.update)
-            named[name] = b"@" + h.hexdigest().encode()
-        new = named[name]
-        if new is None:
+            text = _renamed(texts[name], rename)
+            named[name] = b"@" + hashlib.sha256(text).hexdigest().encode()
+        if (new := named[name]) is None:
             raise _CycleError
         return new
 
@@ -218,20 +218,15 @@ class _CycleError(Exception):
     """Functions that call each other in a cycle (a call into itself is `_SELF`)."""
 
 
-def _renamed(text: bytes, rename: Any, sink: Any) -> None:
-    """Feed `text` to `sink` with each `@symbol` outside a string literal replaced
-    by `rename(symbol)` (kept if None). The printer escapes quotes in strings, and
-    strings never span lines: an `@` is in one after an odd number of quotes."""
-    view, last = memoryview(text), 0
-    for m in _SYMBOL.finditer(text):
-        at = m.start()
-        if not text.count(b'"', text.rfind(b"\n", 0, at) + 1, at) & 1:
-            new = rename(m.group(1).strip(b'"'))  # a quoted name has no quote inside
-            if new is not None:
-                sink(view[last:at])
-                sink(new)
-                last = m.end()
-    sink(view[last:])
+def _renamed(text: bytes, rename: Callable[[bytes], bytes | None]) -> bytes:
+    """`text` with each `@symbol` outside a string literal replaced by
+    `rename(symbol)` (kept if None)."""
+
+    def one(m: re.Match) -> bytes:
+        new = None if m[1] is None else rename(m[1].strip(b'"'))  # no quote inside
+        return m[0] if new is None else new
+
+    return _SYMBOL.sub(one, text)
 
 
 def same_compiled(a: Any, b: Any) -> bool:

@@ -185,7 +185,9 @@ def test_a_lowering_is_not_run_directly_under_a_trace_or_without_a_name(monkeypa
     seen = []
     jax.grad(lambda x: seen.append(_jax.run_lowered(traced, lowered, args)) or x)(1.0)
     assert seen == [None]
-    monkeypatch.setattr(_jax, "_run_lost", [])  # as in a process that lacks a name
+    monkeypatch.setattr(
+        _jax, "RUN_LOWERED", True
+    )  # restored: the next call turns it off
     with pytest.warns(RuntimeWarning) as said:
         assert _jax.run_lowered(object(), lowered, args) is None  # no `_params`
     assert re.fullmatch(
