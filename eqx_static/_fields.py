@@ -337,10 +337,10 @@ def _mutable_form(x: Any, stack: list, met: dict[int, tuple[int, Any]]) -> tuple
     """The head of the form of `x`, which Python cannot hash, with its parts pushed
     on `stack`: a list's items, a dict's keys and values in its own order (the
     order the trace reads them in; a dict argument is flattened in sorted order, and
-    read so), a dataclass's fields; an array's dtype, shape and bytes; anything else
-    a copy (`_Copy`). A container met before (inside itself, or twice) is its
-    number: a cycle ends, and a value shared in two places is another key than two
-    equal copies (more compiles, never a wrong one)."""
+    read so), a dataclass's fields; an array's
+    dtype, shape and bytes; anything else a copy (`_Copy`). A container met before
+    (inside itself, or twice) is its number: a cycle ends, and a value shared in two
+    places is another key than two equal copies (more compiles, never a wrong one)."""
     t = type(x)
     if t is list or t is dict or dataclasses.is_dataclass(x):
         if id(x) in met:
