@@ -285,9 +285,8 @@ def fixed_form(v: Any, mutable: bool = False) -> tuple[tuple, bool]:
     """What `v` is compared by: a flat tuple, so that a value nested thousands deep
     hashes and compares without recursion (`TypeError` if a part is unhashable);
     and whether every part of `v` is immutable or compared by identity (numbers,
-    strings, tuples and frozensets of them, functions, enums). If `mutable` (for
-    `field_token`, whose tokens are never fixed), parts Python cannot hash have
-    forms too: a set's as a frozenset's, others by `_mutable_form`."""
+    strings, tuples and frozensets of them, functions, enums). If `mutable`, parts
+    Python cannot hash have forms too (`_mutable_form`), and none is fixed."""
     out: list[Any] = []
     stack, fixed = [v], True
     met: dict[int, tuple[int, Any]] = {}  # the mutable containers read, by `id`
@@ -303,7 +302,7 @@ def fixed_form(v: Any, mutable: bool = False) -> tuple[tuple, bool]:
             out += (struct.pack("<d", x.real), struct.pack("<d", x.imag))
         elif isinstance(x, np.generic):
             out += (x.dtype.str, x.tobytes())
-        elif t is frozenset or t is set and mutable:  # unordered: its items' forms
+        elif t is frozenset:  # unordered: each item's form, as a set
             forms = [fixed_form(item) for item in x]
             out.append(frozenset(f for f, _ in forms))
             fixed = fixed and all(k for _, k in forms)
@@ -337,11 +336,13 @@ def _mutable_form(x: Any, stack: list, met: dict[int, tuple[int, Any]]) -> tuple
     """The head of the form of `x`, which Python cannot hash, with its parts pushed
     on `stack`: a list's items, a dict's keys and values in its own order (the
     order the trace reads them in; a dict argument is flattened in sorted order, and
-    read so), a dataclass's fields; an array's
+    read so), a dataclass's fields; a set's items as a `frozenset`; an array's
     dtype, shape and bytes; anything else a copy (`_Copy`). A container met before
     (inside itself, or twice) is its number: a cycle ends, and a value shared in two
     places is another key than two equal copies (more compiles, never a wrong one)."""
     t = type(x)
+    if t is set:
+        return (frozenset(fixed_form(item)[0] for item in x),)
     if t is list or t is dict or dataclasses.is_dataclass(x):
         if id(x) in met:
             return (_MET, met[id(x)][0])
