@@ -40,9 +40,10 @@ UNSET: Final = Sentinel("<unset>")  # a field not set: during `__init__`, or lef
 TRUE: Final = Sentinel("True")  # the bools as tokens: `True == 1` in Python
 FALSE: Final = Sentinel("False")
 
-# The C-level `__dict__` getter (`module.__dict__` runs Equinox's Python code).
-_DICT: Final = eqx.Module.__dict__["__dict__"]
-instance_dict: Final[Callable[[object], dict[str, Any]]] = _DICT.__get__
+# The C-level `__dict__` descriptor (`module.__dict__` runs Equinox's Python code):
+# its getter reads a module's dict; its setter gives an `es.edit` copy its own.
+DICT: Final = eqx.Module.__dict__["__dict__"]
+instance_dict: Final[Callable[[object], dict[str, Any]]] = DICT.__get__
 
 
 class FieldInfo:

@@ -2,12 +2,12 @@
 `_module.convert_and_check` and `run_check_inits`."""
 
 import operator
-from typing import Any, cast, Final, Generic, NoReturn, TypeVar
+from typing import Any, cast, Generic, NoReturn, TypeVar
 
 import equinox as eqx
 import jax.tree_util as jtu
 
-from ._fields import field_info, instance_dict, is_module, is_module_type
+from ._fields import DICT, field_info, instance_dict, is_module, is_module_type
 from ._jax import allow_assignments, forbid_assignments
 from ._module import CONTAINERS, convert_and_check, run_check_inits
 
@@ -48,7 +48,7 @@ class _Unread(dict):
                     self[k] = self.start[k] = _fresh(self[k], self.copies)
         if self.pending:
             return self
-        _DICT.__set__(module, d := dict(self))
+        DICT.__set__(module, d := dict(self))
         return d
 
 
@@ -129,7 +129,7 @@ class edit(Generic[_M]):  # noqa: N801  (used like a function: `with es.edit(m)`
             for _, copy, _ in self._copies:
                 forbid_assignments(copy)
                 if not ok:  # nothing is produced: make any use of the copy fail
-                    _DICT.__set__(copy, Defunct(type(copy).__qualname__))
+                    DICT.__set__(copy, Defunct(type(copy).__qualname__))
 
 
 def _copy_module(obj: Any, copies: list[_Copy]) -> Any:
@@ -144,7 +144,7 @@ def _copy_module(obj: Any, copies: list[_Copy]) -> Any:
     }:
         d = _Unread(d)
         d.copies, d.pending, d.start = copies, pending, start
-    _DICT.__set__(copy, d)
+    DICT.__set__(copy, d)
     start.update(d)
     allow_assignments(copy)
     return copy
@@ -277,7 +277,7 @@ def _freeze(copies: list[_Copy]) -> None:
     for original, copy, start in reversed(copies):
         d, before = instance_dict(copy), instance_dict(original)
         if type(d) is _Unread:  # fields never read: no copy is made of them now
-            _DICT.__set__(copy, d := dict(d))
+            DICT.__set__(copy, d := dict(d))
         assigned = {k for k, v in d.items() if k not in start or v is not start[k]}
         # An assigned value may hold copies too: `m2.a = m2.layers`.
         d.update({k: _restore(v, unchanged, before.get(k)) for k, v in d.items()})
@@ -322,8 +322,3 @@ def _restore(value: Any, unchanged: dict[int, Any], original: Any) -> Any:
     if same and all(map(operator.is_, restored, olds)):
         return original
     return dict(zip(keys, restored)) if t is dict else t(restored)
-
-
-# The C-level `__dict__` descriptor, to give a copy an `_Unread`, a `Defunct` or a
-# plain dict.
-_DICT: Final = eqx.Module.__dict__["__dict__"]
