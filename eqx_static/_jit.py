@@ -118,20 +118,6 @@ def _keepers(fn: Callable) -> tuple[dict | None, Any]:
     return keywords, None
 
 
-def _kept(name: str, keywords: dict | None, g: Any) -> tuple[str | None, Any]:
-    """Where the default of `name` is kept, and what it is now: in the partial's
-    `"keywords"`, in the function's `"kw"` or `"pos"` defaults; or nowhere."""
-    if keywords is not None and name in keywords:
-        return "keywords", keywords[name]
-    if g is None:
-        return None, _LEFT_OUT
-    pos, names = g.__defaults__ or (), g.__code__.co_varnames[: g.__code__.co_argcount]
-    if name in names[len(names) - len(pos) :]:
-        return "pos", pos[names.index(name) - len(names) + len(pos)]
-    kw = g.__kwdefaults__ or {}
-    return ("kw", kw[name]) if name in kw else (None, _LEFT_OUT)
-
-
 def _filled(name: str, d: Any, donating: bool, owns: dict[str, tuple]) -> Any:
     """What a default left out is bound as: itself, keyed, and its arrays traced;
     or, if it cannot be keyed or holds arrays where `donate` would give them away,
@@ -159,8 +145,18 @@ def _binder(
     keywords, g = _keepers(fn)
     ns: dict[str, Any] = {"_es_u": _LEFT_OUT}  # what is filled in; `kept`: checked
     kept: dict[str, Any] = {"_es_g": g, "_es_pk": keywords}
+    # Where each default is kept, and what it is now: in the function's "pos" or
+    # "kw" defaults, or in the partial's "keywords" (first).
+    where_now: dict[str, tuple[str, Any]] = {}
     if g is not None:
         kept.update(_es_t=g.__defaults__, _es_kd=g.__kwdefaults__)
+        pos, names = (
+            g.__defaults__ or (),
+            g.__code__.co_varnames[: g.__code__.co_argcount],
+        )
+        where_now = {k: ("pos", d) for k, d in zip(names[len(names) - len(pos) :], pos)}
+        where_now |= {k: ("kw", d) for k, d in (g.__kwdefaults__ or {}).items()}
+    where_now |= {k: ("keywords", d) for k, d in (keywords or {}).items()}
     checks, fills, positional, optional = [], [], [], set()
     if keywords is not None:  # whole: a key added may be a parameter's default
         checks.append(f"len(_es_pk) != {len(keywords)}")
@@ -170,7 +166,7 @@ def _binder(
     current = {q.name: q.default for q in now or ()}
     for i, p in enumerate(params):
         d = current.get(p.name, _LEFT_OUT)  # not one now (a partial's keyword gone)
-        where, now_d = _kept(p.name, keywords, g)
+        where, now_d = where_now.get(p.name, (None, _LEFT_OUT))
         if d is _LEFT_OUT and p.name in current:  # an `es.jit` method's: its function's
             d = now_d if where else p.empty
         where = where if now_d is d else None  # a signature of its own: read once
@@ -264,8 +260,8 @@ class _Slots(dict):
                 return
             if cls not in self.choosers:
                 self.choosers[cls] = chooser()
-            _, choose, table = self.choosers[cls]
-            value = self._lookup(cls, values)
+            at, choose, table = self.choosers[cls]
+            value = at(*values)
             kept = (*table.get(value, ()), guard)
             for old in kept[:-_MAX_GUARDS]:  # pushed out: it waits longer (`due`)
                 self._forget(old.es_entry)  # pyright: ignore
@@ -294,22 +290,13 @@ class _Slots(dict):
         elif not self[cls]:
             del self.pick[cls]
 
-    def _lookup(self, cls: type | None, values: tuple) -> Any:
-        """The value `values` are looked up by, as the chooser of `cls` finds it:
-        `OTHERS` for one its table cannot hold (no hash, an `__eq__` that raises)."""
-        at, _, table = self.choosers[cls]
-        try:
-            table.get(value := at(*values))
-            return value
-        except Exception:
-            return _guard.OTHERS
-
     def tried(self, cls: type | None, values: tuple) -> Any:
         """The guards a call of `cls` with `values` tries, as `pick[cls]` finds them."""
         guards = self.get(cls, [])
         if len(guards) < 2:
             return guards
-        return self.choosers[cls][2].get(self._lookup(cls, values), ())
+        at, _, table = self.choosers[cls]
+        return table.get(at(*values), ())
 
     def clear(self) -> None:
         with self.lock:
