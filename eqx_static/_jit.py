@@ -305,7 +305,37 @@ class _Slots(dict):
                 d.clear()
 
 
-class _Jit(functools.partial, Generic[_P, _R]):
+class _Books(functools.partial):
+    """What a wrapper and a method bound to an instance both offer: the function's
+    books, and `lower`, with the instance (the partial's `args`) bound first."""
+
+    __slots__ = ()
+
+    @property
+    def _jit(self) -> "_Jit":
+        return self.func.es_jit  # pyright: ignore[reportFunctionMemberAccess]
+
+    def lower(self, *args: Any, **kwargs: Any) -> "Lowered":
+        """Lower the call for these arguments ahead of time: JAX's `as_text()` and
+        `cost_analysis()`, and `compile()`, whose result takes the wrapper's
+        arguments."""
+        return Lowered(self._jit, self.args, args, kwargs)
+
+    def cache_info(self) -> CacheInfo:
+        """Hits, misses, `maxsize` and the compiled signatures held."""
+        return self._jit.f.info()
+
+    def compile_info(self) -> CompileInfo:
+        """XLA compiles since the cache was cleared, the programs held now (keys
+        whose programs are the same share one), and the seconds spent compiling."""
+        return self._jit.f.compile_info()
+
+    def cache_clear(self) -> None:
+        """Drop every compiled entry and program, and reset the statistics."""
+        self._jit.f.clear()
+
+
+class _Jit(_Books, Generic[_P, _R]):
     """The wrapper returned by [`eqx_static.jit`][]. Calling it calls a function
     made for the wrapped function's signature (`functools.partial` calls it in C);
     defined in a class body, that function itself becomes the method, so that
@@ -514,25 +544,6 @@ class _Jit(functools.partial, Generic[_P, _R]):
         key, leaves = _key_and_leaves(self.f, values)
         return Call(Entry(key), self.fn, values, [*self._fn_leaves, *leaves])
 
-    def lower(self, *args: Any, **kwargs: Any) -> "Lowered":
-        """Lower the call for these arguments ahead of time: JAX's `as_text()` and
-        `cost_analysis()`, and `compile()`, whose result takes the wrapper's
-        arguments."""
-        return Lowered(self, (), args, kwargs)
-
-    def cache_info(self) -> CacheInfo:
-        """Hits, misses, `maxsize` and the compiled signatures held."""
-        return self.f.info()
-
-    def compile_info(self) -> CompileInfo:
-        """XLA compiles since the cache was cleared, the programs held now (keys
-        whose programs are the same share one), and the seconds spent compiling."""
-        return self.f.compile_info()
-
-    def cache_clear(self) -> None:
-        """Drop every compiled entry and program, and reset the statistics."""
-        self.f.clear()
-
 
 _binding: Final = threading.RLock()  # one binder made again at a time
 
@@ -652,7 +663,7 @@ def _function(fn: Callable, layout: Layout, options: tuple) -> tuple[Function, l
 # Methods.
 
 
-class BoundJit(functools.partial):
+class BoundJit(_Books):
     """An [`eqx_static.jit`][] method bound to an instance, as an attribute of an
     `es.Module` reads.
 
@@ -666,29 +677,11 @@ class BoundJit(functools.partial):
     def __self__(self) -> Any:
         return self.args[0]
 
-    @property
-    def __func__(self) -> "_Jit":
-        return self.func.es_jit  # pyright: ignore[reportFunctionMemberAccess]
+    __func__ = _Books._jit
 
     @property
     def __wrapped__(self) -> Any:
         return self.__func__.fn
-
-    def cache_info(self) -> CacheInfo:
-        """See [`eqx_static.jit`][]."""
-        return self.__func__.cache_info()
-
-    def cache_clear(self) -> None:
-        """See [`eqx_static.jit`][]."""
-        self.__func__.cache_clear()
-
-    def compile_info(self) -> CompileInfo:
-        """See [`eqx_static.jit`][]."""
-        return self.__func__.compile_info()
-
-    def lower(self, *args: Any, **kwargs: Any) -> "Lowered":
-        """Lower the call for these arguments ahead of time; see `es.jit`."""
-        return Lowered(self.__func__, (self.__self__,), args, kwargs)
 
     def __reduce__(self) -> Any:
         return (_rebind, (self.__func__, self.__self__))
