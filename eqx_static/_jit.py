@@ -150,11 +150,9 @@ def _binder(
     where_now: dict[str, tuple[str, Any]] = {}
     if g is not None:
         kept.update(_es_t=g.__defaults__, _es_kd=g.__kwdefaults__)
-        pos, names = (
-            g.__defaults__ or (),
-            g.__code__.co_varnames[: g.__code__.co_argcount],
-        )
-        where_now = {k: ("pos", d) for k, d in zip(names[len(names) - len(pos) :], pos)}
+        code, pos = g.__code__, g.__defaults__ or ()
+        names = code.co_varnames[code.co_argcount - len(pos) : code.co_argcount]
+        where_now = {k: ("pos", d) for k, d in zip(names, pos)}
         where_now |= {k: ("kw", d) for k, d in (g.__kwdefaults__ or {}).items()}
     where_now |= {k: ("keywords", d) for k, d in (keywords or {}).items()}
     checks, fills, positional, optional = [], [], [], set()
