@@ -116,13 +116,12 @@ class _Writer:
             self.fail_if(f"not {self.static(expr, tok, value)}")
         elif n.kind == "module" and type(tok) is FieldInfo:
             return self.module(expr, value, n)
+        elif n.kind == SEQ.name and _frozen(key, i, j := self.ends[i]):
+            self.i, whole = j, self.const(key[i:j])  # the same tuple: the same key
+            self.fail_if(
+                f"{expr} is not {self.const(value)} and SUB({expr})[0] != {whole}"
+            )
         elif n.kind in (ARRAYS.name, SEQ.name, NAMED.name):
-            if tok[1] is tuple and _frozen(key, i, j := self.ends[i]):
-                self.i, whole = j, self.const(key[i:j])  # the same tuple: the same key
-                self.fail_if(
-                    f"{expr} is not {self.const(value)} and SUB({expr})[0] != {whole}"
-                )
-                return []
             t = self.const(tok[1])
             self.fail_if(f"type({expr}) is not {t} or len({expr}) != {tok[2]}")
             if n.kind == ARRAYS.name:
