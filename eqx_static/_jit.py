@@ -242,17 +242,13 @@ class _Slots(dict):
         wait[0], wait[1] = 0, 2 * wait[1]
         return True
 
-    def add(
-        self,
-        cls: type | None,
-        guard: Callable,
-        values: tuple,
-        chooser: Callable[[], tuple[Callable, Callable, dict]],
-    ) -> None:
-        """Hold `guard`, made from `values`, for the calls of `cls` (their chooser
-        made by `chooser` if need be), under the lookup value of `values`; one
-        thread at a time (a guard held twice, or a table lost, would never serve)."""
+    def add(self, guard: Callable, values: tuple, chooser: Callable) -> None:
+        """Hold `guard`, made from `values`, for the calls of the class of their first
+        (their chooser made by `chooser` if need be), under the lookup value of
+        `values`; one thread at a time (a guard held twice, or a table lost, would
+        never serve)."""
         entry = guard.es_entry  # pyright: ignore[reportFunctionMemberAccess]
+        cls = type(values[0]) if values else None
         with self.lock:
             if id(entry) in self.held:
                 return
@@ -288,8 +284,9 @@ class _Slots(dict):
         elif not self[cls]:
             del self.pick[cls]
 
-    def tried(self, cls: type | None, values: tuple) -> Any:
-        """The guards a call of `cls` with `values` tries, as `pick[cls]` finds them."""
+    def tried(self, values: tuple) -> Any:
+        """The guards a call with `values` tries, as `pick` finds them."""
+        cls = type(values[0]) if values else None
         guards = self.get(cls, [])
         if len(guards) < 2:
             return guards
@@ -465,11 +462,10 @@ class _Jit(_Books, Generic[_P, _R]):
         f = self.f
         key, leaves = _key_and_leaves(f, values)
         entry = f.entries.get(key) or new_entry(f, key, leaves)
-        first = type(values[0]) if values else None
         if _guard.logger.isEnabledFor(logging.DEBUG):
-            self._log_fall_through(values, first)
+            self._log_fall_through(values)
         if entry.runs and self._slots.due(entry):
-            self._add_guard(entry, values, first)
+            self._add_guard(entry, values)
         f.general += 1
         if f.maxsize is not None:
             entry.used = next(f.clock)
@@ -490,7 +486,7 @@ class _Jit(_Books, Generic[_P, _R]):
         call = Call(entry, self.fn, values, leaves)
         return call_in_hand(call) if e is None else rerun(self.f, call, e)
 
-    def _add_guard(self, entry: Entry, values: tuple, first: type | None) -> None:
+    def _add_guard(self, entry: Entry, values: tuple) -> None:
         params = [f"p_{n}" for n in self.f.argnames]  # called positionally
         again = ", ".join(params) + ("," if len(params) == 1 else "")
 
@@ -522,10 +518,10 @@ class _Jit(_Books, Generic[_P, _R]):
         made = _guard.guard(entry.key, values, params, name, dispatch, ns)
         made.es_entry = entry  # pyright: ignore[reportFunctionMemberAccess]
         chooser = functools.partial(_guard.chooser, entry.key, params, name)
-        self._slots.add(first, made, values, chooser)
+        self._slots.add(made, values, chooser)
 
-    def _log_fall_through(self, values: tuple, first: type | None) -> None:
-        tried = self._slots.tried(first, values)
+    def _log_fall_through(self, values: tuple) -> None:
+        tried = self._slots.tried(values)
         failed = "; ".join(m for g in tried if (m := _guard.first_failure(g, values)))
         why = f"; the guards of the class failed at {failed}" if failed else ""
         msg, info = "%s: the general path (%d of %d calls so far)%s", self.f.info()
