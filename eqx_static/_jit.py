@@ -284,15 +284,6 @@ class _Slots(dict):
         elif not self[cls]:
             del self.pick[cls]
 
-    def tried(self, values: tuple) -> Any:
-        """The guards a call with `values` tries, as `pick` finds them."""
-        cls = type(values[0]) if values else None
-        guards = self.get(cls, [])
-        if len(guards) < 2:
-            return guards
-        at, _, table = self.choosers[cls]
-        return table.get(at(*values), ())
-
     def clear(self) -> None:
         with self.lock:
             super().clear()
@@ -521,7 +512,11 @@ class _Jit(_Books, Generic[_P, _R]):
         self._slots.add(made, values, chooser)
 
     def _log_fall_through(self, values: tuple) -> None:
-        tried = self._slots.tried(values)
+        cls = type(values[0]) if values else None
+        tried = self._slots.get(cls, [])
+        if len(tried) > 1:  # those its chooser finds
+            at, _, table = self._slots.choosers[cls]
+            tried = table.get(at(*values), ())
         failed = "; ".join(m for g in tried if (m := _guard.first_failure(g, values)))
         why = f"; the guards of the class failed at {failed}" if failed else ""
         msg, info = "%s: the general path (%d of %d calls so far)%s", self.f.info()
