@@ -262,7 +262,7 @@ for g in held:
     if out is not MISS: return out
 return MISS""".splitlines()
     choose = _compiled("choose", params, lines, ns, name)
-    found = ["try: TABLE.get(v := " + at + ")", "except Exception: return OTHERS"]
+    found = [f"try: TABLE.get(v := {at})", "except Exception: return OTHERS"]
     return _compiled("at", params, [*found, "return v"], ns, name), choose, table
 
 
