@@ -116,13 +116,12 @@ class _Writer:
             self.fail_if(f"not {self.static(expr, tok, value)}")
         elif n.kind == "module" and type(tok) is FieldInfo:
             return self.module(expr, value, n)
+        elif n.kind == SEQ.name and _frozen(key, i, j := self.ends[i]):
+            self.i, whole = j, self.const(key[i:j])  # the same tuple: the same key
+            self.fail_if(
+                f"{expr} is not {self.const(value)} and SUB({expr})[0] != {whole}"
+            )
         elif n.kind in (ARRAYS.name, SEQ.name, NAMED.name):
-            if tok[1] is tuple and _frozen(key, i, j := self.ends[i]):
-                self.i, whole = j, self.const(key[i:j])  # the same tuple: the same key
-                self.fail_if(
-                    f"{expr} is not {self.const(value)} and SUB({expr})[0] != {whole}"
-                )
-                return []
             t = self.const(tok[1])
             self.fail_if(f"type({expr}) is not {t} or len({expr}) != {tok[2]}")
             if n.kind == ARRAYS.name:
@@ -240,8 +239,9 @@ def chooser(key: Key, params: list[str], name: str) -> tuple[Callable, Callable,
     gives a call's lookup value (what `key` has as static at the top of each value:
     the value itself, a module's static fields, a tuple of statics), one that looks
     the call's guards up by it, in a dict `TABLE` of tuples of guards, and tries them
-    in turn: those under `OTHERS` for a value that cannot be looked up; and `TABLE`.
-    The lookup only chooses which guards to try; each still checks everything."""
+    in turn: those under `OTHERS` for a value that cannot be looked up (no hash, an
+    `__eq__` that raises), which the first function then gives; and `TABLE`. The
+    lookup only chooses which guards to try; each still checks everything."""
     parts, i, at = [], 0, ends(key)
     ns: dict[str, Any] = {"DICT": instance_dict, "MISS": MISS, "OTHERS": OTHERS}
     for p in params:
@@ -262,7 +262,8 @@ for g in held:
     if out is not MISS: return out
 return MISS""".splitlines()
     choose = _compiled("choose", params, lines, ns, name)
-    return _compiled("at", params, [f"return {at}"], ns, name), choose, table
+    found = [f"try: TABLE.get(v := {at})", "except Exception: return OTHERS"]
+    return _compiled("at", params, [*found, "return v"], ns, name), choose, table
 
 
 # ----------------------------------------------------------------------------------

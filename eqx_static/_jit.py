@@ -13,6 +13,7 @@ import inspect
 import logging
 import threading
 import types
+import typing
 import weakref
 from collections.abc import Callable
 from typing import Any, Final, Generic, get_args, Literal, overload, ParamSpec, TypeVar
@@ -46,7 +47,6 @@ hide_frames(__file__)
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 Donate = Literal["none", "all", "all-except-first", "warn", "warn-except-first"]
-_OPTIONS: Final = ("donate", "maxsize", "max_compiles", "warn_after")  # `es.jit`'s
 
 _MSG_DECORATOR_ORDER: Final = """An `es.jit` wrapper has no `__globals__`: it is not a
 plain function.
@@ -118,20 +118,6 @@ def _keepers(fn: Callable) -> tuple[dict | None, Any]:
     return keywords, None
 
 
-def _kept(name: str, keywords: dict | None, g: Any) -> tuple[str | None, Any]:
-    """Where the default of `name` is kept, and what it is now: in the partial's
-    `"keywords"`, in the function's `"kw"` or `"pos"` defaults; or nowhere."""
-    if keywords is not None and name in keywords:
-        return "keywords", keywords[name]
-    if g is None:
-        return None, _LEFT_OUT
-    pos, names = g.__defaults__ or (), g.__code__.co_varnames[: g.__code__.co_argcount]
-    if name in names[len(names) - len(pos) :]:
-        return "pos", pos[names.index(name) - len(names) + len(pos)]
-    kw = g.__kwdefaults__ or {}
-    return ("kw", kw[name]) if name in kw else (None, _LEFT_OUT)
-
-
 def _filled(name: str, d: Any, donating: bool, owns: dict[str, tuple]) -> Any:
     """What a default left out is bound as: itself, keyed, and its arrays traced;
     or, if it cannot be keyed or holds arrays where `donate` would give them away,
@@ -159,8 +145,16 @@ def _binder(
     keywords, g = _keepers(fn)
     ns: dict[str, Any] = {"_es_u": _LEFT_OUT}  # what is filled in; `kept`: checked
     kept: dict[str, Any] = {"_es_g": g, "_es_pk": keywords}
+    # Where each default is kept, and what it is now: in the function's "pos" or
+    # "kw" defaults, or in the partial's "keywords" (first).
+    where_now: dict[str, tuple[str, Any]] = {}
     if g is not None:
         kept.update(_es_t=g.__defaults__, _es_kd=g.__kwdefaults__)
+        code, pos = g.__code__, g.__defaults__ or ()
+        names = code.co_varnames[code.co_argcount - len(pos) : code.co_argcount]
+        where_now = {k: ("pos", d) for k, d in zip(names, pos)}
+        where_now |= {k: ("kw", d) for k, d in (g.__kwdefaults__ or {}).items()}
+    where_now |= {k: ("keywords", d) for k, d in (keywords or {}).items()}
     checks, fills, positional, optional = [], [], [], set()
     if keywords is not None:  # whole: a key added may be a parameter's default
         checks.append(f"len(_es_pk) != {len(keywords)}")
@@ -170,7 +164,7 @@ def _binder(
     current = {q.name: q.default for q in now or ()}
     for i, p in enumerate(params):
         d = current.get(p.name, _LEFT_OUT)  # not one now (a partial's keyword gone)
-        where, now_d = _kept(p.name, keywords, g)
+        where, now_d = where_now.get(p.name, (None, _LEFT_OUT))
         if d is _LEFT_OUT and p.name in current:  # an `es.jit` method's: its function's
             d = now_d if where else p.empty
         where = where if now_d is d else None  # a signature of its own: read once
@@ -248,24 +242,20 @@ class _Slots(dict):
         wait[0], wait[1] = 0, 2 * wait[1]
         return True
 
-    def add(
-        self,
-        cls: type | None,
-        guard: Callable,
-        values: tuple,
-        chooser: Callable[[], tuple[Callable, Callable, dict]],
-    ) -> None:
-        """Hold `guard`, made from `values`, for the calls of `cls` (their chooser
-        made by `chooser` if need be), under the lookup value of `values`; one
-        thread at a time (a guard held twice, or a table lost, would never serve)."""
+    def add(self, guard: Callable, values: tuple, chooser: Callable) -> None:
+        """Hold `guard`, made from `values`, for the calls of the class of their first
+        (their chooser made by `chooser` if need be), under the lookup value of
+        `values`; one thread at a time (a guard held twice, or a table lost, would
+        never serve)."""
         entry = guard.es_entry  # pyright: ignore[reportFunctionMemberAccess]
+        cls = type(values[0]) if values else None
         with self.lock:
             if id(entry) in self.held:
                 return
             if cls not in self.choosers:
                 self.choosers[cls] = chooser()
-            _, choose, table = self.choosers[cls]
-            value = self._lookup(cls, values)
+            at, choose, table = self.choosers[cls]
+            value = at(*values)
             kept = (*table.get(value, ()), guard)
             for old in kept[:-_MAX_GUARDS]:  # pushed out: it waits longer (`due`)
                 self._forget(old.es_entry)  # pyright: ignore
@@ -294,23 +284,6 @@ class _Slots(dict):
         elif not self[cls]:
             del self.pick[cls]
 
-    def _lookup(self, cls: type | None, values: tuple) -> Any:
-        """The value `values` are looked up by, as the chooser of `cls` finds it:
-        `OTHERS` for one its table cannot hold (no hash, an `__eq__` that raises)."""
-        at, _, table = self.choosers[cls]
-        try:
-            table.get(value := at(*values))
-            return value
-        except Exception:
-            return _guard.OTHERS
-
-    def tried(self, cls: type | None, values: tuple) -> Any:
-        """The guards a call of `cls` with `values` tries, as `pick[cls]` finds them."""
-        guards = self.get(cls, [])
-        if len(guards) < 2:
-            return guards
-        return self.choosers[cls][2].get(self._lookup(cls, values), ())
-
     def clear(self) -> None:
         with self.lock:
             super().clear()
@@ -318,7 +291,37 @@ class _Slots(dict):
                 d.clear()
 
 
-class _Jit(functools.partial, Generic[_P, _R]):
+class _Books(functools.partial):
+    """What a wrapper and a method bound to an instance both offer: the function's
+    books, and `lower`, with the instance (the partial's `args`) bound first."""
+
+    __slots__ = ()
+
+    @property
+    def _jit(self) -> "_Jit":
+        return self.func.es_jit  # pyright: ignore[reportFunctionMemberAccess]
+
+    def lower(self, *args: Any, **kwargs: Any) -> "Lowered":
+        """Lower the call for these arguments ahead of time: JAX's `as_text()` and
+        `cost_analysis()`, and `compile()`, whose result takes the wrapper's
+        arguments."""
+        return Lowered(self._jit, self.args, args, kwargs)
+
+    def cache_info(self) -> CacheInfo:
+        """Hits, misses, `maxsize` and the compiled signatures held."""
+        return self._jit.f.info()
+
+    def compile_info(self) -> CompileInfo:
+        """XLA compiles since the cache was cleared, the programs held now (keys
+        whose programs are the same share one), and the seconds spent compiling."""
+        return self._jit.f.compile_info()
+
+    def cache_clear(self) -> None:
+        """Drop every compiled entry and program, and reset the statistics."""
+        self._jit.f.clear()
+
+
+class _Jit(_Books, Generic[_P, _R]):
     """The wrapper returned by [`eqx_static.jit`][]. Calling it calls a function
     made for the wrapped function's signature (`functools.partial` calls it in C);
     defined in a class body, that function itself becomes the method, so that
@@ -450,11 +453,10 @@ class _Jit(functools.partial, Generic[_P, _R]):
         f = self.f
         key, leaves = _key_and_leaves(f, values)
         entry = f.entries.get(key) or new_entry(f, key, leaves)
-        first = type(values[0]) if values else None
         if _guard.logger.isEnabledFor(logging.DEBUG):
-            self._log_fall_through(values, first)
+            self._log_fall_through(values)
         if entry.runs and self._slots.due(entry):
-            self._add_guard(entry, values, first)
+            self._add_guard(entry, values)
         f.general += 1
         if f.maxsize is not None:
             entry.used = next(f.clock)
@@ -475,7 +477,7 @@ class _Jit(functools.partial, Generic[_P, _R]):
         call = Call(entry, self.fn, values, leaves)
         return call_in_hand(call) if e is None else rerun(self.f, call, e)
 
-    def _add_guard(self, entry: Entry, values: tuple, first: type | None) -> None:
+    def _add_guard(self, entry: Entry, values: tuple) -> None:
         params = [f"p_{n}" for n in self.f.argnames]  # called positionally
         again = ", ".join(params) + ("," if len(params) == 1 else "")
 
@@ -507,10 +509,14 @@ class _Jit(functools.partial, Generic[_P, _R]):
         made = _guard.guard(entry.key, values, params, name, dispatch, ns)
         made.es_entry = entry  # pyright: ignore[reportFunctionMemberAccess]
         chooser = functools.partial(_guard.chooser, entry.key, params, name)
-        self._slots.add(first, made, values, chooser)
+        self._slots.add(made, values, chooser)
 
-    def _log_fall_through(self, values: tuple, first: type | None) -> None:
-        tried = self._slots.tried(first, values)
+    def _log_fall_through(self, values: tuple) -> None:
+        cls = type(values[0]) if values else None
+        tried = self._slots.get(cls, [])
+        if len(tried) > 1:  # those its chooser finds
+            at, _, table = self._slots.choosers[cls]
+            tried = table.get(at(*values), ())
         failed = "; ".join(m for g in tried if (m := _guard.first_failure(g, values)))
         why = f"; the guards of the class failed at {failed}" if failed else ""
         msg, info = "%s: the general path (%d of %d calls so far)%s", self.f.info()
@@ -526,25 +532,6 @@ class _Jit(functools.partial, Generic[_P, _R]):
         values = self.hot.__globals__["_es_bind"](*args, **kwargs)  # as a call does
         key, leaves = _key_and_leaves(self.f, values)
         return Call(Entry(key), self.fn, values, [*self._fn_leaves, *leaves])
-
-    def lower(self, *args: Any, **kwargs: Any) -> "Lowered":
-        """Lower the call for these arguments ahead of time: JAX's `as_text()` and
-        `cost_analysis()`, and `compile()`, whose result takes the wrapper's
-        arguments."""
-        return Lowered(self, (), args, kwargs)
-
-    def cache_info(self) -> CacheInfo:
-        """Hits, misses, `maxsize` and the compiled signatures held."""
-        return self.f.info()
-
-    def compile_info(self) -> CompileInfo:
-        """XLA compiles since the cache was cleared, the programs held now (keys
-        whose programs are the same share one), and the seconds spent compiling."""
-        return self.f.compile_info()
-
-    def cache_clear(self) -> None:
-        """Drop every compiled entry and program, and reset the statistics."""
-        self.f.clear()
 
 
 _binding: Final = threading.RLock()  # one binder made again at a time
@@ -665,7 +652,7 @@ def _function(fn: Callable, layout: Layout, options: tuple) -> tuple[Function, l
 # Methods.
 
 
-class BoundJit(functools.partial):
+class BoundJit(_Books):
     """An [`eqx_static.jit`][] method bound to an instance, as an attribute of an
     `es.Module` reads.
 
@@ -679,29 +666,11 @@ class BoundJit(functools.partial):
     def __self__(self) -> Any:
         return self.args[0]
 
-    @property
-    def __func__(self) -> "_Jit":
-        return self.func.es_jit  # pyright: ignore[reportFunctionMemberAccess]
+    __func__ = _Books._jit
 
     @property
     def __wrapped__(self) -> Any:
         return self.__func__.fn
-
-    def cache_info(self) -> CacheInfo:
-        """See [`eqx_static.jit`][]."""
-        return self.__func__.cache_info()
-
-    def cache_clear(self) -> None:
-        """See [`eqx_static.jit`][]."""
-        self.__func__.cache_clear()
-
-    def compile_info(self) -> CompileInfo:
-        """See [`eqx_static.jit`][]."""
-        return self.__func__.compile_info()
-
-    def lower(self, *args: Any, **kwargs: Any) -> "Lowered":
-        """Lower the call for these arguments ahead of time; see `es.jit`."""
-        return Lowered(self.__func__, (self.__self__,), args, kwargs)
 
     def __reduce__(self) -> Any:
         return (_rebind, (self.__func__, self.__self__))
@@ -828,25 +797,25 @@ class Compiled:
 # ----------------------------------------------------------------------------------
 
 
+class _Options(typing.TypedDict, total=False):
+    """`es.jit`'s options, as its overloads take them (the defaults: `jit`'s)."""
+
+    donate: Donate
+    maxsize: int | None
+    max_compiles: int | None
+    warn_after: int | None
+
+
+_OPTIONS: Final = tuple(_Options.__annotations__)
+
+
 @overload
 def jit(
-    fn: Callable[_P, _R],
-    /,
-    *,
-    donate: Donate = "none",
-    maxsize: int | None = None,
-    max_compiles: int | None = None,
-    warn_after: int | None = 8,
+    fn: Callable[_P, _R], /, **options: typing.Unpack[_Options]
 ) -> _Jit[_P, _R]: ...
 @overload
 def jit(
-    fn: None = None,
-    /,
-    *,
-    donate: Donate = "none",
-    maxsize: int | None = None,
-    max_compiles: int | None = None,
-    warn_after: int | None = 8,
+    fn: None = None, /, **options: typing.Unpack[_Options]
 ) -> Callable[[Callable[_P, _R]], _Jit[_P, _R]]: ...
 def jit(
     fn: Any = None,
