@@ -13,7 +13,6 @@ import inspect
 import logging
 import threading
 import types
-import typing
 import weakref
 from collections.abc import Callable
 from typing import Any, Final, Generic, get_args, Literal, overload, ParamSpec, TypeVar
@@ -47,6 +46,7 @@ hide_frames(__file__)
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 Donate = Literal["none", "all", "all-except-first", "warn", "warn-except-first"]
+_OPTIONS: Final = ("donate", "maxsize", "max_compiles", "warn_after")  # `es.jit`'s
 
 _MSG_DECORATOR_ORDER: Final = """An `es.jit` wrapper has no `__globals__`: it is not a
 plain function.
@@ -797,25 +797,25 @@ class Compiled:
 # ----------------------------------------------------------------------------------
 
 
-class _Options(typing.TypedDict, total=False):
-    """`es.jit`'s options, as its overloads take them (the defaults: `jit`'s)."""
-
-    donate: Donate
-    maxsize: int | None
-    max_compiles: int | None
-    warn_after: int | None
-
-
-_OPTIONS: Final = tuple(_Options.__annotations__)
-
-
 @overload
 def jit(
-    fn: Callable[_P, _R], /, **options: typing.Unpack[_Options]
+    fn: Callable[_P, _R],
+    /,
+    *,
+    donate: Donate = "none",
+    maxsize: int | None = None,
+    max_compiles: int | None = None,
+    warn_after: int | None = 8,
 ) -> _Jit[_P, _R]: ...
 @overload
 def jit(
-    fn: None = None, /, **options: typing.Unpack[_Options]
+    fn: None = None,
+    /,
+    *,
+    donate: Donate = "none",
+    maxsize: int | None = None,
+    max_compiles: int | None = None,
+    warn_after: int | None = 8,
 ) -> Callable[[Callable[_P, _R]], _Jit[_P, _R]]: ...
 def jit(
     fn: Any = None,
