@@ -328,14 +328,13 @@ class Function:
         not hold: JAX's caches too, through the dispatcher (which, emptied during the
         call, drops what the call hands it: the next such call comes back here
         once). A public `jax.jit` cannot drop a signature: the call is made on a
-        new one (`_let_go`), and the old one goes with JAX's caches of it.
+        new one (`_empty`), and the old one goes with JAX's caches of it.
         The miss's signature is read last: a call that needs no room reads no avals."""
         entry = miss.entry
         full = self.maxsize is not None and len(entry.runs) >= self.maxsize
         if full and miss.sig not in entry.runs:
             with self.lock:
                 self._empty(entry)
-            _let_go(entry)
 
     def _evict(self, entry: Entry) -> None:
         del self.entries[entry.key]
@@ -345,12 +344,19 @@ class Function:
         self.recent = collections.deque(
             (s for s in self.recent if s.key is not entry.key), maxlen=64
         )
-        _let_go(entry)
 
     def _empty(self, entry: Entry) -> None:
+        """Let go of the programs `entry` runs, and of the executables its dispatcher
+        holds: a C++ dispatcher empties its cache; a public `jax.jit`
+        (`Entry.helper`) goes at once with JAX's caches of it (the entry and it refer
+        to each other: left to them, it would wait for the cycle collector), and the
+        next call makes one anew."""
         for p in entry.runs.values():
             self._release(p)
         entry.runs.clear()
+        if _jax.DISPATCH:  # then every key has a C++ dispatcher
+            _jax.clear(entry.dispatch)
+        entry.helper = None
 
     def _release(self, p: Program) -> None:
         """A signature lets go of the program it ran."""
@@ -359,16 +365,6 @@ class Function:
         if not p.users:
             self.held.pop(id(p), None)
             p.later = None  # its lowering, and so its executable, let go
-
-
-def _let_go(entry: Entry) -> None:
-    """Drop the executables `entry`'s dispatcher holds: a C++ dispatcher empties its
-    cache; a public `jax.jit` (`Entry.helper`) goes at once with JAX's caches of it
-    (the entry and it refer to each other: left to them, it would wait for the
-    cycle collector), and the next call makes one anew."""
-    if _jax.DISPATCH:  # then every key has a C++ dispatcher
-        _jax.clear(entry.dispatch)
-    entry.helper = None
 
 
 def _where(fn: Any) -> str:
@@ -413,11 +409,6 @@ def _claim_name(f: Function, fn: Callable) -> str:
     return name
 
 
-def _named(fun_name: Any) -> Function | None:
-    """The function whose program JAX names `jit(<name>)`, maybe transformed."""
-    return _by_name.get(str(fun_name).rsplit("(", 1)[-1].split(")")[0])
-
-
 # ----------------------------------------------------------------------------------
 # The call in hand.
 
@@ -449,11 +440,11 @@ class _Local(threading.local):
 _local: Final = _Local()
 
 
-def call_in_hand(call: Call) -> Any:
-    """Call `call`'s entry again, with the call in hand for its miss."""
+def call_in_hand(call: Call, run: Callable | None = None) -> Any:
+    """Call `call`'s entry again (or `run`), with the call in hand for its miss."""
     previous, _local.call = _local.call, call
     try:
-        return call.entry.call(*call.leaves)
+        return (run or call.entry.call)(*call.leaves)
     finally:
         _local.call = previous
 
@@ -535,7 +526,7 @@ def new_entry(f: Function, key: Key, leaves: Sequence) -> Entry:
     if _jax.dispatching():
         try:
             miss = functools.partial(cache_miss, f, entry)
-            eager = _traced(f, entry, eager=True)
+            eager = _traced(f, entry)  # run by the dispatcher only eagerly
             deoptimized = functools.partial(_deoptimized, f, entry)
             donated = _donated(f, key, leaves)
             entry.dispatch = _jax.dispatcher(
@@ -583,7 +574,7 @@ def _calling(f: Function, entry: Entry, reports: bool) -> Callable:
     return _quiet(f)(call) if f.quiet else call
 
 
-def _traced(f: Function, entry: Entry, eager: bool = False, name: str = "") -> Callable:
+def _traced(f: Function, entry: Entry, name: str = "") -> Callable:
     """What `jax.jit` traces for `entry`'s key (and runs under `jax.disable_jit()`):
     the call in hand, with the traced leaves in place of its arrays."""
 
@@ -591,8 +582,8 @@ def _traced(f: Function, entry: Entry, eager: bool = False, name: str = "") -> C
         call = _in_hand(entry)
         if call is None:  # only a dispatcher runs it so, eagerly: it asks again
             return NEED_CALL
-        eager_now = eager or _jax.jit_disabled()  # it runs, as under `eqx.filter_jit`
-        if eager_now:
+        eager = _jax.jit_disabled()  # it runs, as under `eqx.filter_jit`
+        if eager:
             f.book_miss()
             fn, values = call.fn, call.values
         elif _es_leaves and not any(isinstance(x, Tracer) for x in _es_leaves):
@@ -613,7 +604,7 @@ def _traced(f: Function, entry: Entry, eager: bool = False, name: str = "") -> C
             tracer = isinstance(e, jax.errors.ConcretizationTypeError) or any(
                 s in str(e) for s in ("Tracer", _report.REVERSE)
             )
-            found = _needs_concrete(f, call, False) if tracer and not eager_now else ()
+            found = _needs_concrete(f, call, False) if tracer and not eager else ()
             if nested and not found:
                 raise
             error = _field_error(f, entry.key, e, found)
@@ -705,14 +696,12 @@ def _replay(
 ) -> Exception | None:
     """Trace the call in hand abstractly with the leaves in `concrete` as Python
     numbers (if `reverse`, its reverse-mode derivative too); the error, if any."""
-    free = [i for i in range(len(call.leaves)) if i not in concrete]
 
     def replayed(*xs: Any) -> Any:
-        leaves = list(call.leaves)
-        for i in concrete:
-            leaves[i] = leaves[i].item()
-        for i, x in zip(free, xs):
-            leaves[i] = x
+        free = iter(xs)
+        leaves = [
+            x.item() if i in concrete else next(free) for i, x in enumerate(call.leaves)
+        ]
         return f.layout.call(*_with_leaves(call, leaves))
 
     # `replayed`, then its reverse-mode derivative in its inexact inputs
@@ -723,8 +712,8 @@ def _replay(
         )
         return pullback(zeros)
 
-    avals = [jax.typeof(call.leaves[i]) for i in free]
-    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
+    free = [jax.typeof(x) for i, x in enumerate(call.leaves) if i not in concrete]
+    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in free]
     try:
         jax.eval_shape(backward if reverse else replayed, *shapes)
     except Exception as e:
@@ -880,15 +869,9 @@ def _lowered(miss: _Miss, helper: Any, staged: bool) -> Any:
     helper = helper or entry.helper or _helper(f, entry, miss.leaves)
     miss.jit_trace = helper.trace(*miss.leaves)
     miss.lowered = miss.jit_trace.lower()
-    miss.why = _why(f, known, entry.key, miss.sig, staged)
+    asked = (known, entry.key, miss.sig, f.argnames, f.n_fn)
+    miss.why = _report.Why(*asked, otherwise=[_UNTRANSFORMED] if staged else [])
     return helper
-
-
-def _why(f: Function, known: list, key: Key, sig: tuple, staged: bool) -> _report.Why:
-    """Why `key` missed for `sig`, against the `known` signatures; `staged`: its
-    first call outside a transformation, after calls under one."""
-    otherwise = [_UNTRANSFORMED] if staged else []
-    return _report.Why(known, key, sig, f.argnames, f.n_fn, otherwise=otherwise)
 
 
 def _decide(miss: _Miss) -> Program:
@@ -907,7 +890,8 @@ def _decide(miss: _Miss) -> Program:
     program = f.running(lowering)
     if program is None and later is not None:
         program = f.find(miss, later)
-    _diverge.check(_for_diverge(miss), lowering, miss.fp, program)  # decided alike
+    seen = _diverge.Miss(f, key, miss.sig[0][f.n_fn :], miss.why, miss.traced)
+    _diverge.check(seen, lowering, miss.fp, program)  # decided alike
     if program is not None:
         miss.shared = program
         if _jax.env_switch("EQX_STATIC_CHECK_SHARING", False) and program.fingerprint:
@@ -923,11 +907,6 @@ def _decide(miss: _Miss) -> Program:
     return held or Program(
         key, miss.fp, executable, miss.outline, miss.number, 0, later
     )
-
-
-def _for_diverge(miss: _Miss) -> _diverge.Miss:
-    avals = miss.sig[0][miss.f.n_fn :]
-    return _diverge.Miss(miss.f, miss.entry.key, avals, miss.why, miss.traced)
 
 
 def _check_sharing(miss: _Miss, program: Program) -> None:
@@ -1013,7 +992,7 @@ def _staged(f: Function, entry: Entry, leaves: tuple) -> Any:
         return out
     finally:
         if miss.traced:
-            why = _why(f, list(f.recent), entry.key, miss.sig, False)
+            why = _report.Why(list(f.recent), entry.key, miss.sig, f.argnames, f.n_fn)
             _report.log(f.name(entry.key), "traced under a transformation", f.size, why)
 
 
@@ -1045,13 +1024,9 @@ def _aval(x: Any) -> tuple:
 def lower_call(f: Function, call: Call) -> Any:
     """`jax.stages.Lowered` for a call, by a `jax.jit` of its own whose programs are
     named as the function is: an AOT compile is the caller's, not booked."""
-    previous, _local.call = _local.call, call
-    try:
-        with _quiet(f):
-            jitted = _helper(f, call.entry, call.leaves, name=f.short)
-            return jitted.trace(*call.leaves).lower()
-    finally:
-        _local.call = previous
+    jitted = _helper(f, call.entry, call.leaves, name=f.short)
+    with _quiet(f):
+        return call_in_hand(call, lambda *leaves: jitted.trace(*leaves).lower())
 
 
 # ----------------------------------------------------------------------------------
@@ -1108,11 +1083,16 @@ def _explain_public(miss: _Miss) -> None:
 # The books: every compile JAX reports of a function's programs.
 
 
-def _miss_of(f: Function) -> _Miss | None:
+def _compiling(event: str, fun_name: Any) -> tuple[Function, _Miss | None] | None:
+    """The function whose program JAX compiles (JAX names it `jit(<name>)`, maybe
+    transformed), and its innermost miss in this thread, if any."""
+    if event != _jax.COMPILE_EVENT:
+        return None
+    f = _by_name.get(str(fun_name).rsplit("(", 1)[-1].split(")")[0])
     m = _local.miss
     while m is not None and m.f is not f:
         m = m.previous
-    return m
+    return None if f is None else (f, m)
 
 
 # A compile of a function's program while none of its calls runs in this thread:
@@ -1131,9 +1111,9 @@ def _what_changed(f: Function, m: _Miss | None) -> tuple[Change, ...]:
 
 
 def _on_compile_start(event: str, value: float, **kwargs: Any) -> None:
-    if event != _jax.COMPILE_EVENT or (f := _named(kwargs.get("fun_name"))) is None:
+    if (compiling := _compiling(event, kwargs.get("fun_name"))) is None:
         return
-    m = _miss_of(f)
+    f, m = compiling
     public = m is not None and m.public is not None and not m.due
     if public and m.sig not in m.entry.runs:  # pyright: ignore
         _explain_public(m)  # pyright: ignore  (else JAX's own, profile-guided)
@@ -1146,9 +1126,9 @@ def _on_compile_start(event: str, value: float, **kwargs: Any) -> None:
 
 
 def _on_compile_end(event: str, duration_secs: float, **kwargs: Any) -> None:
-    if event != _jax.COMPILE_EVENT or (f := _named(kwargs.get("fun_name"))) is None:
+    if (compiling := _compiling(event, kwargs.get("fun_name"))) is None:
         return
-    m = _miss_of(f)
+    f, m = compiling
     masked, differ = (None, None) if m is None else (m.outline.structure, m.differ)
     record = Compile(_what_changed(f, m), duration_secs, masked, differ)
     with f.lock:
