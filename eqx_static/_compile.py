@@ -1057,8 +1057,10 @@ def _public(f: Function, entry: Entry, leaves: tuple) -> Any:
     (`_explain_public`)."""
     public, miss = entry.dispatch, _Miss(f, entry, leaves, _PGLE)
     f.make_room(miss)  # the books, and the key's `jax.jit` let go
-    with f.lock:
-        entry.helper = miss.public = entry.helper or _helper(f, entry, leaves)
+    if (helper := entry.helper) is None:
+        with f.lock:
+            entry.helper = helper = entry.helper or _helper(f, entry, leaves)
+    miss.public = helper
     try:
         with miss:
             run = _report.reporting_errors(miss.public, wait=lambda: public.reports)
