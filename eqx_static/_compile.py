@@ -779,9 +779,10 @@ def _transposes_a_loop(jaxpr: Any, wrt: Sequence[bool]) -> bool:
 
 
 def cache_miss(f: Function, entry: Entry, *leaves: Any) -> tuple:
-    """The outputs, and what the dispatcher keeps to serve the next such call. It
-    must not wait for the program to run: the dispatcher holds other calls of this
-    signature until it returns, and the program's callbacks may make them."""
+    """The outputs, and what the dispatcher keeps to serve the next such call (for
+    a `_Public` key, nothing). It must not wait for the program to run: the
+    dispatcher holds other calls of this signature until it returns, and the
+    program's callbacks may make them."""
     __tracebackhide__ = True
     if _in_hand(entry) is None:
         return (NEED_CALL, None, True)
@@ -1063,7 +1064,7 @@ def _public(f: Function, entry: Entry, leaves: tuple) -> Any:
     miss.public = helper
     try:
         with miss:
-            run = _report.reporting_errors(miss.public, wait=lambda: public.reports)
+            run = _report.reporting_errors(helper, wait=lambda: public.reports)
             return run(*leaves)
     finally:
         if miss.number:  # compiled
@@ -1074,7 +1075,11 @@ def _public(f: Function, entry: Entry, leaves: tuple) -> Any:
 def _explain_public(miss: _Miss) -> None:
     """As JAX's own miss starts to compile, the steps of the dispatcher's miss path
     (the program always compiled, never shared), from the trace and lowering being
-    compiled (JAX's caches give them again, for nothing): then `_plan`."""
+    compiled (JAX's caches give them again, for nothing): then the compile is
+    planned as `_decide` asks. Not for a signature compiled before: JAX's own
+    compile (profile-guided)."""
+    if miss.sig in miss.entry.runs:
+        return
     public = miss.entry.dispatch
     _lowered(miss, miss.public, public.staged and not miss.entry.runs)
     _decide(miss)
@@ -1116,9 +1121,8 @@ def _on_compile_start(event: str, value: float, **kwargs: Any) -> None:
     if (compiling := _compiling(event, kwargs.get("fun_name"))) is None:
         return
     f, m = compiling
-    public = m is not None and m.public is not None and not m.due
-    if public and m.sig not in m.entry.runs:  # pyright: ignore
-        _explain_public(m)  # pyright: ignore  (else JAX's own, profile-guided)
+    if m is not None and m.public is not None and not m.due:
+        _explain_public(m)
     if m is not None and m.installed:  # this JAX compiled what was installed
         _jax.stop_sharing("it compiled a program whose executable es.jit had installed")
     elif m is not None and m.due and not m.planned:  # the compile `_decide` asked for
