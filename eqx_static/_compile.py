@@ -286,9 +286,10 @@ class Function:
     def unmark(self, miss: "_Miss") -> None:
         """Let the misses waiting for `miss`'s module find it."""
         if miss.mark is not None:
-            with self.lock:
-                self.compiling.pop(miss.mark).set()
-            miss.mark = None
+            with self.lock:  # (not there if interrupted as `_mark` set it)
+                event, miss.mark = self.compiling.pop(miss.mark, None), None
+            if event is not None:
+                event.set()
 
     def running(self, lowering: Any) -> Program | None:
         """The program whose executable a lowering holds, if it was compiled."""
@@ -354,7 +355,7 @@ class Function:
         for p in entry.runs.values():
             self._release(p)
         entry.runs.clear()
-        if _jax.DISPATCH:  # then every key has a C++ dispatcher
+        if _jax.DISPATCH and not isinstance(entry.dispatch, _Public):
             _jax.clear(entry.dispatch)
         entry.helper = None
 
@@ -885,7 +886,10 @@ def _decide(miss: _Miss) -> Program:
     f, key = miss.f, miss.entry.key
     lowering = _jax.lowering_of(miss.lowered)
     callbacks, miss.checks = _sharing.host_callbacks(lowering, miss.jit_trace.jaxpr)
-    later = None if _jax.pgle_enabled() else _sharing.fingerprint(lowering, callbacks)
+    # Never shared under profile-guided compiles, nor on a public `jax.jit`, whose
+    # own miss compiles.
+    shareable = not _jax.pgle_enabled() and miss.public is None
+    later = _sharing.fingerprint(lowering, callbacks) if shareable else None
     # JAX's lowering cache may give a lowering compiled already (a new sharding
     # that compares equal to one this key ran: `P()`, `P(None)`).
     program = f.running(lowering)
