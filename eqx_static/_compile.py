@@ -115,7 +115,7 @@ class Program:
     later: Callable[[], Any] | None = None  # computes `fingerprint`, not yet known
 
 
-# No module's digest: marks the program compiling alone (`Function.alone`).
+# No module's digest: marks the program compiling alone (`Function.find`).
 _ALONE: Final = b""
 
 
@@ -183,7 +183,6 @@ class Function:
         self.calls = itertools.count()
         self.clock = itertools.count(1)  # for `Entry.used`
         self.misses = self.at_clear = self.size = self.general = 0  # size: signatures
-        self.programs: dict[bytes, list[Program]] = {}  # shareable, by digest
         self.held: dict[int, Program] = {}  # every program a signature runs, by id
         self.compiling: dict[bytes, threading.Event] = {}  # by module digest
         self.history: list[Compile] = []  # every XLA compile since `clear`
@@ -206,8 +205,8 @@ class Function:
     def clear(self) -> None:
         with self.lock:
             runs = [e.runs for e in self.entries.values()]
-            kept = (self.entries, self.programs, self.held, self.shared, self.history)
-            for d in (*runs, *kept, self.recent, *self.guard_sets):
+            kept = (self.entries, self.held, self.shared, self.history, self.recent)
+            for d in (*runs, *kept, *self.guard_sets):
                 d.clear()
             self.at_clear, self.misses, self.size = next(self.calls) + 1, 0, 0
             self.general, self.warned = 0, False
@@ -254,55 +253,43 @@ class Function:
         if limit is not None and len(history) >= limit:
             raise _report.budget_error(self.qualname, limit, history, changes, differ)
 
-    def alone(self, mark: list) -> bool:
-        """Whether the program about to be decided is the only one: none is held
-        or compiling. Then it compiles without its fingerprint, which `settle`
-        computes once a second program may be the same; it is marked as compiling
-        (in `mark`, as by `find`) until `unmark`."""
+    def find(self, miss: "_Miss", later: Callable) -> "Program | None":
+        """A program provably the same as the one `later` fingerprints (its
+        fingerprint set on `miss`); else `miss` marks its module as compiling until
+        it `unmark`s, and a `find` of the same module waits for it. The only program
+        (none held or compiling) compiles without its fingerprint, marked alone: a
+        later `find` fingerprints it, once it is held."""
         with self.lock:
-            if self.held or self.compiling:
-                return False
-            mark.append(_ALONE)
-            self.compiling[_ALONE] = threading.Event()
-            return True
-
-    def settle(self) -> None:
-        """Fingerprint the programs compiled alone, so that `find` sees them: after
-        the one compiling alone, if any, is held."""
+            if not self.held and not self.compiling:
+                return self._mark(miss, _ALONE)
         while (event := self.compiling.get(_ALONE)) is not None:
             event.wait()
         with self.lock:  # each one's function read here: another thread clears it
-            later = [(p, p.later) for p in self.held.values() if p.later is not None]
-        for p, fp in [(p, compute()) for p, compute in later]:  # pyright: ignore
+            unknown = [(p, p.later) for p in self.held.values() if p.later is not None]
+        for p, compute in unknown:
+            p.fingerprint, p.later = compute(), None  # pyright: ignore
+        miss.fp = fp = later()
+        while fp is not None:
             with self.lock:
-                if p.later is None:  # another thread settled it, or it was released
-                    continue
-                p.later, p.fingerprint = None, fp
-                if fp is not None and p.users:
-                    self.programs.setdefault(fp.digest, []).append(p)
-
-    def find(self, fp: _sharing.Fingerprint, mark: list) -> Program | None:
-        """A program provably the same as `fp`; else `fp` is marked as compiling
-        (in `mark`, before the mark is set) until `unmark`, and a `find` of the same
-        module waits for it."""
-        while True:
-            with self.lock:
-                for p in self.programs.get(fp.digest, ()):
-                    if _sharing.same_program(p.fingerprint, fp):  # pyright: ignore
+                for p in self.held.values():
+                    if p.fingerprint and _sharing.same_program(p.fingerprint, fp):
                         return p
                 event = self.compiling.get(fp.digest)
                 if event is None:
-                    mark.append(fp.digest)
-                    self.compiling[fp.digest] = threading.Event()
-                    return None
+                    return self._mark(miss, fp.digest)
             event.wait()
+        return None
 
-    def unmark(self, mark: list) -> None:
-        with self.lock:
-            events = [self.compiling.pop(d, None) for d in mark]
-            mark.clear()
-        for event in filter(None, events):
-            event.set()
+    def _mark(self, miss: "_Miss", digest: bytes) -> None:
+        miss.mark, self.compiling[digest] = digest, threading.Event()
+
+    def unmark(self, miss: "_Miss") -> None:
+        """Let the misses waiting for `miss`'s module find it."""
+        if miss.mark is not None:
+            with self.lock:  # (not there if interrupted as `_mark` set it)
+                event, miss.mark = self.compiling.pop(miss.mark, None), None
+            if event is not None:
+                event.set()
 
     def running(self, lowering: Any) -> Program | None:
         """The program whose executable a lowering holds, if it was compiled."""
@@ -323,10 +310,7 @@ class Function:
             self.size += 1
             entry.runs[sig] = program
             program.users += 1
-            if program.users == 1:
-                self.held[id(program)] = program
-                if (fp := program.fingerprint) is not None:
-                    self.programs.setdefault(fp.digest, []).append(program)
+            self.held[id(program)] = program
             self.recent.append(Seen(entry.key, *sig, program.outline))
             while self.maxsize is not None and self.size > self.maxsize:
                 others = [e for e in self.entries.values() if e is not entry]
@@ -345,14 +329,13 @@ class Function:
         not hold: JAX's caches too, through the dispatcher (which, emptied during the
         call, drops what the call hands it: the next such call comes back here
         once). A public `jax.jit` cannot drop a signature: the call is made on a
-        new one (`_Public.renew`), and the old one goes with JAX's caches of it.
+        new one (`_empty`), and the old one goes with JAX's caches of it.
         The miss's signature is read last: a call that needs no room reads no avals."""
         entry = miss.entry
         full = self.maxsize is not None and len(entry.runs) >= self.maxsize
         if full and miss.sig not in entry.runs:
             with self.lock:
                 self._empty(entry)
-            _let_go(entry)
 
     def _evict(self, entry: Entry) -> None:
         del self.entries[entry.key]
@@ -362,38 +345,27 @@ class Function:
         self.recent = collections.deque(
             (s for s in self.recent if s.key is not entry.key), maxlen=64
         )
-        _let_go(entry)
 
     def _empty(self, entry: Entry) -> None:
+        """Let go of the programs `entry` runs, and of the executables its dispatcher
+        holds: a C++ dispatcher empties its cache; a public `jax.jit`
+        (`Entry.helper`) goes at once with JAX's caches of it (the entry and it refer
+        to each other: left to them, it would wait for the cycle collector), and the
+        next call makes one anew."""
         for p in entry.runs.values():
             self._release(p)
         entry.runs.clear()
+        if _jax.DISPATCH and not isinstance(entry.dispatch, _Public):
+            _jax.clear(entry.dispatch)
+        entry.helper = None
 
     def _release(self, p: Program) -> None:
         """A signature lets go of the program it ran."""
         self.size -= 1
         p.users -= 1
-        if p.users:
-            return
-        self.held.pop(id(p), None)
-        p.later = None  # its lowering, and so its executable, let go
-        if p.fingerprint is not None:
-            same = self.programs.get(p.fingerprint.digest, [])
-            same[:] = [q for q in same if q is not p]
-            if not same:
-                self.programs.pop(p.fingerprint.digest, None)
-
-
-def _let_go(entry: Entry) -> None:
-    """Drop the executables `entry`'s dispatcher holds: a C++ dispatcher empties its
-    cache; a public `jax.jit` is made anew, and the old one goes at once with JAX's
-    caches of it (the entry and its call refer to each other: left to them, it
-    would wait for the cycle collector)."""
-    if isinstance(entry.dispatch, _Public):
-        entry.dispatch.renew()
-    elif entry.dispatch is not None and _jax.DISPATCH:
-        _jax.clear(entry.dispatch)
-    entry.helper = None
+        if not p.users:
+            self.held.pop(id(p), None)
+            p.later = None  # its lowering, and so its executable, let go
 
 
 def _where(fn: Any) -> str:
@@ -438,11 +410,6 @@ def _claim_name(f: Function, fn: Callable) -> str:
     return name
 
 
-def _named(fun_name: Any) -> Function | None:
-    """The function whose program JAX names `jit(<name>)`, maybe transformed."""
-    return _by_name.get(str(fun_name).rsplit("(", 1)[-1].split(")")[0])
-
-
 # ----------------------------------------------------------------------------------
 # The call in hand.
 
@@ -474,11 +441,11 @@ class _Local(threading.local):
 _local: Final = _Local()
 
 
-def call_in_hand(call: Call) -> Any:
-    """Call `call`'s entry again, with the call in hand for its miss."""
+def call_in_hand(call: Call, run: Callable | None = None) -> Any:
+    """Call `call`'s entry again (or `run`), with the call in hand for its miss."""
     previous, _local.call = _local.call, call
     try:
-        return call.entry.call(*call.leaves)
+        return (run or call.entry.call)(*call.leaves)
     finally:
         _local.call = previous
 
@@ -557,19 +524,18 @@ def new_entry(f: Function, key: Key, leaves: Sequence) -> Entry:
     """A key's entry, in the cache at once: a call from another thread during its
     first miss finds it, and JAX's dispatcher makes it wait instead of tracing."""
     entry = Entry(key)
-    donated = _donated(f, key, leaves)
     if _jax.dispatching():
         try:
             miss = functools.partial(cache_miss, f, entry)
-            eager = _traced(f, entry, eager=True)
+            eager = _traced(f, entry)  # run by the dispatcher only eagerly
             deoptimized = functools.partial(_deoptimized, f, entry)
+            donated = _donated(f, key, leaves)
             entry.dispatch = _jax.dispatcher(
                 f.program_name, eager, miss, donated, deoptimized
             )
         except Exception as e:  # a JAX whose dispatcher is built otherwise
             _jax.no_dispatcher(f"{type(e).__name__}: {e}")
-    call = _calling(f, entry, False) if _jax.DISPATCH else _Public(f, entry, donated)
-    entry.call = call
+    entry.call = _calling(f, entry, False) if _jax.DISPATCH else _Public(f, entry)
     with f.lock:
         return f.entries.setdefault(key, entry)
 
@@ -609,7 +575,7 @@ def _calling(f: Function, entry: Entry, reports: bool) -> Callable:
     return _quiet(f)(call) if f.quiet else call
 
 
-def _traced(f: Function, entry: Entry, eager: bool = False, name: str = "") -> Callable:
+def _traced(f: Function, entry: Entry, name: str = "") -> Callable:
     """What `jax.jit` traces for `entry`'s key (and runs under `jax.disable_jit()`):
     the call in hand, with the traced leaves in place of its arrays."""
 
@@ -617,8 +583,8 @@ def _traced(f: Function, entry: Entry, eager: bool = False, name: str = "") -> C
         call = _in_hand(entry)
         if call is None:  # only a dispatcher runs it so, eagerly: it asks again
             return NEED_CALL
-        eager_now = eager or _jax.jit_disabled()  # it runs, as under `eqx.filter_jit`
-        if eager_now:
+        eager = _jax.jit_disabled()  # it runs, as under `eqx.filter_jit`
+        if eager:
             f.book_miss()
             fn, values = call.fn, call.values
         elif _es_leaves and not any(isinstance(x, Tracer) for x in _es_leaves):
@@ -639,7 +605,7 @@ def _traced(f: Function, entry: Entry, eager: bool = False, name: str = "") -> C
             tracer = isinstance(e, jax.errors.ConcretizationTypeError) or any(
                 s in str(e) for s in ("Tracer", _report.REVERSE)
             )
-            found = _needs_concrete(f, call, False) if tracer and not eager_now else ()
+            found = _needs_concrete(f, call, False) if tracer and not eager else ()
             if nested and not found:
                 raise
             error = _field_error(f, entry.key, e, found)
@@ -731,14 +697,12 @@ def _replay(
 ) -> Exception | None:
     """Trace the call in hand abstractly with the leaves in `concrete` as Python
     numbers (if `reverse`, its reverse-mode derivative too); the error, if any."""
-    free = [i for i in range(len(call.leaves)) if i not in concrete]
 
     def replayed(*xs: Any) -> Any:
-        leaves = list(call.leaves)
-        for i in concrete:
-            leaves[i] = leaves[i].item()
-        for i, x in zip(free, xs):
-            leaves[i] = x
+        free = iter(xs)
+        leaves = [
+            x.item() if i in concrete else next(free) for i, x in enumerate(call.leaves)
+        ]
         return f.layout.call(*_with_leaves(call, leaves))
 
     # `replayed`, then its reverse-mode derivative in its inexact inputs
@@ -749,8 +713,8 @@ def _replay(
         )
         return pullback(zeros)
 
-    avals = [jax.typeof(call.leaves[i]) for i in free]
-    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
+    free = [jax.typeof(x) for i, x in enumerate(call.leaves) if i not in concrete]
+    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in free]
     try:
         jax.eval_shape(backward if reverse else replayed, *shapes)
     except Exception as e:
@@ -816,9 +780,10 @@ def _transposes_a_loop(jaxpr: Any, wrt: Sequence[bool]) -> bool:
 
 
 def cache_miss(f: Function, entry: Entry, *leaves: Any) -> tuple:
-    """The outputs, and what the dispatcher keeps to serve the next such call. It
-    must not wait for the program to run: the dispatcher holds other calls of this
-    signature until it returns, and the program's callbacks may make them."""
+    """The outputs, and what the dispatcher keeps to serve the next such call (for
+    a `_Public` key, nothing). It must not wait for the program to run: the
+    dispatcher holds other calls of this signature until it returns, and the
+    program's callbacks may make them."""
     __tracebackhide__ = True
     if _in_hand(entry) is None:
         return (NEED_CALL, None, True)
@@ -828,6 +793,8 @@ def cache_miss(f: Function, entry: Entry, *leaves: Any) -> tuple:
     with _report.marked(__equinox_jit_id__), _quiet(f):
         if _transformed(leaves):
             return (_staged(f, entry, leaves), None, False)
+        if isinstance(entry.dispatch, _Public):
+            return (_public(f, entry, leaves), None, False)
         return _top_level(f, entry, leaves)
 
 
@@ -838,25 +805,28 @@ def _transformed(leaves: Sequence) -> bool:
 
 class _Miss:
     """One miss in this thread, step by step; a compile of the function's program
-    meanwhile is booked with its explanation (`why`), and budgeted."""
+    meanwhile is booked with its explanation (`why`), and budgeted. As it ends, it
+    is booked if it traced, compiled or was refused a compile (with why it missed,
+    if it shared a program), and the storm is watched for."""
 
     def __init__(self, f: Function, entry: Entry, leaves: tuple, unplanned: Change):
         self.f, self.entry, self.leaves, self.unplanned = f, entry, leaves, unplanned
         self.traces = _local.traces
         # `planned`: the compile about to start was asked for; `due`: a compile was
-        # asked for (planned when JAX starts it); `refused`: `max_compiles` refused a
-        # compile; `installed`: an executable was installed (no compile is due).
-        self.planned = self.due = self.refused = self.installed = False
+        # asked for (planned when JAX starts it); `installed`: an executable was
+        # installed (no compile is due); `checks`: its program may hold
+        # `eqx.error_if` (wait for it).
+        self.planned = self.due = self.installed = self.checks = False
         self.why = _report.Why.said(())  # these three: the compile's record
         self.outline = Outline(None, None)  # its program
         self.differ: Any = None
         self.known = self.number = 0  # signatures held when it started; its compile
         self.lowered: Any = None
         self.jit_trace: Any = None  # its `jax.stages.Traced`, lowered as `lowered`
+        self.fp: _sharing.Fingerprint | None = None  # its program's, if computed
         self.shared: Program | None = None  # a compiled program it runs
-        self.mark: list[bytes] = []  # the module it marked as compiling
-        self.public: _Public | None = None  # a top-level call on a public `jax.jit`
-        self.checks = True  # its program may hold `eqx.error_if`: wait for it
+        self.mark: bytes | None = None  # the module it marked as compiling
+        self.public: Any = None  # the public `jax.jit` a top-level call runs on
         self.previous: _Miss | None = None
 
     @functools.cached_property
@@ -874,12 +844,8 @@ class _Miss:
 
     def __exit__(self, kind: Any, error: Any, tb: Any) -> None:
         _local.miss = self.previous
-        self.refused = isinstance(error, _report.RecompileError)
-
-    def book(self) -> None:
-        """Book a miss if it traced, compiled or was refused a compile (and why it
-        missed, if it shared a program), and watch for a storm."""
-        if self.traced or self.number or self.refused:
+        self.f.unmark(self)  # on every path: an interrupted miss leaves no mark
+        if self.traced or self.number or isinstance(error, _report.RecompileError):
             self.f.book_miss(self.why if self.shared else None)
             self.f.storm(self.entry.key)
 
@@ -887,32 +853,27 @@ class _Miss:
 def _top_level(f: Function, entry: Entry, leaves: tuple) -> tuple:
     """Trace and lower, decide, install and run. A miss if it traced or compiled;
     else a hit (the dispatcher had not seen this kind of input: a NumPy array)."""
-    miss = _Miss(f, entry, leaves, _PGLE)
-    try:
-        with miss:
-            if _jax.pgle_enabled() and entry.helper is not None:
-                # JAX compiles with its profile; what it runs is not read here
-                return _run(entry.helper, leaves, wait=True)
-            # First used transformed? Explained against the signatures known
-            # before room is made.
-            staged = entry.helper is not None and not entry.runs
-            miss.known, known = f.size, list(f.recent)
-            f.make_room(miss)
-            helper = entry.helper or _helper(f, entry, leaves)
-            miss.jit_trace = helper.trace(*leaves)
-            miss.lowered = miss.jit_trace.lower()
-            miss.why = _why(f, known, entry.key, miss.sig, staged)
-            return _install_and_run(miss, _decide(miss), helper)
-    finally:
-        f.unmark(miss.mark)  # on every path: an interrupted miss leaves no mark
-        miss.book()
+    with _Miss(f, entry, leaves, _PGLE) as miss:
+        if _jax.pgle_enabled() and entry.helper is not None:
+            # JAX compiles with its profile; what it runs is not read here
+            return _run(entry.helper, leaves, wait=True)
+        helper = _lowered(miss, None, entry.helper is not None and not entry.runs)
+        return _install_and_run(miss, _decide(miss), helper)
 
 
-def _why(f: Function, known: list, key: Key, sig: tuple, staged: bool) -> _report.Why:
-    """Why `key` missed for `sig`, against the `known` signatures; `staged`: its
-    first call outside a transformation, after calls under one."""
-    otherwise = [_UNTRANSFORMED] if staged else []
-    return _report.Why(known, key, sig, f.argnames, f.n_fn, otherwise=otherwise)
+def _lowered(miss: _Miss, helper: Any, staged: bool) -> Any:
+    """Trace and lower the call with `helper` (else the key's `jax.jit`), and say why
+    it missed, against the signatures known before room is made; `staged`: it is
+    the first call outside a transformation, after calls under one."""
+    f, entry = miss.f, miss.entry
+    miss.known, known = f.size, list(f.recent)
+    f.make_room(miss)
+    helper = helper or entry.helper or _helper(f, entry, miss.leaves)
+    miss.jit_trace = helper.trace(*miss.leaves)
+    miss.lowered = miss.jit_trace.lower()
+    asked = (known, entry.key, miss.sig, f.argnames, f.n_fn)
+    miss.why = _report.Why(*asked, otherwise=[_UNTRANSFORMED] if staged else [])
+    return helper
 
 
 def _decide(miss: _Miss) -> Program:
@@ -925,36 +886,32 @@ def _decide(miss: _Miss) -> Program:
     f, key = miss.f, miss.entry.key
     lowering = _jax.lowering_of(miss.lowered)
     callbacks, miss.checks = _sharing.host_callbacks(lowering, miss.jit_trace.jaxpr)
-    later = None if _jax.pgle_enabled() else _sharing.fingerprint(lowering, callbacks)
+    # Never shared under profile-guided compiles, nor on a public `jax.jit`, whose
+    # own miss compiles.
+    shareable = not _jax.pgle_enabled() and miss.public is None
+    later = _sharing.fingerprint(lowering, callbacks) if shareable else None
     # JAX's lowering cache may give a lowering compiled already (a new sharding
     # that compares equal to one this key ran: `P()`, `P(None)`).
-    program, fp, alone = f.running(lowering), None, False
+    program = f.running(lowering)
     if program is None and later is not None:
-        alone = f.alone(miss.mark)
-        if not alone:
-            f.settle()
-            fp = later()
-            program = None if fp is None else f.find(fp, miss.mark)  # None: marked
-    _diverge.check(_for_diverge(miss), lowering, fp, program)  # decided alike
+        program = f.find(miss, later)
+    seen = _diverge.Miss(f, key, miss.sig[0][f.n_fn :], miss.why, miss.traced)
+    _diverge.check(seen, lowering, miss.fp, program)  # decided alike
     if program is not None:
         miss.shared = program
         if _jax.env_switch("EQX_STATIC_CHECK_SHARING", False) and program.fingerprint:
             _check_sharing(miss, program)
         return program
-    module = None if lowering is None else lowering.stablehlo()
-    _record(miss, module, miss.jit_trace.jaxpr)
-    miss.due = True
-    if fp is None and not alone:
+    _record(miss, miss.lowered.compiler_ir("stablehlo"), miss.jit_trace.jaxpr)
+    miss.due, alone = True, miss.mark == _ALONE
+    if miss.fp is None and not alone:
         return Program(key, None, None, miss.outline, 0)
     miss.lowered.compile()
     held = None if miss.number else f.running(lowering)
     executable, later = _jax.executable_of(lowering), later if alone else None
-    return held or Program(key, fp, executable, miss.outline, miss.number, 0, later)
-
-
-def _for_diverge(miss: _Miss) -> _diverge.Miss:
-    avals = miss.sig[0][miss.f.n_fn :]
-    return _diverge.Miss(miss.f, miss.entry.key, avals, miss.why, miss.traced)
+    return held or Program(
+        key, miss.fp, executable, miss.outline, miss.number, 0, later
+    )
 
 
 def _check_sharing(miss: _Miss, program: Program) -> None:
@@ -992,7 +949,7 @@ def _install_and_run(miss: _Miss, program: Program, helper: Any) -> tuple:
         _jax.set_executable(_jax.lowering_of(miss.lowered), program.executable)
         miss.installed = True
     f.add_run(entry, miss.sig, program)
-    f.unmark(miss.mark)  # waiting misses of the same module find it now
+    f.unmark(miss)  # waiting misses of the same module find it now
     if miss.shared is not None and miss.traced:
         again = f"same program as compile {program.number}, not compiled again"
         _report.log(f.name(entry.key), "traced", miss.known, miss.why, again)
@@ -1029,27 +986,18 @@ def _staged(f: Function, entry: Entry, leaves: tuple) -> Any:
         entry.helper = helper = entry.helper or _helper(f, entry, leaves)
     if _jax.jit_is_replaced():  # Equinox's breakpoint mode: through its `jax.jit`
         helper = jax.jit(_traced(f, entry))
+    if isinstance(entry.dispatch, _Public):
+        entry.dispatch.staged = True
     miss = _Miss(f, entry, leaves, _TRANSFORMED)
-    return _booked(miss, _report.reporting_errors(helper), helper)
-
-
-def _booked(miss: _Miss, run: Callable, jitted: Any) -> Any:
-    """Run a call JAX traces and compiles itself (staged, or on a public `jax.jit`):
-    a miss if it traced, compiled or was refused a compile."""
-    f, entry = miss.f, miss.entry
     try:
         with miss:
-            out = run(*miss.leaves)
-        if miss.public is None and _jax.reverse_mode():
-            _check_reverse_mode(miss, jitted)
+            out = _report.reporting_errors(helper)(*leaves)
+        if _jax.reverse_mode():
+            _check_reverse_mode(miss, helper)
         return out
     finally:
-        if miss.number and miss.public is not None:  # compiled at the top level
-            program = Program(entry.key, None, None, miss.outline, miss.number)
-            f.add_run(entry, miss.sig, program)
-        miss.book()
-        if miss.traced and miss.public is None:
-            why = _why(f, list(f.recent), entry.key, miss.sig, False)
+        if miss.traced:
+            why = _report.Why(list(f.recent), entry.key, miss.sig, f.argnames, f.n_fn)
             _report.log(f.name(entry.key), "traced under a transformation", f.size, why)
 
 
@@ -1081,13 +1029,9 @@ def _aval(x: Any) -> tuple:
 def lower_call(f: Function, call: Call) -> Any:
     """`jax.stages.Lowered` for a call, by a `jax.jit` of its own whose programs are
     named as the function is: an AOT compile is the caller's, not booked."""
-    previous, _local.call = _local.call, call
-    try:
-        with _quiet(f):
-            jitted = _helper(f, call.entry, call.leaves, name=f.short)
-            return jitted.trace(*call.leaves).lower()
-    finally:
-        _local.call = previous
+    jitted = _helper(f, call.entry, call.leaves, name=f.short)
+    with _quiet(f):
+        return call_in_hand(call, lambda *leaves: jitted.trace(*leaves).lower())
 
 
 # ----------------------------------------------------------------------------------
@@ -1097,69 +1041,69 @@ def lower_call(f: Function, call: Call) -> Any:
 
 
 class _Public:
-    """A key on a public `jax.jit`, and what is learnt of its programs. Called,
-    what a hit calls: its `jax.jit` (its dispatcher), in a miss that books and
-    explains what JAX compiles."""
+    """What a hit calls where a key has no dispatcher: every call is a miss, which
+    runs the key's public `jax.jit` (`Entry.helper`) as JAX's own dispatcher."""
 
-    def __init__(self, f: Function, entry: Entry, donated: tuple):
-        self.f, self.entry, self.donated = f, entry, donated
+    def __init__(self, f: Function, entry: Entry):
+        self.f, self.entry = f, entry
         # `reports`: a program may hold `eqx.error_if` (wait for it); `staged`: it
         # was called under a transformation
         self.reports = self.staged = False
         entry.dispatch = self
-        self.renew()
-
-    def renew(self) -> None:
-        """A new `jax.jit` of the key: JAX's caches of the last one, and the
-        executables they hold, go with it (they are weak in its function)."""
-        jitted = _jax.jax_jit(_traced(self.f, self.entry), donate_argnums=self.donated)
-        self.jitted = jitted
-        self.run = _report.reporting_errors(jitted, wait=lambda: self.reports)
 
     def __call__(self, *leaves: Any) -> Any:
         __tracebackhide__ = True
-        f, entry = self.f, self.entry
-        if _in_hand(entry) is None:  # a trace here would need it: ask for it
-            return NEED_CALL
-        __equinox_jit_id__ = os.urandom(16)  # as in `cache_miss`
-        top = not _transformed(leaves)
-        miss = _Miss(f, entry, leaves, _PGLE if top else _TRANSFORMED)
-        miss.public, self.staged = (self if top else None), self.staged or not top
-        if top:
-            f.make_room(miss)  # the books, and a new `jax.jit` of the key
-        with _quiet(f), _report.marked(__equinox_jit_id__):
-            return _booked(miss, self.run, self.jitted)
+        return cache_miss(self.f, self.entry, *leaves)[0]
 
 
-def _explain_public(miss: _Miss, public: _Public) -> None:
-    """Without the dispatcher, JAX's own miss compiles: as it starts, explain and
-    budget it as the dispatcher's miss path does, from the trace and lowering being
-    compiled (JAX's caches give them again, for nothing)."""
-    f, entry, sig = miss.f, public.entry, miss.sig
-    miss.known = f.size
-    if sig in entry.runs:  # compiled before for the same signature: JAX's own
-        miss.why, miss.planned = _report.Why.said([_PGLE]), True
-        return f.check_budget(miss.why.changes, None)
-    miss.why = _why(f, list(f.recent), entry.key, sig, public.staged and not entry.runs)
-    traced = public.jitted.trace(*miss.leaves)
-    lowered = traced.lower()
-    lowering, module = _jax.lowering_of(lowered), lowered.compiler_ir("stablehlo")
-    _diverge.check(_for_diverge(miss), lowering, None, None)
-    _record(miss, module, traced.jaxpr)
-    _plan(miss)
-    public.reports |= _sharing.host_callbacks(lowering, traced.jaxpr)[1]
-    f.make_room(miss)
+def _public(f: Function, entry: Entry, leaves: tuple) -> Any:
+    """A call at the top level on the key's public `jax.jit`, whose own miss traces
+    and compiles: booked as a miss if it did, explained as the compile starts
+    (`_explain_public`)."""
+    public, miss = entry.dispatch, _Miss(f, entry, leaves, _PGLE)
+    f.make_room(miss)  # the books, and the key's `jax.jit` let go
+    if (helper := entry.helper) is None:
+        with f.lock:
+            entry.helper = helper = entry.helper or _helper(f, entry, leaves)
+    miss.public = helper
+    try:
+        with miss:
+            run = _report.reporting_errors(helper, wait=lambda: public.reports)
+            return run(*leaves)
+    finally:
+        if miss.number:  # compiled
+            program = Program(entry.key, None, None, miss.outline, miss.number)
+            f.add_run(entry, miss.sig, program)
+
+
+def _explain_public(miss: _Miss) -> None:
+    """As JAX's own miss starts to compile, the steps of the dispatcher's miss path
+    (the program always compiled, never shared), from the trace and lowering being
+    compiled (JAX's caches give them again, for nothing): then the compile is
+    planned as `_decide` asks. Not for a signature compiled before: JAX's own
+    compile (profile-guided)."""
+    if miss.sig in miss.entry.runs:
+        return
+    public = miss.entry.dispatch
+    _lowered(miss, miss.public, public.staged and not miss.entry.runs)
+    _decide(miss)
+    public.reports |= miss.checks
 
 
 # ----------------------------------------------------------------------------------
 # The books: every compile JAX reports of a function's programs.
 
 
-def _miss_of(f: Function) -> _Miss | None:
+def _compiling(event: str, fun_name: Any) -> tuple[Function, _Miss | None] | None:
+    """The function whose program JAX compiles (JAX names it `jit(<name>)`, maybe
+    transformed), and its innermost miss in this thread, if any."""
+    if event != _jax.COMPILE_EVENT:
+        return None
+    f = _by_name.get(str(fun_name).rsplit("(", 1)[-1].split(")")[0])
     m = _local.miss
     while m is not None and m.f is not f:
         m = m.previous
-    return m
+    return None if f is None else (f, m)
 
 
 # A compile of a function's program while none of its calls runs in this thread:
@@ -1178,13 +1122,13 @@ def _what_changed(f: Function, m: _Miss | None) -> tuple[Change, ...]:
 
 
 def _on_compile_start(event: str, value: float, **kwargs: Any) -> None:
-    if event != _jax.COMPILE_EVENT or (f := _named(kwargs.get("fun_name"))) is None:
+    if (compiling := _compiling(event, kwargs.get("fun_name"))) is None:
         return
-    m = _miss_of(f)
+    f, m = compiling
+    if m is not None and m.public is not None and not m.due:
+        _explain_public(m)
     if m is not None and m.installed:  # this JAX compiled what was installed
         _jax.stop_sharing("it compiled a program whose executable es.jit had installed")
-    elif m is not None and m.public is not None and not m.planned:
-        _explain_public(m, m.public)
     elif m is not None and m.due and not m.planned:  # the compile `_decide` asked for
         _plan(m)
     elif m is None or not m.planned:  # JAX's own: profile-guided, transformed
@@ -1192,9 +1136,9 @@ def _on_compile_start(event: str, value: float, **kwargs: Any) -> None:
 
 
 def _on_compile_end(event: str, duration_secs: float, **kwargs: Any) -> None:
-    if event != _jax.COMPILE_EVENT or (f := _named(kwargs.get("fun_name"))) is None:
+    if (compiling := _compiling(event, kwargs.get("fun_name"))) is None:
         return
-    m = _miss_of(f)
+    f, m = compiling
     masked, differ = (None, None) if m is None else (m.outline.structure, m.differ)
     record = Compile(_what_changed(f, m), duration_secs, masked, differ)
     with f.lock:

@@ -390,8 +390,8 @@ def _interrupt_once_after(function: str, filename: str):
 @pytest.mark.sharing
 @pytest.mark.parametrize("marker", ["alone", "find"])
 def test_an_interrupt_right_after_a_program_is_marked_leaves_no_mark(marker):
-    """Ctrl-C lands just after a new program is marked as being compiled (the
-    marker returns): the function's first program (`alone`), or one after another
+    """Ctrl-C lands just after a new program is marked as being compiled (`_mark`
+    returns): the function's first program (`alone`), or one after another
     (`find`). A later first call of another key with the same program must not
     wait for a compile that will never finish."""
     import sys
@@ -403,7 +403,7 @@ def test_an_interrupt_right_after_a_program_is_marked_leaves_no_mark(marker):
 
     if marker == "find":
         f(X[:1], "z")  # another program held: the next is looked for
-    trace, fired = _interrupt_once_after(marker, "_compile.py")
+    trace, fired = _interrupt_once_after("_mark", "_compile.py")
     sys.settrace(trace)
     try:
         with pytest.raises(KeyboardInterrupt):
