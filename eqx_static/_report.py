@@ -201,14 +201,12 @@ def merge_copies(changes: Sequence[Change]) -> list[Change]:
     optimiser's state: `opt_state[0].mu.<the model's path>`) named once, at its
     shortest path, "and the same under opt_state[0].mu and opt_state[0].nu": the
     same change, at paths that end alike, named by where they part."""
-    groups: list[list[Change]] = []
-    for c in changes:
-        group = next((g for g in groups if c.detail and _copies(g[0], c)), None)
-        if group is None:
-            groups.append(group := [])
-        group.append(c)
+    groups: dict[int, list[Change]] = {}  # by the index of the first change
+    for i, c in enumerate(changes):  # with the first it copies, else on its own
+        at = next((j for j, g in groups.items() if c.detail and _copies(g[0], c)), i)
+        groups.setdefault(at, []).append(c)
     out = []
-    for group in groups:
+    for group in groups.values():
         first = min(group, key=lambda c: len(c.path))
         tail = len(re.sub(r"^\w*", "", first.path))  # past the root
         if heads := [c.path[: len(c.path) - tail] for c in group if c is not first]:
