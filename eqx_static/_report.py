@@ -299,7 +299,7 @@ def ops_of(jaxpr: Any, depth: int = 0, outer: Frame | None = None) -> Iterator[O
     # operation; so `dc * x` and `dp * x` are different operations. A constant is a
     # value, hashed once, except one closed over from an outer trace (jax 0.12),
     # which is an input.
-    numbers = {v: i for i, v in enumerate([*inner.constvars, *inner.invars])}
+    numbers: dict = {v: i for i, v in enumerate([*inner.constvars, *inner.invars])}
     for v, c in zip(inner.constvars, getattr(jaxpr, "consts", ())):
         if not isinstance(c, Tracer):
             numbers[v] = hashlib.sha1(np.asarray(c).tobytes()).hexdigest()
