@@ -133,10 +133,8 @@ def _compare(a: Node, b: Node, v: Visit, method: bool, out: list[Change]) -> boo
     elif ka == "module":
         old, new = (module_info(n.head).cls.__qualname__ for n in (a, b))
         detail = f"class {old} -> {new}"
-    elif a.head != b.head or a[2:5] != b[2:5]:
+    else:  # the same kind, and its head or its size differs
         detail = "structure changed"
-    else:
-        return False
     phrase = detail if is_self and ka == kb else f"{what} {detail}"
     out.append(Change(phrase, name, "structure", detail, path))
     return True
@@ -151,32 +149,13 @@ class Seen(NamedTuple):
     program: Any  # what it runs
 
 
-def explain(
-    known: Sequence[Seen], key: Key, run: tuple, argnames: Sequence[str], n_fn: int
-) -> tuple[list[Change], Seen | None]:
-    """What differs between a call of `key` for `run` (avals, JAX's context) and the
-    closest of `known` (the fewest tokens and avals that differ, the most recent of
-    equals: one comparison of flat tuples each), and that one. The first `n_fn`
-    leaves are the function's own."""
-    sig, context = run
-    closest = min(reversed(known), key=lambda s: _distance(s, key, sig), default=None)
-    if closest is None:
-        return [], None
-    changes = diff(closest.key, key, argnames)
-    if closest.sig != sig and not any(c.kind == "structure" for c in changes):
-        leaves = [v for v in visits(key, argnames) if v.node.kind == "traced"]
-        pairs = zip(leaves, closest.sig[n_fn:], sig[n_fn:])  # they line up
-        changes += [_leaf_change(o, a, b) for o, a, b in pairs if a != b]
-    if not changes and closest.context != context:
-        changes = [Change("JAX's configuration changed", "context", "context")]
-    return merge_copies(changes), closest
-
-
 class Why:
-    """What differs between a call and the closest call known when it missed (see
-    `explain`, given its arguments), worked out when first asked: a miss whose
-    program is reused says and budgets nothing unless asked, and costs no
-    comparison. `otherwise` is what to say if nothing differs."""
+    """What differs between a call and the closest call known when it missed,
+    worked out when first asked: a miss whose program is reused says and budgets
+    nothing unless asked, and costs no comparison. `asked`: the known calls
+    (`Seen`), the call's key, its avals and JAX's context, its argument names, and
+    how many leaves (the first) are the function's own; `otherwise` is what to say
+    if nothing differs."""
 
     def __init__(self, *asked: Any, otherwise: Sequence[Change] = ()) -> None:
         self._asked, self._otherwise = asked, otherwise
@@ -187,17 +166,28 @@ class Why:
         return cls(otherwise=changes)
 
     @functools.cached_property
-    def _answer(self) -> tuple[list[Change], Seen | None]:
-        changes, closest = explain(*self._asked) if self._asked else ([], None)
-        return changes or list(self._otherwise), closest
-
-    @property
-    def changes(self) -> list[Change]:
-        return self._answer[0]
-
-    @property
     def closest(self) -> Seen | None:
-        return self._answer[1]
+        """The known call with the fewest tokens and avals that differ, the most
+        recent of equals: one comparison of flat tuples each."""
+        if not self._asked:
+            return None
+        known, key, (sig, _), *_ = self._asked
+        return min(reversed(known), key=lambda s: _distance(s, key, sig), default=None)
+
+    @functools.cached_property
+    def changes(self) -> list[Change]:
+        """What differs from the closest call (else `otherwise`)."""
+        if (closest := self.closest) is None:
+            return list(self._otherwise)
+        _, key, (sig, context), argnames, n_fn = self._asked
+        changes = diff(closest.key, key, argnames)
+        if closest.sig != sig and not any(c.kind == "structure" for c in changes):
+            leaves = [v for v in visits(key, argnames) if v.node.kind == "traced"]
+            pairs = zip(leaves, closest.sig[n_fn:], sig[n_fn:])  # they line up
+            changes += [_leaf_change(o, a, b) for o, a, b in pairs if a != b]
+        if not changes and closest.context != context:
+            changes = [Change("JAX's configuration changed", "context", "context")]
+        return merge_copies(changes) or list(self._otherwise)
 
 
 def _distance(seen: Seen, key: Key, sig: tuple) -> int:
@@ -211,14 +201,12 @@ def merge_copies(changes: Sequence[Change]) -> list[Change]:
     optimiser's state: `opt_state[0].mu.<the model's path>`) named once, at its
     shortest path, "and the same under opt_state[0].mu and opt_state[0].nu": the
     same change, at paths that end alike, named by where they part."""
-    groups: list[list[Change]] = []
-    for c in changes:
-        group = next((g for g in groups if c.detail and _copies(g[0], c)), None)
-        if group is None:
-            groups.append(group := [])
-        group.append(c)
+    groups: dict[int, list[Change]] = {}  # by the index of the first change
+    for i, c in enumerate(changes):  # with the first it copies, else on its own
+        at = next((j for j, g in groups.items() if c.detail and _copies(g[0], c)), i)
+        groups.setdefault(at, []).append(c)
     out = []
-    for group in groups:
+    for group in groups.values():
         first = min(group, key=lambda c: len(c.path))
         tail = len(re.sub(r"^\w*", "", first.path))  # past the root
         if heads := [c.path[: len(c.path) - tail] for c in group if c is not first]:
@@ -307,18 +295,19 @@ def ops_of(jaxpr: Any, depth: int = 0, outer: Frame | None = None) -> Iterator[O
     operation a library traced away from the user's call (a loop body diffrax
     traces itself) is placed at the user's line of the operation holding it."""
     inner = _jax.open_jaxpr(jaxpr)
-    # A constant is a value, hashed once, except one closed over from an outer
-    # trace (jax 0.12), which is an input.
-    pairs = zip(inner.constvars, getattr(jaxpr, "consts", ()))
-    consts = {v: _value(c) for v, c in pairs if not isinstance(c, Tracer)}
     # Inputs by where they come from: the n-th input of the program or output of an
-    # operation; so `dc * x` and `dp * x` are different operations.
-    numbers = {v: i for i, v in enumerate([*inner.constvars, *inner.invars])}
+    # operation; so `dc * x` and `dp * x` are different operations. A constant is a
+    # value, hashed once, except one closed over from an outer trace (jax 0.12),
+    # which is an input.
+    numbers: dict = {v: i for i, v in enumerate([*inner.constvars, *inner.invars])}
+    for v, c in zip(inner.constvars, getattr(jaxpr, "consts", ())):
+        if not isinstance(c, Tracer):
+            numbers[v] = hashlib.sha1(np.asarray(c).tobytes()).hexdigest()
     for eqn in inner.eqns:
         name, where = eqn.primitive.name, _user_frame(eqn.source_info, outer)
         if name not in _CALLS:
             params = [(k, _stable(v)) for k, v in sorted(eqn.params.items())]
-            inputs = [_input(v, consts, numbers) for v in eqn.invars]
+            inputs = [_input(v, numbers) for v in eqn.invars]
             what = hashlib.sha1(repr((name, params, inputs)).encode()).digest()[:8]
             yield Op(what, name, where)
         numbers.update((v, len(numbers)) for v in eqn.outvars)
@@ -327,15 +316,10 @@ def ops_of(jaxpr: Any, depth: int = 0, outer: Frame | None = None) -> Iterator[O
             yield from ops_of(sub, depth + 1, user)
 
 
-def _input(v: Any, consts: dict, numbers: dict) -> Any:
-    if isinstance(v, jex.Literal):
-        return repr(v.val)
-    return consts[v] if v in consts else (numbers.get(v), str(v.aval))
-
-
-def _value(c: Any) -> tuple:
-    a = np.asarray(c)
-    return (a.shape, str(a.dtype), hashlib.sha1(a.tobytes()).hexdigest())
+def _input(v: Any, numbers: dict) -> Any:
+    """An operation's input: a literal by its value, any other by its number (or
+    its constant's digest) and aval."""
+    return repr(v.val) if isinstance(v, jex.Literal) else (numbers.get(v), str(v.aval))
 
 
 # Installed packages: a frame in one is a library's, not the user's own code.
@@ -374,20 +358,17 @@ def differ_of(seen: Seen | None, changes: Sequence[Change], new: Any) -> Differ 
     moved = not changes or {c.kind for c in changes} & {"array", "context"}
     if old is None or moved or None in (old.ops, new.ops):
         return None
-    constant = new.structure is not None and new.structure == old.structure
-    for a, b in itertools.zip_longest(old.ops, new.ops):
-        if a is None or b is None or a.what != b.what:
-            break
-    else:
-        return None
+    pairs = itertools.zip_longest(old.ops, new.ops)  # None past the shorter's end
+    first = ((a, b) for a, b in pairs if (a and a.what) != (b and b.what))
+    a, b = next(first, (None, None))
     op = b or a
     if op is None or op.where is None:
         return None
+    constant = new.structure is not None and new.structure == old.structure
+    what = op.name
     if a is None or b is None:
-        what = op.name if constant else f"{op.name}, {'new' if a is None else 'gone'}"
-    elif constant or a.name == b.name:
-        what = op.name
-    else:
+        what += "" if constant else f", {'new' if a is None else 'gone'}"
+    elif not constant and a.name != b.name:
         what = f"{b.name} where {a.name} was"
     # `train.py:41 in loss`, then `, inside diffrax _integrate.py:1157`
     (file, line, function), inner = op.where
@@ -639,10 +620,11 @@ def traced_field_error(
     one `e` names; None if none. `n_fn` leaves of the function come first. JAX's
     message follows, with our names for the leaves and `where` for the traced
     function; if `e` is already one (a nested call's), as `e` quoted it."""
+    leaves = dict(enumerate(origins, n_fn))  # by their index among the call's
     nested = isinstance(e, TracedFieldError)  # its leaves are not this call's
-    named = None if nested else _origin(str(e), origins, n_fn)
-    seen = [origins[i - n_fn] for i in found if 0 <= i - n_fn < len(origins)]
-    culprits = list({o.path: o for o in [*seen, *([named] if named else [])]}.values())
+    named = None if nested else _origin(str(e), leaves)
+    seen = [leaves[i] for i in found if i in leaves]
+    culprits = list({o.path: o for o in [*seen, named] if o is not None}.values())
     if not culprits:
         return None
     fields = [o for o in culprits if o.cls is not None]
@@ -657,7 +639,9 @@ def traced_field_error(
             "or keep the array and use `jnp.where` or `jax.lax.cond`."
         )
     said = e.said if isinstance(e, TracedFieldError) else str(e)
-    said = _LEAF_INDEX.sub(lambda m: _leaf_path(m, origins, n_fn), said)
+    paths = {i: o.path for i, o in leaves.items()}
+    own = "the function's own leaf"
+    said = _LEAF_INDEX.sub(lambda m: paths.get(int(m[1]), own), said)
     said = _OURS.sub(name + (f" at {where}" if where else ""), said)
     kind = type(e) if nested else _traced_field_error_type(type(e))
     return kind("\n".join(parts) + f"\n\nJAX said: {said}", said)
@@ -691,23 +675,17 @@ def _fields_message(name: str, fields: Sequence[Visit]) -> str:
     )
 
 
-def _origin(message: str, origins: Sequence[Visit], n_fn: int) -> Visit | None:
+def _origin(message: str, leaves: dict[int, Visit]) -> Visit | None:
     for path in _ARGUMENT.findall(message):
         if (m := _LEAF_INDEX.fullmatch(path)) is not None:
-            i = int(m[1]) - n_fn
-            if 0 <= i < len(origins):
-                return origins[i]
+            if int(m[1]) in leaves:
+                return leaves[int(m[1])]
         else:  # a nested trace's argument: the one field of ours of that name
             field = path.rsplit(".", 1)[-1]
-            found = {(o.cls, o.field): o for o in origins if o.field == field}
+            found = {(o.cls, o.field): o for o in leaves.values() if o.field == field}
             if len(found) == 1:
                 return next(iter(found.values()))
     return None
-
-
-def _leaf_path(m: re.Match, origins: Sequence[Visit], n_fn: int) -> str:
-    i = int(m[1]) - n_fn
-    return origins[i].path if 0 <= i < len(origins) else "the function's own leaf"
 
 
 # ----------------------------------------------------------------------------------
