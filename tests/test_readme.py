@@ -105,7 +105,7 @@ def test_the_two_commands_and_the_slow_tier_next_to_them():
         "&& .venv/bin/python examples/seed.py"
     )
     test, rest = _command("<!-- ci:test -->")
-    assert test == ".venv/bin/python -m pytest -q"
+    assert test == ".venv/bin/python -m pytest -q -n 2"
     next_paragraph = rest.strip().split("\n\n", 1)[0]
     assert "`--slow`" in next_paragraph and "\n" not in next_paragraph
 
