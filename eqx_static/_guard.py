@@ -32,7 +32,7 @@ from ._fields import (
     value_of,
 )
 from ._jax import GENERATED
-from ._key import ARRAYS, DICT, ends, Key, key_and_leaves, LEAF, NAMED, node_at, SEQ
+from ._key import ARRAYS, DICT, Key, key_and_leaves, LEAF, NAMED, Node, SEQ
 
 
 logger: Final = logging.getLogger("eqx_static.guards")
@@ -58,13 +58,26 @@ def subtree(v: Any) -> tuple[tuple, list]:
         return (), []
 
 
+def _walk(key: Key, roots: Sequence, visit: Callable[..., Sequence | None]) -> None:
+    """Call `visit(label, node, start, end)` on each node of `key` (`end`: the index
+    after the whole node), parents first: on the values' nodes, labelled by
+    `roots`, then on the nodes below each, labelled by what `visit` returned for it
+    (None: skip them)."""
+    at, labels, i = _key.ends(key), list(reversed(roots)), 0
+    while i < len(key):
+        n = _key.node_at(key, i)
+        below = visit(labels.pop(), n, i, at[i])
+        labels += reversed(below or ())
+        i = at[i] if below is None else n.next
+
+
 class _Writer:
     """Writes a guard's checks in preorder, one node of the key after another: of
     the values named `roots`, each with the value the key was made from (read for
     the objects a check may compare by identity)."""
 
     def __init__(self, key: Key, roots: Sequence[tuple[str, Any]]):
-        self.key, self.i = key, 0
+        self.key = key
         self.lines: list[str] = []
         self.leaves: list[str] = []
         self.ns: dict[str, Any] = {
@@ -77,10 +90,7 @@ class _Writer:
             "MISS": MISS,
         }
         self.count = itertools.count(1)
-        self.ends = ends(key)
-        stack = list(reversed(roots))
-        while stack:
-            stack += reversed(self.node(*stack.pop()))
+        _walk(key, roots, self.node)
 
     def name(self) -> str:
         """A new name in the guard's code, for a local variable or a constant."""
@@ -94,21 +104,20 @@ class _Writer:
     def fail_if(self, condition: str) -> None:
         self.lines.append(f"if {condition}: return MISS")
 
-    def arrays(self, expr: str) -> list:
+    def arrays(self, expr: str) -> None:
         """Check that `expr` holds arrays only: the call's next traced leaves."""
         self.fail_if(f"not AT.issuperset(map(type, {expr}))")
         self.leaves.append(f"*{expr}")
-        return []
 
     def fetch(self, targets: str, reads: str) -> None:
         """`targets = reads`, where a `KeyError` (a field absent) is a miss."""
         self.lines += [f"try: {targets} = {reads}", "except KeyError: return MISS"]
 
-    def node(self, expr: str, value: Any) -> list[tuple[str, Any]]:
-        """Check the node at `self.i`; the children to check next."""
-        key, i = self.key, self.i
-        n = node_at(key, i)
-        self.i, tok = n.next, n.head
+    def node(self, label: tuple, n: Node, i: int, end: int) -> list | None:
+        """Check the node `n` at `key[i:end]`, labelled `(expr, value)`: the value's
+        expression in the guard, and the value the key was made from; the children
+        to check next, or None: none."""
+        (expr, value), key, tok = label, self.key, n.head
         if n.kind == "traced":
             self.fail_if(f"type({expr}) not in AT")
             self.leaves.append(expr)
@@ -116,8 +125,8 @@ class _Writer:
             self.fail_if(f"not {self.static(expr, tok, value)}")
         elif n.kind == "module" and type(tok) is FieldInfo:
             return self.module(expr, value, n)
-        elif n.kind == SEQ.name and _frozen(key, i, j := self.ends[i]):
-            self.i, whole = j, self.const(key[i:j])  # the same tuple: the same key
+        elif n.kind == SEQ.name and _frozen(key, i, end):
+            whole = self.const(key[i:end])  # the same tuple: the same key
             self.fail_if(
                 f"{expr} is not {self.const(value)} and SUB({expr})[0] != {whole}"
             )
@@ -128,14 +137,13 @@ class _Writer:
                 return self.arrays(expr)
             return self.items(expr, value, _key.steps(n))  # item by item
         elif n.kind == DICT.name and all(type(k) is str for k in tok[1]):
-            return self.str_dict(expr, value, _key.steps(n))
+            return self.str_dict(expr, value, _key.steps(n), range(n.next, end))
         else:  # other dicts, other pytrees, odd modules: compared whole
-            self.i = self.ends[i]
-            sub, whole = self.name(), self.const(key[i : self.i])
+            sub, whole = self.name(), self.const(key[i:end])
             self.lines.append(f"{sub} = SUB({expr})")
             self.fail_if(f"{sub}[0] != {whole}")
             self.leaves.append(f"*{sub}[1]")
-        return []
+        return None
 
     def static(self, expr: str, tok: Any, value: Any) -> str:
         t = type(tok)
@@ -152,19 +160,17 @@ class _Writer:
             return f"({expr} is {self.const(value)} or {same})"
         return same
 
-    def str_dict(self, expr: str, value: Any, keys: list) -> list[tuple[str, Any]]:
-        """A dict of string keys, key by key: its key types before its keys (a
-        key of another type may hash or compare as it likes), its values in the
-        sorted order of the key."""
+    def str_dict(self, expr: str, value: Any, keys: list, below: range) -> list | None:
+        """A dict of string keys (its children at `key[below]`), key by key: its key
+        types before its keys (a key of another type may hash or compare as it
+        likes), its values in the sorted order of the key."""
         self.fail_if(
             f"type({expr}) is not dict or not STR.issuperset(map(type, {expr})) "
             f"or {expr}.keys() != {self.const(frozenset(keys))}"
         )
-        i = self.i
-        if len(keys) > 1 and all(self.key[j] is LEAF for j in range(i, i + len(keys))):
+        if len(keys) > 1 and all(self.key[j] is LEAF for j in below):
             items, get = self.name(), self.const(operator.itemgetter(*keys))
             self.lines.append(f"{items} = {get}({expr})")
-            self.i = i + len(keys)
             return self.arrays(items)
         return self.items(expr, value, keys)
 
@@ -174,7 +180,7 @@ class _Writer:
         self.lines += [f"{e} = {expr}[{k!r}]" for (e, _), k in zip(out, steps)]
         return out
 
-    def module(self, expr: str, value: Any, n: Any) -> list[tuple[str, Any]]:
+    def module(self, expr: str, value: Any, n: Node) -> list[tuple[str, Any]] | None:
         info: FieldInfo = n.head
         d = self.name()
         self.fail_if(f"type({expr}) is not {self.const(info.cls)}")
@@ -242,17 +248,18 @@ def chooser(key: Key, params: list[str], name: str) -> tuple[Callable, Callable,
     in turn: those under `OTHERS` for a value that cannot be looked up (no hash, an
     `__eq__` that raises), which the first function then gives; and `TABLE`. The
     lookup only chooses which guards to try; each still checks everything."""
-    parts, i, at = [], 0, ends(key)
+    parts: list[str] = []
     ns: dict[str, Any] = {"DICT": instance_dict, "MISS": MISS, "OTHERS": OTHERS}
-    for p in params:
-        n, end = node_at(key, i), at[i]
+
+    def part(p: str, n: Node, i: int, end: int) -> None:  # a value's node, alone
         if n.kind == "static" or (n.kind == SEQ.name and _frozen(key, i, end)):
             parts.append(p)  # (types aside: a guard checks them)
         elif n.kind == "module" and type(n.head) is FieldInfo and n.statics:
             # One name: its value, not a tuple of it.
             ns[f"S{len(parts)}"] = operator.itemgetter(*n.head.static_names)
             parts.append(f"S{len(parts)}(DICT({p}))")
-        i = end
+
+    _walk(key, params, part)
     at = parts[0] if len(parts) == 1 else f"({', '.join(parts)},)" if parts else "()"
     ns["TABLE"] = table = {}
     lines = f"""try: held = TABLE.get({at}, ())

@@ -258,28 +258,27 @@ class Visit(NamedTuple):
 
     path: str  # as the function's body reads it: `x`, `self.encoder.w`, `y['a'][0]`,
     # `args[1]` (of `*args`), `opt_state[0].mu` (a named tuple's item)
-    node: Node
     cls: type | None  # the class of the nearest module holding it
     field: str | None  # and the field of that module
     parent: str | None  # the path of the node above (None for an argument)
+    node: Node
 
 
 def visits(key: Key, names: Sequence[str]) -> Iterator[Visit]:
     """Every node of `key` (of values named `names`), parents first, traced leaves
     in the order of the call's."""
-    slots = [(p, None, None, None) for p in reversed(names)]  # the nodes to come
+    labels = [(p, None, None, None) for p in reversed(names)]  # the nodes to come
     i = 0
     while i < len(key):
-        path, cls, field, parent = slots.pop()
-        node = node_at(key, i)
+        label, node = labels.pop(), node_at(key, i)
         i = node.next
-        yield Visit(path, node, cls, field, parent)
-        below = _labels(path, node, cls, field)
+        yield Visit(*label, node)
+        below = _labels(node, *label[:3])
         if node.children == -1 or node.kind == ARRAYS.name:  # leaves, not nodes
             leaf = Node("traced", LEAF, (), 0, 1, i)
-            yield from (Visit(p, leaf, c, f, path) for p, c, f in below)
+            yield from (Visit(*at, leaf) for at in below)
         else:
-            slots += [(p, c, f, path) for p, c, f in reversed(below)]
+            labels += reversed(below)
 
 
 def steps(node: Node) -> list:
@@ -293,15 +292,16 @@ def steps(node: Node) -> list:
     return list(range(node.leaves if node.kind == ARRAYS.name else node.children))
 
 
-def _labels(path: str, node: Node, cls: Any, field: Any) -> list[tuple]:
-    """The path, module class and field of each node below `node`."""
+def _labels(node: Node, path: str, cls: Any, field: Any) -> list[tuple]:
+    """The path, module class, field and parent (`path`) of each node below
+    `node`."""
     below = steps(node)
     if node.kind == "module":
-        return [(f"{path}.{k}", module_info(node.head).cls, k) for k in below]
+        return [(f"{path}.{k}", module_info(node.head).cls, k, path) for k in below]
     names = getattr(node.head[1], "_fields", ()) if node.kind == NAMED.name else ()
     if names and len(names) == len(below):  # by name, as JAX's paths name them
-        return [(f"{path}.{k}", cls, field) for k in names]
-    return [(f"{path}[{k!r}]", cls, field) for k in below]
+        return [(f"{path}.{k}", cls, field, path) for k in names]
+    return [(f"{path}[{k!r}]", cls, field, path) for k in below]
 
 
 def leaf_visits(key: Key, argnames: Sequence[str]) -> list[Visit]:
