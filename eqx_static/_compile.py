@@ -713,8 +713,8 @@ def _replay(
         )
         return pullback(zeros)
 
-    free = [jax.typeof(x) for i, x in enumerate(call.leaves) if i not in concrete]
-    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in free]
+    avals = [jax.typeof(x) for i, x in enumerate(call.leaves) if i not in concrete]
+    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
     try:
         jax.eval_shape(backward if reverse else replayed, *shapes)
     except Exception as e:
@@ -1100,10 +1100,12 @@ def _compiling(event: str, fun_name: Any) -> tuple[Function, _Miss | None] | Non
     if event != _jax.COMPILE_EVENT:
         return None
     f = _by_name.get(str(fun_name).rsplit("(", 1)[-1].split(")")[0])
+    if f is None:  # not an `es.jit` function's: nothing of this thread to walk
+        return None
     m = _local.miss
     while m is not None and m.f is not f:
         m = m.previous
-    return None if f is None else (f, m)
+    return f, m
 
 
 # A compile of a function's program while none of its calls runs in this thread:

@@ -264,10 +264,14 @@ class Visit(NamedTuple):
     node: Node
 
 
+# A node's `Visit`, less the node: its path, class, field and parent.
+_Label = tuple[str, type | None, str | None, str | None]
+
+
 def visits(key: Key, names: Sequence[str]) -> Iterator[Visit]:
     """Every node of `key` (of values named `names`), parents first, traced leaves
     in the order of the call's."""
-    labels = [(p, None, None, None) for p in reversed(names)]  # the nodes to come
+    labels: list[_Label] = [(p, None, None, None) for p in reversed(names)]  # to come
     i = 0
     while i < len(key):
         label, node = labels.pop(), node_at(key, i)
@@ -292,7 +296,7 @@ def steps(node: Node) -> list:
     return list(range(node.leaves if node.kind == ARRAYS.name else node.children))
 
 
-def _labels(node: Node, path: str, cls: Any, field: Any) -> list[tuple]:
+def _labels(node: Node, path: str, cls: Any, field: Any) -> list[_Label]:
     """The path, module class, field and parent (`path`) of each node below
     `node`."""
     below = steps(node)

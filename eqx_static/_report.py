@@ -358,17 +358,20 @@ def differ_of(seen: Seen | None, changes: Sequence[Change], new: Any) -> Differ 
     moved = not changes or {c.kind for c in changes} & {"array", "context"}
     if old is None or moved or None in (old.ops, new.ops):
         return None
-    pairs = itertools.zip_longest(old.ops, new.ops)  # None past the shorter's end
-    first = ((a, b) for a, b in pairs if (a and a.what) != (b and b.what))
-    a, b = next(first, (None, None))
+    constant = new.structure is not None and new.structure == old.structure
+    for a, b in itertools.zip_longest(old.ops, new.ops):  # None past the shorter's end
+        if a is None or b is None or a.what != b.what:
+            break
+    else:
+        return None
     op = b or a
     if op is None or op.where is None:
         return None
-    constant = new.structure is not None and new.structure == old.structure
-    what = op.name
     if a is None or b is None:
-        what += "" if constant else f", {'new' if a is None else 'gone'}"
-    elif not constant and a.name != b.name:
+        what = op.name if constant else f"{op.name}, {'new' if a is None else 'gone'}"
+    elif constant or a.name == b.name:
+        what = op.name
+    else:
         what = f"{b.name} where {a.name} was"
     # `train.py:41 in loss`, then `, inside diffrax _integrate.py:1157`
     (file, line, function), inner = op.where

@@ -203,19 +203,19 @@ def write_problems() -> list[str]:
 
 # Code lines each module may have: set at its count, so that a change that adds
 # lines raises the budget in the same diff and says what they buy. (The bar filed
-# for the package is 3,100 in at most 12 modules; it stands at 3,920 as formatted,
+# for the package is 3,100 in at most 12 modules; it stands at 3,926 as formatted,
 # the features filed beside it included.)
 BUDGET: dict[str, int] = {
     "__init__.py": 40,
-    "_compile.py": 737,
+    "_compile.py": 739,
     "_diverge.py": 166,
     "_fields.py": 307,
     "_guard.py": 235,
     "_jax.py": 387,
     "_jit.py": 559,
-    "_key.py": 208,
+    "_key.py": 209,
     "_module.py": 484,
-    "_report.py": 477,
+    "_report.py": 480,
     "_sharing.py": 133,
     "_update.py": 187,
 }
